@@ -1,0 +1,1 @@
+"""Experiment binaries, installed as ``fp8jax.experiments`` (run with ``python -m``)."""

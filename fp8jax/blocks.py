@@ -1,0 +1,77 @@
+"""Per-block reductions and broadcasts for any block shape.
+
+A *block shape* has one entry per axis (see ``Granularity.block_shape``). Shapes that
+are not divisible by the block are padded with zeros for the amax, which can never
+raise a magnitude maximum, and the padding is cut off again after broadcasting, so it
+never changes a value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+
+def num_blocks(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
+  """Blocks per axis: ``ceil(shape / block)``."""
+  return tuple(math.ceil(d / b) for d, b in zip(shape, block))
+
+
+def align_block(block: tuple[int, ...], rank: int) -> tuple[int, ...]:
+  """Aligns a block shape to the trailing axes of a rank-``rank`` tensor.
+
+  Leading axes that the block does not name get block size 1, which is what a
+  granularity computed inside ``jax.vmap`` means for the batched array.
+  """
+  if len(block) > rank:
+    raise ValueError(f"block shape {block} has more axes than the tensor (rank {rank})")
+  return (1,) * (rank - len(block)) + tuple(block)
+
+
+def finite_abs(x: jnp.ndarray) -> jnp.ndarray:
+  """|x| in float32 with NaN and ±inf replaced by 0 (they never enter an amax)."""
+  a = jnp.abs(x.astype(jnp.float32))
+  return jnp.where(jnp.isfinite(a), a, 0.0)
+
+
+def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
+  """Largest finite |x| of every block.
+
+  Args:
+    x: array of shape ``S``.
+    block: block shape, one entry per axis of ``x``.
+
+  Returns:
+    float32 array of shape ``num_blocks(S, block)``.
+  """
+  a = finite_abs(x)
+  counts = num_blocks(x.shape, block)
+  pad = [(0, n * b - d) for d, b, n in zip(x.shape, block, counts)]
+  if any(hi for _, hi in pad):
+    a = jnp.pad(a, pad)
+  split = [v for n, b in zip(counts, block) for v in (n, b)]
+  a = a.reshape(split)
+  return jnp.max(a, axis=tuple(range(1, 2 * x.ndim, 2)))
+
+
+def broadcast_blocks(values: jnp.ndarray, block: tuple[int, ...],
+                     shape: tuple[int, ...]) -> jnp.ndarray:
+  """Expands per-block ``values`` to a full array of ``shape``.
+
+  Args:
+    values: array of shape ``num_blocks(shape, block)``.
+    block: block shape, one entry per axis.
+    shape: target shape.
+
+  Returns:
+    Array of ``shape`` where every element holds the value of its block.
+  """
+  counts = values.shape
+  split = [v for n, b in zip(counts, block) for v in (n, b)]
+  expanded = jnp.broadcast_to(
+      values.reshape([v for n in counts for v in (n, 1)]), split)
+  full = expanded.reshape([n * b for n, b in zip(counts, block)])
+  if full.shape != tuple(shape):
+    full = full[tuple(slice(0, d) for d in shape)]
+  return full

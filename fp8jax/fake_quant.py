@@ -1,0 +1,146 @@
+"""`fake_quant`: quantize-dequantize with an explicit, configurable backward pass.
+
+A plain ``astype(fp8)`` round trip would also quantize the cotangent (JAX
+differentiates the casts), so the gradient is defined by hand with ``jax.custom_vjp``:
+
+* ``spec.backward is None``: straight-through, the cotangent passes unchanged;
+* otherwise the cotangent is fake-quantized with ``spec.backward`` (for example
+  E5M2 per-tensor as in Transformer Engine's HYBRID recipe, or E4M3 1x128 as in
+  DeepSeek-V3).
+
+Delayed scaling takes a :class:`fp8jax.delayed.DelayedState`; its updated histories
+come back as the gradient with respect to that state (see ``fp8jax.delayed``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+
+from fp8jax import delayed
+from fp8jax import qtensor
+from fp8jax import spec as spec_lib
+
+
+def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
+               state: delayed.DelayedState | None = None, *, telemetry: bool = False):
+  """Quantizes and dequantizes ``x``; the backward pass follows ``spec.backward``.
+
+  Args:
+    x: float array of any shape.
+    spec: the forward spec; ``spec.backward`` quantizes the cotangent.
+    state: a :class:`DelayedState` when ``spec`` or ``spec.backward`` uses delayed
+      scaling (build it with ``fp8jax.delayed.init_state(spec)``), otherwise None.
+    telemetry: also return a :class:`QuantTelemetry` of the forward quantization.
+
+  Returns:
+    ``x_hat`` with the shape and dtype of ``x``, or ``(x_hat, telemetry)``.
+  """
+  if not isinstance(spec, spec_lib.QuantSpec):
+    raise TypeError(f"spec must be a QuantSpec, got {spec!r}")
+  if delayed.needs_state(spec):
+    _check_state(state, spec)
+    out = _fake_quant_stateful(x, state, spec, telemetry)
+  else:
+    if state is not None:
+      raise ValueError(
+          f"spec {spec.describe()} uses no delayed scaling; pass state=None")
+    out = _fake_quant(x, spec, telemetry)
+  return out if telemetry else out[0]
+
+
+def _check_state(state, spec):
+  if not isinstance(state, delayed.DelayedState):
+    raise TypeError(
+        f"spec {spec.describe()} uses delayed scaling: pass a DelayedState built by "
+        f"fp8jax.delayed.init_state(spec), got {type(state).__name__}")
+  if spec.scaling == "delayed":
+    delayed.check_history(state.fwd, spec, "forward")
+  elif state.fwd is not None:
+    raise ValueError("state.fwd is set but the forward spec uses current scaling")
+  bwd = spec.backward
+  if bwd is not None and bwd.scaling == "delayed":
+    delayed.check_history(state.bwd, bwd, "backward")
+  elif state.bwd is not None:
+    raise ValueError("state.bwd is set but the backward spec is not delayed-scaled")
+
+
+def _round_trip(x, spec, history, telemetry):
+  out = qtensor.quantize_dequantize(x, spec, history, telemetry=telemetry)
+  return out if telemetry else (out, None)
+
+
+def _quantize_cotangent(g, spec):
+  """Cotangent for a stateless site: identity or current-scaled fake-quant."""
+  if spec.backward is None:
+    return g
+  return qtensor.quantize_dequantize(g, spec.backward)
+
+
+# --- current scaling (no state) --------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _fake_quant(x, spec, telemetry):
+  return _round_trip(x, spec, None, telemetry)
+
+
+def _fake_quant_fwd(x, spec, telemetry):
+  return _round_trip(x, spec, None, telemetry), None
+
+
+def _fake_quant_bwd(spec, telemetry, _, cotangents):
+  del telemetry
+  return (_quantize_cotangent(cotangents[0], spec),)
+
+
+_fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)
+
+
+# --- delayed scaling (state in, updated state as its gradient) --------------------
+
+
+def _stateful_forward(x, state, spec, telemetry):
+  fwd_history = None if state.fwd is None else delayed.as_float32(state.fwd)
+  return _round_trip(x, spec, fwd_history, telemetry)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _fake_quant_stateful(x, state, spec, telemetry):
+  return _stateful_forward(x, state, spec, telemetry)
+
+
+def _fake_quant_stateful_fwd(x, state, spec, telemetry):
+  out = _stateful_forward(x, state, spec, telemetry)
+  return out, (state, delayed.tensor_amax(x))
+
+
+def _fake_quant_stateful_bwd(spec, telemetry, residuals, cotangents):
+  del telemetry
+  state, x_amax = residuals
+  g = cotangents[0]
+  new_fwd = new_bwd = None
+  if state.fwd is not None:
+    new_fwd = delayed.update_history(delayed.as_float32(state.fwd), x_amax)
+  bwd = spec.backward
+  if state.bwd is not None:
+    g_hist = delayed.as_float32(state.bwd)
+    g_out = qtensor.quantize_dequantize(g, bwd, g_hist)
+    new_bwd = delayed.update_history(g_hist, delayed.tensor_amax(g))
+  else:
+    g_out = _quantize_cotangent(g, spec)
+  new_state = delayed.DelayedState(
+      fwd=_like(new_fwd, state.fwd), bwd=_like(new_bwd, state.bwd))
+  return g_out, new_state
+
+
+def _like(new, old):
+  """``new`` converted to the dtype of ``old`` (float32 or Flax's max-grad dtype)."""
+  return None if new is None else lax.convert_element_type(new, old.dtype)
+
+
+_fake_quant_stateful.defvjp(_fake_quant_stateful_fwd, _fake_quant_stateful_bwd)
+
+__all__ = ["fake_quant"]

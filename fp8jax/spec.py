@@ -1,0 +1,126 @@
+"""`QuantSpec`: the one frozen, hashable description of how a tensor is quantized.
+
+A spec is static: it is safe as a ``jax.jit`` static argument and as a dict key, and
+every invalid setting is rejected when the spec is built, not inside a trace.
+
+Scale convention (as in Transformer Engine)::
+
+    s         = fp8_max / (max(amax, eps) * 2**margin)    # quantization multiplier
+    payload   = saturating_cast(x * s)                     # fp8
+    scale_inv = 1 / s                                      # what a GEMM kernel consumes
+    x_hat     = payload * scale_inv                        # dequantized
+
+``amax`` is the largest finite |x| in the block (NaN and inf never enter it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from fp8jax import formats
+from fp8jax import granularity as gran
+
+SCALINGS = ("current", "delayed")
+HISTORY_REDUCTIONS = ("max", "most_recent")
+SCALE_FORMATS = ("fp32", "pow2")
+POW2_ROUNDINGS = ("floor", "ceil", "rceil")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+  """How to quantize one tensor role (activation, weight or gradient).
+
+  Attributes:
+    format: FP8 element format ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz").
+    granularity: which elements share a scale (see ``fp8jax.granularity``).
+    scaling: "current" (amax of the tensor being quantized, per block) or "delayed"
+      (per-tensor scale from an amax history of previous steps; see
+      ``fp8jax.delayed``).
+    history_len: length of the amax history (delayed scaling only).
+    history_reduce: "max" over the history or its "most_recent" entry.
+    scale_format: "fp32" scales, or "pow2" scales rounded by ``pow2_rounding``.
+    pow2_rounding: rule for power-of-two scales, by exponent arithmetic:
+      "floor": s -> 2**floor(log2 s); never saturates (torchao's rule).
+      "ceil": s -> 2**ceil(log2 s); may saturate up to a factor 2 near amax.
+      "rceil": scale_inv = amax*2**margin/fp8_max is rounded UP to a power of two
+        and s = 1/scale_inv (DeepGEMM's UE8M0 "ceil", NVIDIA's RCEIL); equal to
+        "floor" except where the f32 reciprocal rounds across a power of two.
+      Every rule clamps the biased exponent to [1, 253], so s and scale_inv are
+      normal powers of two in [2**-126, 2**126].
+    store_e8m0: store ``scale_inv`` as ``float8_e8m0fnu`` (requires "pow2").
+    eps: floor on the amax (``max(amax, eps)``). 0 is allowed: a block whose amax
+      is then 0 uses s = 1, so an all-zero block always gives exact zeros. FP32
+      scales are clamped to [2**-126, 2**126] so that s and 1/s stay finite.
+    margin: extra headroom in [-64, 64]: s is divided by 2**margin.
+    backward: spec used to quantize the cotangent in the backward pass of
+      ``fake_quant``; None means straight-through (identity).
+  """
+
+  format: str = "e4m3"
+  granularity: gran.Granularity = gran.tile(128)
+  scaling: str = "current"
+  history_len: int = 1024
+  history_reduce: str = "max"
+  scale_format: str = "fp32"
+  pow2_rounding: str = "floor"
+  store_e8m0: bool = False
+  eps: float = 1e-12
+  margin: int = 0
+  backward: QuantSpec | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "format", formats.canonical_format_name(self.format))
+    if not isinstance(self.granularity, gran.Granularity):
+      raise TypeError(
+          f"granularity must be an fp8jax Granularity, got {self.granularity!r}")
+    _check_choice("scaling", self.scaling, SCALINGS)
+    _check_choice("history_reduce", self.history_reduce, HISTORY_REDUCTIONS)
+    _check_choice("scale_format", self.scale_format, SCALE_FORMATS)
+    _check_choice("pow2_rounding", self.pow2_rounding, POW2_ROUNDINGS)
+    if self.scaling == "delayed" and self.granularity.kind != "tensor":
+      raise ValueError(
+          "delayed scaling is per-tensor only; got granularity "
+          f"{self.granularity.describe()} (use per_tensor() or current scaling)")
+    if int(self.history_len) != self.history_len or self.history_len < 1:
+      raise ValueError(f"history_len must be a positive integer, got {self.history_len}")
+    object.__setattr__(self, "history_len", int(self.history_len))
+    if self.store_e8m0 and self.scale_format != "pow2":
+      raise ValueError("store_e8m0=True needs scale_format='pow2': E8M0 holds only "
+                       "powers of two")
+    eps = float(self.eps)
+    if not math.isfinite(eps) or eps < 0:
+      raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
+    object.__setattr__(self, "eps", eps)
+    if int(self.margin) != self.margin or not -64 <= self.margin <= 64:
+      raise ValueError(f"margin must be an integer in [-64, 64], got {self.margin}")
+    object.__setattr__(self, "margin", int(self.margin))
+    if self.backward is not None:
+      if not isinstance(self.backward, QuantSpec):
+        raise TypeError(f"backward must be a QuantSpec or None, got {self.backward!r}")
+      if self.backward.backward is not None:
+        raise ValueError("a backward (cotangent) spec cannot have a backward spec itself")
+
+  @property
+  def fmt(self) -> formats.Fp8Format:
+    """The element format's static facts."""
+    return formats.get_format(self.format)
+
+  def replace(self, **changes) -> QuantSpec:
+    """A copy with ``changes`` applied (validated again)."""
+    return dataclasses.replace(self, **changes)
+
+  def describe(self) -> str:
+    """Short name for tables, e.g. ``e4m3 1x128@-1 current fp32``."""
+    scale = self.scale_format
+    if scale == "pow2":
+      scale += f"/{self.pow2_rounding}" + ("/e8m0" if self.store_e8m0 else "")
+    text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
+    if self.backward is not None:
+      text += f" | bwd {self.backward.describe()}"
+    return text
+
+
+def _check_choice(field: str, value, choices):
+  if value not in choices:
+    raise ValueError(f"unknown {field} {value!r}; choose one of {choices}")

@@ -1,0 +1,1 @@
+"""Model definitions, installed as ``fp8jax.models``."""

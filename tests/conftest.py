@@ -1,0 +1,20 @@
+"""Test configuration: CPU JAX and hypothesis profiles.
+
+``FP8JAX_HYPOTHESIS=thorough`` runs many more examples. In CI (``CI=true``) the
+examples are derandomized so that a run is reproducible.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "default", max_examples=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=os.environ.get("CI", "").lower() == "true")
+settings.register_profile(
+    "thorough", max_examples=1000, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("FP8JAX_HYPOTHESIS", "default"))
