@@ -17,8 +17,7 @@ from fp8jax.fake_quant import fake_quant
 from fp8jax.formats import FORMATS, Fp8Format, get_format, saturating_cast
 from fp8jax.granularity import Granularity, block, per_axis, per_tensor, tile
 from fp8jax.presets import PRESETS, preset
-from fp8jax.qtensor import (QTensor, dequantize, quantize, quantize_and_update,
-                            quantize_dequantize)
+from fp8jax.qtensor import QTensor, dequantize, quantize, quantize_and_update, quantize_dequantize
 from fp8jax.scales import compute_scale, round_pow2
 from fp8jax.spec import QuantSpec
 from fp8jax.telemetry import QuantTelemetry

@@ -36,11 +36,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
-from fp8jax import blocks
-from fp8jax import scales
+from fp8jax import blocks, scales
 from fp8jax import spec as spec_lib
 
 

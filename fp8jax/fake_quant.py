@@ -19,8 +19,7 @@ import functools
 import jax
 from jax import lax
 
-from fp8jax import delayed
-from fp8jax import qtensor
+from fp8jax import delayed, qtensor
 from fp8jax import spec as spec_lib
 
 

@@ -71,7 +71,7 @@ class Granularity:
     if self.kind == "tensor":
       return tuple(shape)
     block = [1] * rank
-    for axis, size in zip(self.axes, self.sizes):
+    for axis in self.axes:
       if not -rank <= axis < rank:
         raise ValueError(
             f"granularity {self.describe()} needs axis {axis}, but the tensor has "

@@ -10,15 +10,12 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fp8jax import blocks
-from fp8jax import delayed
-from fp8jax import formats
-from fp8jax import scales
+from fp8jax import blocks, delayed, formats, scales
 from fp8jax import spec as spec_lib
 from fp8jax import telemetry as telemetry_lib
 

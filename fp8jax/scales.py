@@ -9,8 +9,8 @@ maps 0 to NaN. It is only used to *store* values that are already powers of two.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from fp8jax import spec as spec_lib
 

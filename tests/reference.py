@@ -60,15 +60,15 @@ def ref_scale(amax, fmt, eps, margin, scale_format, rounding):
   fmax = F32(FP8_MAX[fmt])
   a = max(F32(amax), F32(eps))
   head = F32(2.0**margin)
-  if scale_format == "pow2" and rounding == "rceil":
-    inv = ref_pow2(F32(F32(a * head) / fmax), "ceil")
-    s = F32(F32(1.0) / inv)
-  elif scale_format == "pow2":
-    s = ref_pow2(F32(fmax / F32(a * head)), rounding)
-  else:
-    with np.errstate(divide="ignore", over="ignore"):
+  with np.errstate(divide="ignore", over="ignore"):
+    if scale_format == "pow2" and rounding == "rceil":
+      inv = ref_pow2(F32(F32(a * head) / fmax), "ceil")
+      s = F32(F32(1.0) / inv)
+    elif scale_format == "pow2":
+      s = ref_pow2(F32(fmax / F32(a * head)), rounding)
+    else:
       s = F32(fmax / F32(a * head))
-    s = F32(min(max(s, F32(2.0**-126)), F32(2.0**126)))
+      s = F32(min(max(s, F32(2.0**-126)), F32(2.0**126)))
   if a == 0:
     s = F32(1.0)
   return s, F32(F32(1.0) / s)

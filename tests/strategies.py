@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import strategies as st
 import ml_dtypes
 import numpy as np
-from hypothesis import strategies as st
 
 import fp8jax
 

@@ -1,6 +1,7 @@
 """Formats, the saturating cast, and scale rules against independent references."""
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np

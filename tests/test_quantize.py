@@ -3,7 +3,8 @@
 import dataclasses
 
 import chex
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import ml_dtypes
