@@ -18,6 +18,7 @@ from fp8jax.formats import FORMATS, Fp8Format, get_format, saturating_cast
 from fp8jax.granularity import Granularity, block, per_axis, per_tensor, tile
 from fp8jax.presets import PRESETS, preset
 from fp8jax.qtensor import QTensor, dequantize, quantize, quantize_and_update, quantize_dequantize
+from fp8jax.roles import RoleSpecs, deepseek_v3_roles
 from fp8jax.scales import compute_scale, round_pow2
 from fp8jax.spec import QuantSpec
 from fp8jax.telemetry import QuantTelemetry
@@ -25,9 +26,9 @@ from fp8jax.telemetry import QuantTelemetry
 __version__ = "0.1.0"
 
 __all__ = [
-    "DelayedState", "FORMATS", "Fp8Format", "Granularity", "PRESETS", "QTensor",
-    "QuantSpec", "QuantTelemetry", "block", "compute_scale", "delayed", "dequantize",
-    "fake_quant", "get_format", "per_axis", "per_tensor", "preset", "quantize",
-    "quantize_and_update", "quantize_dequantize", "round_pow2", "saturating_cast",
-    "tile",
+    "FORMATS", "PRESETS", "DelayedState", "Fp8Format", "Granularity", "QTensor",
+    "QuantSpec", "QuantTelemetry", "RoleSpecs", "block", "compute_scale", "deepseek_v3_roles",
+    "delayed", "dequantize", "fake_quant", "get_format", "per_axis", "per_tensor", "preset",
+    "quantize", "quantize_and_update", "quantize_dequantize", "round_pow2",
+    "saturating_cast", "tile",
 ]

@@ -77,7 +77,8 @@ def ref_scale(amax, fmt, eps, margin, scale_format, rounding):
 def flush(v: np.ndarray) -> np.ndarray:
   """float32 subnormals -> signed zero."""
   v = np.asarray(v, np.float32)
-  return np.where(np.abs(v) < np.finfo(np.float32).tiny, np.copysign(F32(0), v), v).astype(np.float32)
+  tiny = np.abs(v) < np.finfo(np.float32).tiny
+  return np.where(tiny, np.copysign(F32(0), v), v).astype(np.float32)
 
 
 def ref_quantize(x: np.ndarray, fmt: str, kind: str, axes, sizes, *, eps=1e-12,

@@ -5,8 +5,8 @@ variant: whether the compiled module still converts to fp8 and whether values ch
 """
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 import numpy as np
 
 
