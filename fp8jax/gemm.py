@@ -1,0 +1,216 @@
+"""A simulated FP8 `dot_general` with the DeepSeek-V3 blockwise recipe.
+
+``fp8_dot_general(x, w, dimension_numbers, config=...)`` is a drop-in ``dot_general``
+(Flax ``Dense``/``nnx.Linear``, ``jnp.einsum(..., _dot_general=...)``) whose left
+operand plays the *input* role and right operand the *weight* role. With
+``Y = X W`` it computes, each direction independently in BF16, simulated FP8 or real
+FP8 (per-tensor scales, ``lax.dot_general`` on float8 operands):
+
+* Fprop: ``Y  = Q_in(X) . Q_w(W)``
+* Dgrad: ``dX = Q_grad(dY) . Q_w(W)^T``
+* Wgrad: ``dW = Q_in(X)^T . Q_grad(dY)``
+
+Operands are brought to *contraction-last* layout [B, rows, K] (batch dims first, free
+dims flattened) and every role's spec is applied in that layout, so ``tile(128)`` means
+1x128 tiles along each GEMM's contraction axis and ``block((128, 128))`` blocks of the
+weight matrix. The transposed operands of the backward GEMMs (W^T for Dgrad, X^T and dY^T
+for Wgrad) come from ``config.transpose`` (see ``fp8jax.transpose``). Accumulation and
+the per-interval application of scales are in ``fp8jax.accumulate``.
+
+Memory: the high-precision X and W are saved for the backward pass and re-quantized
+there (the same bits as in the forward pass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax import accumulate, qtensor, transpose
+from fp8jax import roles as roles_lib
+
+PRECISIONS = ("bf16", "fp8", "fp8_native")
+_OPERAND_ROLES = {"fprop": ("input", "weight"), "dgrad": ("grad", "weight"),
+                  "wgrad": ("grad", "input")}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+  """Static, hashable description of one simulated FP8 linear layer.
+
+  Attributes:
+    roles: per-role quantization specs (input X, weight W, output gradient dY).
+    fprop, dgrad, wgrad: "bf16", "fp8" (simulated) or "fp8_native" (real FP8
+      ``lax.dot_general``; per-tensor scales only).
+    accumulation: accumulator model of the simulated FP8 GEMMs.
+    transpose: how transposed operands are produced: "requant", "double",
+      "scaling_aware".
+  """
+
+  roles: roles_lib.RoleSpecs = roles_lib.deepseek_v3_roles()
+  fprop: str = "fp8"
+  dgrad: str = "fp8"
+  wgrad: str = "fp8"
+  accumulation: accumulate.Accumulation = accumulate.FP32
+  transpose: str = "requant"
+
+  def __post_init__(self):
+    if not isinstance(self.roles, roles_lib.RoleSpecs):
+      raise TypeError(f"roles must be a RoleSpecs, got {self.roles!r}")
+    if not isinstance(self.accumulation, accumulate.Accumulation):
+      raise TypeError(f"accumulation must be an Accumulation, got {self.accumulation!r}")
+    if self.transpose not in transpose.POLICIES:
+      raise ValueError(f"unknown transpose policy {self.transpose!r}; choose one of "
+                       f"{transpose.POLICIES}")
+    for direction in _OPERAND_ROLES:
+      mode = getattr(self, direction)
+      if mode not in PRECISIONS:
+        raise ValueError(f"unknown {direction} precision {mode!r}; choose one of {PRECISIONS}")
+      for role in _OPERAND_ROLES[direction]:
+        spec = self.roles.spec(role)
+        if mode != "bf16" and spec.scaling != "current":
+          raise ValueError(f"{direction}: the {role} spec uses {spec.scaling} scaling; the "
+                           "GEMM simulation supports current scaling")
+        if mode == "fp8_native" and spec.granularity.kind != "tensor":
+          raise ValueError(f"{direction}=fp8_native needs per-tensor scales, but the {role} "
+                           f"spec is {spec.granularity.describe()}")
+
+  def replace(self, **changes) -> GemmConfig:
+    return dataclasses.replace(self, **changes)
+
+  def describe(self) -> str:
+    modes = "/".join(getattr(self, d) for d in _OPERAND_ROLES)
+    return f"{modes} acc={self.accumulation.describe()} transpose={self.transpose}"
+
+
+BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
+DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)
+
+
+# --- layout ------------------------------------------------------------------------
+
+
+def _to_contraction_last(x, contract, batch):
+  """x -> ([B, R, K], permutation, transposed shape)."""
+  free = [d for d in range(x.ndim) if d not in contract and d not in batch]
+  perm = tuple(batch) + tuple(free) + tuple(contract)
+  xt = jnp.transpose(x, perm)
+  sizes = [x.shape[d] for d in perm]
+  nb, nf = len(batch), len(free)
+  shape3 = (math.prod(sizes[:nb]), math.prod(sizes[nb:nb + nf]), math.prod(sizes[nb + nf:]))
+  return xt.reshape(shape3), [x.shape[d] for d in free], [x.shape[d] for d in batch]
+
+
+# --- the three GEMMs on contraction-last operands -----------------------------------
+
+
+def _bf16_matmul(a, bt):
+  return jnp.einsum("bmk,bnk->bmn", a.astype(jnp.bfloat16), bt.astype(jnp.bfloat16),
+                    preferred_element_type=jnp.float32)
+
+
+def _fp8_matmul(aq, btq, cfg, mode):
+  if mode == "fp8_native":
+    y = jnp.einsum("bmk,bnk->bmn", aq.data, btq.data, preferred_element_type=jnp.float32)
+    scale = aq.scale_inv.astype(jnp.float32) * btq.scale_inv.astype(jnp.float32)
+    return y * scale.reshape(())
+  return accumulate.scaled_matmul(aq, btq, cfg.accumulation)
+
+
+def _fprop(x3, w3, cfg):
+  if cfg.fprop == "bf16":
+    return _bf16_matmul(x3, w3)
+  xq = qtensor.quantize(x3, cfg.roles.input)
+  wq = qtensor.quantize(w3, cfg.roles.weight)
+  return _fp8_matmul(xq, wq, cfg, cfg.fprop)
+
+
+def _dgrad(dy3, w3, cfg):
+  """dX [B, M, K] = dY [B, M, N] . W [B, N, K]."""
+  w_t = jnp.swapaxes(w3, -1, -2)
+  if cfg.dgrad == "bf16":
+    return _bf16_matmul(dy3, w_t)
+  wq = qtensor.quantize(w3, cfg.roles.weight)
+  wtq = transpose.transposed(w3, wq, cfg.roles.weight, cfg.transpose)
+  return _fp8_matmul(qtensor.quantize(dy3, cfg.roles.grad), wtq, cfg, cfg.dgrad)
+
+
+def _wgrad(dy3, x3, cfg):
+  """dW [B, N, K] = dY^T [B, N, M] . X [B, M, K]."""
+  if cfg.wgrad == "bf16":
+    return _bf16_matmul(jnp.swapaxes(dy3, -1, -2), jnp.swapaxes(x3, -1, -2))
+  dyq = qtensor.quantize(dy3, cfg.roles.grad)
+  xq = qtensor.quantize(x3, cfg.roles.input)
+  dytq = transpose.transposed(dy3, dyq, cfg.roles.grad, cfg.transpose)
+  xtq = transpose.transposed(x3, xq, cfg.roles.input, cfg.transpose)
+  return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gemm3(x3, w3, cfg):
+  return _fprop(x3, w3, cfg)
+
+
+def _gemm3_fwd(x3, w3, cfg):
+  return _fprop(x3, w3, cfg), (x3, w3)
+
+
+def _gemm3_bwd(cfg, res, dy3):
+  x3, w3 = res
+  dy3 = dy3.astype(jnp.float32)
+  return (_dgrad(dy3, w3, cfg).astype(x3.dtype), _wgrad(dy3, x3, cfg).astype(w3.dtype))
+
+
+_gemm3.defvjp(_gemm3_fwd, _gemm3_bwd)
+
+
+# --- public entry points -------------------------------------------------------------
+
+
+def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                    preferred_element_type=None, *, config: GemmConfig = DEEPSEEK_V3,
+                    **unused_kwargs):
+  """``lax.dot_general`` with simulated FP8 GEMMs in forward and backward.
+
+  Args:
+    lhs: activations X (the "input" role), any shape.
+    rhs: weights W (the "weight" role), any shape.
+    dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))`` as in
+      ``lax.dot_general``.
+    precision: ignored (the FP8 paths define their own arithmetic).
+    preferred_element_type: output dtype; default ``result_type(lhs, rhs)``.
+    config: the :class:`GemmConfig`.
+    **unused_kwargs: accepted for API compatibility (e.g. ``out_sharding``) and ignored.
+
+  Returns:
+    The product with ``lax.dot_general``'s output layout: batch, lhs free, rhs free.
+  """
+  del precision, unused_kwargs
+  (lc, rc), (lb, rb) = dimension_numbers
+  lc, rc, lb, rb = (tuple(int(d) for d in v) for v in (lc, rc, lb, rb))
+  if [lhs.shape[d] for d in lc] != [rhs.shape[d] for d in rc]:
+    raise ValueError(f"contracting dims differ: lhs {lhs.shape} on {lc}, rhs {rhs.shape} "
+                     f"on {rc}")
+  if [lhs.shape[d] for d in lb] != [rhs.shape[d] for d in rb]:
+    raise ValueError(f"batch dims differ: lhs {lhs.shape} on {lb}, rhs {rhs.shape} on {rb}")
+  out_dtype = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
+  x3, x_free, batch = _to_contraction_last(lhs, lc, lb)
+  w3, w_free, _ = _to_contraction_last(rhs, rc, rb)
+  y3 = _gemm3(x3, w3, config)
+  return y3.reshape(batch + x_free + w_free).astype(out_dtype)
+
+
+def dot_general_fn(config: GemmConfig):
+  """A ``dot_general`` callable bound to ``config`` (for Flax layers and einsum)."""
+  return functools.partial(fp8_dot_general, config=config)
+
+
+def fp8_einsum(subscripts: str, lhs, rhs, *, config: GemmConfig = DEEPSEEK_V3,
+               preferred_element_type=None):
+  """Two-operand ``jnp.einsum`` through :func:`fp8_dot_general` (lhs = input role)."""
+  return jnp.einsum(subscripts, lhs, rhs, preferred_element_type=preferred_element_type,
+                    _dot_general=dot_general_fn(config))

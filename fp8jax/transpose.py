@@ -1,0 +1,73 @@
+"""Producing a quantized operand in the transposed layout a backward GEMM needs.
+
+A tensor quantized for one GEMM (say X with 1x128 tiles along K for the forward pass)
+is needed transposed by another (X^T with tiles along M for the weight gradient).
+Three ways to get it, after FP8-Flow-MoE (arXiv 2511.02302):
+
+``requant``
+  quantize the saved high-precision original, transposed: one rounding, but the
+  high-precision tensor must be kept.
+``double``
+  dequantize the FP8 tensor (in float32) and quantize the transpose again: a second
+  rounding ("double quantization").
+``scaling_aware``
+  re-express the FP8 payload with the new blocks' scales: each new block takes the
+  largest ``scale_inv`` of the old blocks it overlaps and every payload element is
+  multiplied by ``old_scale_inv / new_scale_inv`` and cast. With power-of-two scales
+  that factor is a power of two <= 1, so the result is exact except where it underflows;
+  with FP32 scales it rounds.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax import blocks, formats, qtensor
+from fp8jax import spec as spec_lib
+
+POLICIES = ("requant", "double", "scaling_aware")
+
+
+def _swap(x: jax.Array) -> jax.Array:
+  return jnp.swapaxes(x, -1, -2)
+
+
+def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.QuantSpec,
+               policy: str) -> qtensor.QTensor:
+  """The quantization of ``swapaxes(x, -1, -2)`` with ``spec``, made by ``policy``.
+
+  Args:
+    x_hp: the high-precision original [..., R, C] (needed by "requant" only).
+    qt: ``x`` as quantized for the first GEMM.
+    spec: spec for the transposed tensor [..., C, R].
+    policy: "requant", "double" or "scaling_aware".
+
+  Returns:
+    A QTensor of shape [..., C, R].
+  """
+  if policy == "requant":
+    if x_hp is None:
+      raise ValueError("the requant transpose policy needs the high-precision tensor")
+    return qtensor.quantize(_swap(x_hp), spec)
+  if policy == "double":
+    return qtensor.quantize(_swap(qtensor.dequantize(qt, jnp.float32)), spec)
+  if policy == "scaling_aware":
+    return scaling_aware_transpose(qt, spec)
+  raise ValueError(f"unknown transpose policy {policy!r}; choose one of {POLICIES}")
+
+
+def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qtensor.QTensor:
+  """Transposes ``qt`` into ``spec``'s blocks without going through the amax again."""
+  if spec.scaling != "current":
+    raise ValueError("the scaling-aware transpose needs a current-scaling target spec")
+  old_inv = blocks.broadcast_blocks(qt.scale_inv.astype(jnp.float32), qt.full_block,
+                                    qt.shape)
+  old_inv = _swap(old_inv)
+  data = _swap(qt.data.astype(jnp.float32))
+  new_block = spec.granularity.block_shape(data.shape)
+  new_inv = blocks.block_amax(old_inv, new_block)  # largest old scale_inv per new block
+  ratio = old_inv / blocks.broadcast_blocks(new_inv, new_block, data.shape)
+  payload = formats.saturating_cast(data * ratio, spec.fmt)
+  stored = new_inv.astype(qt.scale_inv.dtype) if spec.store_e8m0 else new_inv
+  return qtensor.QTensor(payload, stored, new_block, qt.dtype)
