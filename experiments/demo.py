@@ -73,7 +73,7 @@ def quantization_table(x: jax.Array, bulk: np.ndarray,
       e8m0 = "E8M0" in name
       spec = fp8jax.QuantSpec(format=fmt, granularity=gran,
                               scale_format="pow2" if e8m0 else "fp32",
-                              pow2_rounding="rceil", store_e8m0=e8m0)
+                              pow2_rounding="rceil" if e8m0 else None, store_e8m0=e8m0)
       x_hat, tel = jax.jit(fp8jax.quantize_dequantize, static_argnums=1,
                            static_argnames="telemetry")(x, spec, telemetry=True)
       rows.append({"format": fmt, "granularity": name, "spec": spec.describe(),

@@ -52,7 +52,7 @@ def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
     a = jnp.pad(a, pad)
   split = [v for n, b in zip(counts, block) for v in (n, b)]
   a = a.reshape(split)
-  return jnp.max(a, axis=tuple(range(1, 2 * x.ndim, 2)))
+  return jnp.max(a, axis=tuple(range(1, 2 * x.ndim, 2)), initial=0.0)
 
 
 def broadcast_blocks(values: jnp.ndarray, block: tuple[int, ...],

@@ -29,6 +29,13 @@ Two ways to carry the state:
 
    A state that the function never uses gets an all-zero gradient: only overwrite
    states that were used.
+
+   Limits of the max-combining dtype (Flax's ``fp32_max_grad``): the marked state must
+   not cross a nested ``jax.jit`` or ``jax.checkpoint`` boundary (JAX cannot pass the
+   dtype through them; ``lax.scan`` works), and calling ``max_combined`` separately
+   inside each wrapped call sums the updates again. Under ``jax.vmap`` one state shared
+   by the batch receives the SUM over the batch: compute the batch amax outside
+   ``vmap`` instead. Use the explicit form (1) in those settings.
 """
 
 from __future__ import annotations
@@ -111,7 +118,7 @@ def update_history(history: jax.Array, amax: jax.Array) -> jax.Array:
 
 def tensor_amax(x: jax.Array) -> jax.Array:
   """Largest finite |x| (float32 scalar) of a whole tensor."""
-  return jnp.max(blocks.finite_abs(x)) if x.size else jnp.float32(0)
+  return jnp.max(blocks.finite_abs(x), initial=0.0)
 
 
 def as_float32(history: jax.Array) -> jax.Array:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 
 _KINDS = ("tensor", "axis", "tile", "block")
 
@@ -45,9 +46,9 @@ class Granularity:
   def __post_init__(self):
     if self.kind not in _KINDS:
       raise ValueError(f"unknown granularity kind {self.kind!r}; known: {_KINDS}")
-    object.__setattr__(self, "axes", tuple(int(a) for a in self.axes))
+    object.__setattr__(self, "axes", tuple(_as_int("axis", a) for a in self.axes))
     object.__setattr__(
-        self, "sizes", tuple(None if s is None else int(s) for s in self.sizes))
+        self, "sizes", tuple(None if s is None else _as_int("size", s) for s in self.sizes))
     if len(self.axes) != len(self.sizes):
       raise ValueError(f"granularity axes {self.axes} and sizes {self.sizes} differ in length")
     if len(set(self.axes)) != len(self.axes):
@@ -60,6 +61,9 @@ class Granularity:
         raise ValueError(f"granularity sizes must be >= 1, got {self.sizes}")
     if self.kind in ("tile", "block") and None in self.sizes:
       raise ValueError(f"{self.kind} granularity needs explicit sizes, got {self.sizes}")
+    if self.kind == "axis" and self.sizes != (None,):
+      raise ValueError(f"axis granularity spans the whole axis (sizes (None,)), got "
+                       f"{self.sizes}; use tile() for 1xN tiles")
 
   def block_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Block shape for a tensor of ``shape``: one scale per block.
@@ -69,7 +73,7 @@ class Granularity:
     """
     rank = len(shape)
     if self.kind == "tensor":
-      return tuple(shape)
+      return tuple(max(d, 1) for d in shape)
     block = [1] * rank
     for axis in self.axes:
       if not -rank <= axis < rank:
@@ -98,6 +102,14 @@ class Granularity:
     if self.kind == "tile":
       return f"1x{self.sizes[0]}@{self.axes[0]}"
     return f"{self.sizes[0]}x{self.sizes[1]}@{self.axes}"
+
+
+def _as_int(name: str, value) -> int:
+  """``value`` as an int; floats and other types are an error, not truncated."""
+  try:
+    return operator.index(value)
+  except TypeError:
+    raise TypeError(f"granularity {name} must be an integer, got {value!r}") from None
 
 
 def per_tensor() -> Granularity:

@@ -34,7 +34,8 @@ class QTensor:
     data: FP8 array of the original shape ``S``.
     scale_inv: float32 (or float8_e8m0fnu) array of shape ``ceil(S / block)``.
     block: block shape aligned to the trailing axes of ``data``; leading axes not
-      covered (for example those added by ``jax.vmap``) have block size 1.
+      covered (for example those added by ``jax.vmap`` with the default
+      ``out_axes=0``; other ``out_axes`` are not supported) have block size 1.
     dtype: dtype that ``dequantize`` returns by default (the input's dtype).
   """
 
@@ -68,7 +69,7 @@ def _scales(x, spec, history):
   if spec.scaling == "delayed":
     delayed.check_history(history, spec, "forward")
     s, scale_inv = delayed.history_scale(
-        delayed.as_float32(history), spec, jnp.max(amax))
+        delayed.as_float32(history), spec, jnp.max(amax, initial=0.0))
     s, scale_inv = (jnp.broadcast_to(v, amax.shape) for v in (s, scale_inv))
   else:
     if history is not None:
@@ -108,14 +109,19 @@ def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
 def dequantize(qt: QTensor, dtype=None) -> jax.Array:
   """Reverses :func:`quantize`: ``data * scale_inv`` in float32, cast to ``dtype``.
 
+  A payload rounded up next to the output dtype's largest value (possible with
+  power-of-two scales) saturates at that value: a finite input never comes back inf.
+
   Args:
     qt: the quantized tensor.
     dtype: output dtype; defaults to the dtype of the quantized input.
   """
+  dtype = jnp.dtype(qt.dtype if dtype is None else dtype)
   scale_inv = blocks.broadcast_blocks(
       qt.scale_inv.astype(jnp.float32), qt.full_block, qt.shape)
   out = qt.data.astype(jnp.float32) * scale_inv
-  return out.astype(qt.dtype if dtype is None else dtype)
+  top = float(jnp.finfo(dtype).max)
+  return jnp.clip(out, -top, top).astype(dtype)
 
 
 def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,

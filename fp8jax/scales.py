@@ -54,15 +54,16 @@ def compute_scale(amax: jnp.ndarray,
     ``(s, scale_inv)``, float32 arrays shaped like ``amax``: quantize with
     ``x * s``, dequantize with ``q * scale_inv``.
   """
-  fp8_max = jnp.float32(spec.fmt.max)
-  headroom = jnp.float32(2.0**spec.margin)
   amax = jnp.maximum(amax.astype(jnp.float32), jnp.float32(spec.eps))
+  # fp8_max * 2**-margin is exact; dividing amax by fp8_max first cannot overflow.
+  target = jnp.float32(spec.fmt.max * 2.0**-spec.margin)
   if spec.scale_format == "pow2" and spec.pow2_rounding == "rceil":
-    scale_inv = round_pow2(amax * headroom / fp8_max, "ceil")
+    scale_inv = round_pow2(amax / jnp.float32(spec.fmt.max) * jnp.float32(2.0**spec.margin),
+                           "ceil")
     s = 1.0 / scale_inv
   elif spec.scale_format == "pow2":
-    s = round_pow2(fp8_max / (amax * headroom), spec.pow2_rounding)
+    s = round_pow2(target / amax, spec.pow2_rounding)
   else:
-    s = jnp.clip(fp8_max / (amax * headroom), _FP32_SCALE_MIN, _FP32_SCALE_MAX)
+    s = jnp.clip(target / amax, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
   s = jnp.where(amax > 0, s, jnp.float32(1.0))
   return s, 1.0 / s

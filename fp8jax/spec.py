@@ -40,7 +40,8 @@ class QuantSpec:
     history_len: length of the amax history (delayed scaling only).
     history_reduce: "max" over the history or its "most_recent" entry.
     scale_format: "fp32" scales, or "pow2" scales rounded by ``pow2_rounding``.
-    pow2_rounding: rule for power-of-two scales, by exponent arithmetic:
+    pow2_rounding: rule for power-of-two scales (default "floor"; must stay None
+      with FP32 scales), by exponent arithmetic:
       "floor": s -> 2**floor(log2 s); never saturates (torchao's rule).
       "ceil": s -> 2**ceil(log2 s); may saturate up to a factor 2 near amax.
       "rceil": scale_inv = amax*2**margin/fp8_max is rounded UP to a power of two
@@ -63,7 +64,7 @@ class QuantSpec:
   history_len: int = 1024
   history_reduce: str = "max"
   scale_format: str = "fp32"
-  pow2_rounding: str = "floor"
+  pow2_rounding: str | None = None
   store_e8m0: bool = False
   eps: float = 1e-12
   margin: int = 0
@@ -77,24 +78,32 @@ class QuantSpec:
     _check_choice("scaling", self.scaling, SCALINGS)
     _check_choice("history_reduce", self.history_reduce, HISTORY_REDUCTIONS)
     _check_choice("scale_format", self.scale_format, SCALE_FORMATS)
-    _check_choice("pow2_rounding", self.pow2_rounding, POW2_ROUNDINGS)
+    if self.scale_format == "fp32" and self.pow2_rounding is not None:
+      raise ValueError(f"pow2_rounding={self.pow2_rounding!r} needs scale_format='pow2'")
+    if self.scale_format == "pow2":
+      object.__setattr__(self, "pow2_rounding", self.pow2_rounding or "floor")
+      _check_choice("pow2_rounding", self.pow2_rounding, POW2_ROUNDINGS)
+    if not isinstance(self.store_e8m0, bool):
+      raise TypeError(f"store_e8m0 must be a bool, got {self.store_e8m0!r}")
+    if self.scaling == "current" and (self.history_len, self.history_reduce) != (1024, "max"):
+      raise ValueError("history_len and history_reduce apply to delayed scaling only")
     if self.scaling == "delayed" and self.granularity.kind != "tensor":
       raise ValueError(
           "delayed scaling is per-tensor only; got granularity "
           f"{self.granularity.describe()} (use per_tensor() or current scaling)")
-    if int(self.history_len) != self.history_len or self.history_len < 1:
-      raise ValueError(f"history_len must be a positive integer, got {self.history_len}")
-    object.__setattr__(self, "history_len", int(self.history_len))
+    if not isinstance(self.history_len, int) or self.history_len < 1:
+      raise ValueError(f"history_len must be a positive integer, got {self.history_len!r}")
     if self.store_e8m0 and self.scale_format != "pow2":
       raise ValueError("store_e8m0=True needs scale_format='pow2': E8M0 holds only "
                        "powers of two")
+    if not isinstance(self.eps, (int, float)):
+      raise TypeError(f"eps must be a number, got {self.eps!r}")
     eps = float(self.eps)
     if not math.isfinite(eps) or eps < 0:
       raise ValueError(f"eps must be a finite number >= 0, got {self.eps}")
     object.__setattr__(self, "eps", eps)
-    if int(self.margin) != self.margin or not -64 <= self.margin <= 64:
-      raise ValueError(f"margin must be an integer in [-64, 64], got {self.margin}")
-    object.__setattr__(self, "margin", int(self.margin))
+    if not isinstance(self.margin, int) or not -64 <= self.margin <= 64:
+      raise ValueError(f"margin must be an integer in [-64, 64], got {self.margin!r}")
     if self.backward is not None:
       if not isinstance(self.backward, QuantSpec):
         raise TypeError(f"backward must be a QuantSpec or None, got {self.backward!r}")

@@ -69,9 +69,9 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
   snr = jnp.where(noise > 0, 10.0 * jnp.log10(signal / jnp.where(noise > 0, noise, 1.0)),
                   jnp.inf)
   return QuantTelemetry(
-      amax=jnp.max(jnp.abs(x0)) if x.size else jnp.float32(0),
-      scale_min=jnp.min(s).astype(jnp.float32),
-      scale_max=jnp.max(s).astype(jnp.float32),
+      amax=jnp.max(jnp.abs(x0), initial=0.0),
+      scale_min=jnp.min(s).astype(jnp.float32) if s.size else jnp.float32(0),
+      scale_max=jnp.max(s).astype(jnp.float32) if s.size else jnp.float32(0),
       saturated_frac=jnp.sum(overflow, dtype=jnp.float32) / n,
       underflow_frac=jnp.sum(flushed, dtype=jnp.float32)
       / jnp.maximum(jnp.sum(nonzero, dtype=jnp.float32), 1.0),

@@ -59,15 +59,14 @@ def ref_scale(amax, fmt, eps, margin, scale_format, rounding):
   """(s, scale_inv) as float32 scalars for one block."""
   fmax = F32(FP8_MAX[fmt])
   a = max(F32(amax), F32(eps))
-  head = F32(2.0**margin)
   with np.errstate(divide="ignore", over="ignore"):
     if scale_format == "pow2" and rounding == "rceil":
-      inv = ref_pow2(F32(F32(a * head) / fmax), "ceil")
+      inv = ref_pow2(F32(F32(a / fmax) * F32(2.0**margin)), "ceil")
       s = F32(F32(1.0) / inv)
     elif scale_format == "pow2":
-      s = ref_pow2(F32(fmax / F32(a * head)), rounding)
+      s = ref_pow2(F32(F32(fmax * F32(2.0**-margin)) / a), rounding)
     else:
-      s = F32(fmax / F32(a * head))
+      s = F32(F32(fmax * F32(2.0**-margin)) / a)
       s = F32(min(max(s, F32(2.0**-126)), F32(2.0**126)))
   if a == 0:
     s = F32(1.0)
@@ -116,6 +115,8 @@ def ref_quantize(x: np.ndarray, fmt: str, kind: str, axes, sizes, *, eps=1e-12,
     deq = flush(deq)
   if store_e8m0:
     scale_inv = scale_inv.astype(ml_dtypes.float8_e8m0fnu)
+  top = np.float32(ml_dtypes.finfo(x.dtype).max)
+  deq = np.clip(deq, -top, top)  # finite in, finite out
   return payload, scale_inv, deq.astype(x.dtype)
 
 

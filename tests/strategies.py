@@ -48,7 +48,8 @@ def specs(draw, rank, formats=tuple(FORMATS)):
       format=draw(st.sampled_from(formats)),
       granularity=draw(granularities(rank)),
       scale_format=scale_format,
-      pow2_rounding=draw(st.sampled_from(["floor", "ceil", "rceil"])),
+      pow2_rounding=draw(st.sampled_from(["floor", "ceil", "rceil"]))
+      if scale_format == "pow2" else None,
       store_e8m0=scale_format == "pow2" and draw(st.booleans()),
       eps=draw(st.sampled_from([0.0, 1e-12, 1e-4])),
       margin=draw(st.integers(-2, 3)),

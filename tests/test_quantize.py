@@ -102,7 +102,8 @@ def test_all_zero_tiles_give_exact_zeros(eps, scale_format, rounding):
   x = np.zeros((4, 256), np.float32)
   x[1, 130] = 3.5  # one non-zero tile among zero tiles (448/3.5 = 2**7: exact for all)
   spec = fp8jax.QuantSpec(granularity=fp8jax.tile(128), eps=eps,
-                          scale_format=scale_format, pow2_rounding=rounding)
+                          scale_format=scale_format,
+                          pow2_rounding=rounding if scale_format == "pow2" else None)
   qt = fp8jax.quantize(jnp.asarray(x), spec)
   out = np.asarray(fp8jax.dequantize(qt))
   assert np.all(np.isfinite(np.asarray(qt.scale_inv)))
@@ -131,7 +132,8 @@ def test_huge_and_tiny_magnitudes_stay_finite():
   for rounding in ("floor", "ceil", "rceil"):
     for scale_format in ("fp32", "pow2"):
       spec = fp8jax.QuantSpec(granularity=fp8jax.per_axis(-1), eps=0.0,
-                              scale_format=scale_format, pow2_rounding=rounding)
+                              scale_format=scale_format,
+                              pow2_rounding=rounding if scale_format == "pow2" else None)
       qt = fp8jax.quantize(jnp.asarray(x), spec)
       assert np.all(np.isfinite(np.asarray(qt.scale_inv).astype(np.float32)))
       _assert_matches_reference(x, spec, qt, fp8jax.dequantize(qt))
@@ -228,3 +230,34 @@ def test_bad_inputs_raise_clear_errors():
     fp8jax.quantize(jnp.ones((4,), jnp.float8_e4m3fn), fp8jax.QuantSpec())
   with pytest.raises(ValueError, match="takes no history"):
     fp8jax.quantize(jnp.ones((4,)), fp8jax.QuantSpec(), jnp.zeros(3))
+
+
+@pytest.mark.parametrize("dtype,value,spec", [
+    (jnp.float16, 63488.0, fp8jax.preset("mxfp8")),
+    (jnp.float16, 65504.0, fp8jax.QuantSpec(format="e5m2", scale_format="pow2")),
+    (jnp.float32, 3.4e38, fp8jax.QuantSpec(scale_format="pow2", pow2_rounding="rceil")),
+])
+def test_finite_inputs_never_dequantize_to_inf(dtype, value, spec):
+  x = jnp.full((1, 32), value, dtype)
+  y = fp8jax.fake_quant(x, spec)
+  assert np.all(np.isfinite(np.asarray(y, np.float32)))
+  _assert_matches_reference(np.asarray(x), spec, fp8jax.quantize(x, spec), y)
+
+
+def test_margin_does_not_overflow_the_scale():
+  x = jnp.asarray([[1e38, 1e35]], jnp.float32)
+  for margin in (0, 2):
+    spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor(), margin=margin)
+    y = np.asarray(fp8jax.fake_quant(x, spec), np.float64)
+    np.testing.assert_allclose(y, [[1e38, 1e35]], rtol=0.07)
+
+
+@pytest.mark.parametrize("shape", [(0, 128), (4, 0), (0,)])
+def test_zero_size_tensors(shape):
+  x = jnp.zeros(shape, jnp.float32)
+  for spec in (fp8jax.preset("current_tensor"), fp8jax.QuantSpec(granularity=fp8jax.tile(128))):
+    y, tel = fp8jax.fake_quant(x, spec, telemetry=True)
+    assert y.shape == shape and float(tel.saturated_frac) == 0.0
+  delayed = fp8jax.QuantSpec(granularity=fp8jax.per_tensor(), scaling="delayed", history_len=2)
+  _, history = fp8jax.quantize_and_update(x, delayed, fp8jax.delayed.init_history(delayed))
+  np.testing.assert_array_equal(history, [0.0, 0.0])

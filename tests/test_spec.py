@@ -13,14 +13,18 @@ from fp8jax import QuantSpec
     (dict(scaling="lazy"), "unknown scaling"),
     (dict(scaling="delayed"), "delayed scaling is per-tensor only"),
     (dict(scale_format="fp16"), "unknown scale_format"),
-    (dict(pow2_rounding="nearest"), "unknown pow2_rounding"),
+    (dict(scale_format="pow2", pow2_rounding="nearest"), "unknown pow2_rounding"),
     (dict(store_e8m0=True), "store_e8m0=True needs scale_format='pow2'"),
     (dict(eps=-1.0), "eps must be a finite number >= 0"),
     (dict(eps=float("nan")), "eps must be a finite number >= 0"),
     (dict(margin=0.5), "margin must be an integer"),
     (dict(margin=100), "margin must be an integer in"),
-    (dict(history_len=0), "history_len must be a positive integer"),
+    (dict(scaling="delayed", granularity=fp8jax.per_tensor(), history_len=0),
+     "history_len must be a positive integer"),
     (dict(backward=QuantSpec(backward=QuantSpec())), "cannot have a backward spec"),
+    (dict(pow2_rounding="rceil"), "needs scale_format='pow2'"),
+    (dict(history_len=16), "apply to delayed scaling only"),
+    (dict(margin=None), "margin must be an integer"),
 ])
 def test_invalid_specs_fail_at_construction(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -32,6 +36,13 @@ def test_type_errors_name_the_field():
     QuantSpec(granularity="1x128")
   with pytest.raises(TypeError, match="backward must be"):
     QuantSpec(backward="ste")
+  with pytest.raises(TypeError, match="store_e8m0 must be a bool"):
+    QuantSpec(scale_format="pow2", store_e8m0="no")
+  with pytest.raises(TypeError, match="size must be an integer, got 128.7"):
+    fp8jax.tile(128.7)
+  with pytest.raises(TypeError, match="axis must be an integer"):
+    fp8jax.tile(32, axis=1.5)
+  assert QuantSpec(scale_format="pow2").pow2_rounding == "floor"
 
 
 @pytest.mark.parametrize("factory,match", [
@@ -40,6 +51,7 @@ def test_type_errors_name_the_field():
     (lambda: fp8jax.block((128, 128), (-1, -1)), "repeat an axis"),
     (lambda: fp8jax.Granularity("tile", (-1,), (None,)), "needs explicit sizes"),
     (lambda: fp8jax.Granularity("block", (-1,), (128,)), "needs 2 axes"),
+    (lambda: fp8jax.Granularity("axis", (-1,), (4,)), "spans the whole axis"),
 ])
 def test_invalid_granularities(factory, match):
   with pytest.raises(ValueError, match=match):

@@ -32,7 +32,8 @@ def main():
   for scale_format, rounding in (("fp32", "floor"), ("pow2", "floor"), ("pow2", "ceil"),
                                  ("pow2", "rceil")):
     for fmt in ("e4m3", "e5m2"):
-      spec = fp8jax.QuantSpec(format=fmt, scale_format=scale_format, pow2_rounding=rounding)
+      spec = fp8jax.QuantSpec(format=fmt, scale_format=scale_format,
+                              pow2_rounding=rounding if scale_format == "pow2" else None)
       s, inv = jax.jit(fp8jax.compute_scale, static_argnums=1)(jnp.asarray(amax), spec)
       rs, rinv = zip(*(ref.ref_scale(a, fmt, 1e-12, 0, scale_format, rounding)
                        for a in amax[:20_000]))
@@ -44,7 +45,7 @@ def main():
       np.float32)
   for scale_format in ("fp32", "pow2"):
     spec = fp8jax.QuantSpec(granularity=fp8jax.tile(128), scale_format=scale_format,
-                            pow2_rounding="rceil")
+                            pow2_rounding="rceil" if scale_format == "pow2" else None)
     qt = jax.jit(fp8jax.quantize, static_argnums=1)(jnp.asarray(x), spec)
     payload, scale_inv, _ = ref.ref_quantize(
         x, "e4m3", "tile", (-1,), (128,), scale_format=scale_format, rounding="rceil",
