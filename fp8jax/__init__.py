@@ -8,13 +8,17 @@ The quantization core::
     x_hat = fp8jax.dequantize(qt)
     y = fp8jax.fake_quant(x, spec)                # custom_vjp round trip
 
+and the simulated blockwise FP8 GEMM (``fp8jax.fp8_dot_general``, ``GemmConfig``).
+
 Importing fp8jax has no side effects: it defines functions and types only.
 """
 
-from fp8jax import delayed
+from fp8jax import accumulate, delayed, gemm, transpose
+from fp8jax.accumulate import Accumulation
 from fp8jax.delayed import DelayedState
 from fp8jax.fake_quant import fake_quant
 from fp8jax.formats import FORMATS, Fp8Format, get_format, saturating_cast
+from fp8jax.gemm import GemmConfig, dot_general_fn, fp8_dot_general, fp8_einsum
 from fp8jax.granularity import Granularity, block, per_axis, per_tensor, tile
 from fp8jax.presets import PRESETS, preset
 from fp8jax.qtensor import QTensor, dequantize, quantize, quantize_and_update, quantize_dequantize
@@ -26,6 +30,8 @@ from fp8jax.telemetry import QuantTelemetry
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accumulation", "GemmConfig", "accumulate", "dot_general_fn", "fp8_dot_general",
+    "fp8_einsum", "gemm", "transpose",
     "FORMATS", "PRESETS", "DelayedState", "Fp8Format", "Granularity", "QTensor",
     "QuantSpec", "QuantTelemetry", "RoleSpecs", "block", "compute_scale", "deepseek_v3_roles",
     "delayed", "dequantize", "fake_quant", "get_format", "per_axis", "per_tensor", "preset",
