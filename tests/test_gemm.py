@@ -102,8 +102,10 @@ def test_native_fp8_matches_simulation_with_per_tensor_scales():
   for name, cfg in (("sim", sim), ("native", native)):
     y, vjp = jax.vjp(lambda a, b, c=cfg: gemm.fp8_dot_general(a, b, DN, config=c), x, w)
     out[name] = (y, *vjp(dy))
+  # On a GPU the real FP8 GEMM accumulates in limited precision (~1e-4 of the range on
+  # an H100); a wrong scale or role would be off by percents.
   for a, b in zip(out["sim"], out["native"]):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(jnp.max(jnp.abs(a))))
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-3 * float(jnp.max(jnp.abs(a))))
 
 
 def test_expert_einsum_uses_lhs_as_input_role():
@@ -116,11 +118,11 @@ def test_expert_einsum_uses_lhs_as_input_role():
       grad=fp8jax.QuantSpec(granularity=fp8jax.tile(128))))
   y = gemm.fp8_einsum("egk,ekn->egn", x, w, config=cfg)
   direct = gemm.fp8_dot_general(x, w, (((2,), (1,)), ((0,), (0,))), config=cfg)
-  np.testing.assert_array_equal(y, direct)
-  # Per expert, the same as the 2-D product with that expert's weight.
+  _close(y, direct)
+  # Per expert, the 2-D product with that expert's weight (equal up to float32 summation
+  # order, which a GPU may change between batched and single GEMMs).
   for e in range(3):
-    np.testing.assert_array_equal(
-        y[e], gemm.fp8_dot_general(x[e], w[e], (((1,), (0,)), ((), ())), config=cfg))
+    _close(y[e], gemm.fp8_dot_general(x[e], w[e], (((1,), (0,)), ((), ())), config=cfg))
   gx, gw = jax.grad(lambda a, b: jnp.sum(gemm.fp8_einsum("egk,ekn->egn", a, b,
                                                          config=cfg) ** 2), (0, 1))(x, w)
   assert gx.shape == x.shape and gw.shape == w.shape and np.all(np.isfinite(gw))
