@@ -8,6 +8,7 @@ Writes ``numerics.json``, ``report.md`` and four PNG figures to ``--out``::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import time
@@ -34,7 +35,7 @@ def run(out: pathlib.Path, sizes: numerics_study.StudySizes) -> dict:
 def main(argv):
   del argv
   sizes = numerics_study.StudySizes.quick() if _QUICK.value else numerics_study.StudySizes()
-  sizes = sizes.__class__(**{**sizes.__dict__, "seed": _SEED.value})
+  sizes = dataclasses.replace(sizes, seed=_SEED.value)
   start = time.time()
   out = pathlib.Path(_OUT.value)
   results = run(out, sizes)

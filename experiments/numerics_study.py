@@ -240,7 +240,7 @@ def delayed_vs_current(sizes: StudySizes, history_len: int = 16) -> list[dict]:
   for step, peak in enumerate(range_schedule(sizes.steps)):
     x = rng.uniform(-1, 1, 4096)
     x = (x / np.max(np.abs(x)) * peak).astype(np.float32)
-    qt, new_history = fp8jax.quantize_and_update(jnp.asarray(x), delayed_spec, history)
+    _, new_history = fp8jax.quantize_and_update(jnp.asarray(x), delayed_spec, history)
     for scaling, spec, hist in (("delayed", delayed_spec, history), ("current", current_spec,
                                                                       None)):
       x_hat, tel = _quantize_with_telemetry(x, spec, hist)
@@ -249,7 +249,6 @@ def delayed_vs_current(sizes: StudySizes, history_len: int = 16) -> list[dict]:
                    "saturated_frac": float(tel.saturated_frac),
                    "snr_db": snr_db(x.astype(np.float64), x_hat)})
     history = new_history
-    del qt
   return rows
 
 

@@ -54,12 +54,11 @@ class QTensor:
     return blocks.align_block(self.block, self.data.ndim)
 
 
-def _check_input(x: jax.Array, spec: spec_lib.QuantSpec) -> None:
+def _check_input(x: jax.Array) -> None:
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"quantize needs a floating-point input, got dtype {x.dtype}")
   if jnp.dtype(x.dtype).itemsize == 1:
     raise TypeError(f"input is already 8-bit ({x.dtype}); dequantize it first")
-  del spec
 
 
 def _scales(x, spec, history):
@@ -81,7 +80,7 @@ def _scales(x, spec, history):
 def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
                          history: jax.Array | None = None):
   """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``."""
-  _check_input(x, spec)
+  _check_input(x)
   block, s, scale_inv = _scales(x, spec, history)
   scaled = x.astype(jnp.float32) * blocks.broadcast_blocks(s, block, x.shape)
   data = formats.saturating_cast(scaled, spec.fmt)
