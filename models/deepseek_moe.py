@@ -1,0 +1,253 @@
+"""DeepSeek-MoE (v1) in Flax NNX, with a functional facade.
+
+    params = init(cfg, jax.random.key(0))                  # plain nested dict
+    logits, aux = apply(params, tokens, cfg, policy=policy)
+
+``apply`` is a pure function of (params, tokens): jit and grad it directly; ``cfg``,
+``policy`` and the keyword options are static. Semantics follow the HF remote code of
+``deepseek-ai/deepseek-moe-16b-base`` (see ``shared/reference/deepseek_moe.md``):
+pre-norm decoder, MHA with rotate_half RoPE, RMSNorm (float32 variance, cast back
+before the weight), SwiGLU, softmax router with greedy top-k, shared experts added with
+weight 1, dropless routing. The router softmax is computed in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+import fp8jax
+from fp8jax.models import moe
+from fp8jax.models import policy as policy_lib
+from fp8jax.models.config import ModelConfig
+
+
+def _normal(cfg: ModelConfig):
+  return nnx.initializers.normal(cfg.initializer_range)
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, cfg: ModelConfig):
+    self.eps = cfg.rms_norm_eps
+    self.weight = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)))
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+def _linear(cfg, d_in, d_out, rngs):
+  return nnx.Linear(d_in, d_out, use_bias=False, dtype=jnp.dtype(cfg.dtype),
+                    param_dtype=jnp.dtype(cfg.param_dtype), kernel_init=_normal(cfg),
+                    rngs=rngs)
+
+
+def linear(layer: nnx.Linear, x: jax.Array, policy: policy_lib.PrecisionPolicy):
+  """A bias-free linear layer, through the simulated FP8 GEMM when ``policy.gemm``."""
+  if policy.gemm is None:
+    return layer(x)
+  kernel = layer.kernel[...].astype(x.dtype)
+  return fp8jax.fp8_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                                config=policy.gemm)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """rotate_half RoPE over the whole head: x [B, S, H, D], positions [S]."""
+  d = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  cos = jnp.cos(emb).astype(x.dtype)[None, :, None, :]
+  sin = jnp.sin(emb).astype(x.dtype)[None, :, None, :]
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+class Attention(nnx.Module):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d = cfg.hidden_size
+    self.cfg = cfg
+    self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+        _linear(cfg, d, d, rngs) for _ in range(4))
+
+  def __call__(self, x, policy):
+    b, s, _ = x.shape
+    h, hd = self.cfg.num_attention_heads, self.cfg.head_dim
+    pos = jnp.arange(s)
+    q = rope(linear(self.q_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
+    k = rope(linear(self.k_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
+    v = linear(self.v_proj, x, policy).reshape(b, s, h, hd)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(
+        jnp.float32(hd))
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    probs = jax.nn.softmax(jnp.where(causal, logits, -jnp.inf), axis=-1).astype(x.dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h * hd)
+    return linear(self.o_proj, out, policy)
+
+
+class MLP(nnx.Module):
+  """SwiGLU MLP (dense layers and the fused shared experts)."""
+
+  def __init__(self, cfg: ModelConfig, width: int, rngs: nnx.Rngs):
+    self.gate_proj = _linear(cfg, cfg.hidden_size, width, rngs)
+    self.up_proj = _linear(cfg, cfg.hidden_size, width, rngs)
+    self.down_proj = _linear(cfg, width, cfg.hidden_size, rngs)
+
+  def __call__(self, x, policy):
+    hidden = jax.nn.silu(linear(self.gate_proj, x, policy)) * linear(self.up_proj, x, policy)
+    return linear(self.down_proj, hidden, policy)
+
+
+class MoE(nnx.Module):
+  """Routed experts (stacked weights) plus fused shared experts."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, e, f = cfg.hidden_size, cfg.n_routed_experts, cfg.expert_width
+    pdt = jnp.dtype(cfg.param_dtype)
+    init = _normal(cfg)
+    live = (jnp.arange(f) < cfg.moe_intermediate_size).astype(pdt)  # zero padding
+    self.gate = nnx.Param(init(rngs.params(), (d, e), pdt))
+    self.experts_gate = nnx.Param(init(rngs.params(), (e, d, f), pdt) * live)
+    self.experts_up = nnx.Param(init(rngs.params(), (e, d, f), pdt) * live)
+    self.experts_down = nnx.Param(init(rngs.params(), (e, f, d), pdt) * live[:, None])
+    self.shared_experts = (MLP(cfg, cfg.n_shared_experts * cfg.moe_intermediate_size, rngs)
+                           if cfg.n_shared_experts else None)
+
+  def __call__(self, x, site, impl: str, policy):
+    """x [B, S, d] -> (output [B, S, d], routing dict, scores [T, E])."""
+    b, s, d = x.shape
+    flat = x.reshape(b * s, d)
+    scores, weights, ids = moe.route(flat, self.gate[...], self.cfg.num_experts_per_tok,
+                                     self.cfg.norm_topk_prob)
+    experts_in = site("expert_in", flat)
+    dt = x.dtype
+    args = (experts_in, weights, ids, self.experts_gate[...].astype(dt),
+            self.experts_up[...].astype(dt), self.experts_down[...].astype(dt))
+    if impl == "reference":
+      routed = moe.experts_reference(*args)
+    elif impl == "dispatch":
+      routed = moe.experts_dispatch(*args)
+    else:
+      raise ValueError(f"unknown MoE implementation {impl!r}; use 'dispatch' or 'reference'")
+    routed = site("moe_routed_out", routed.reshape(b, s, d))
+    out = routed
+    if self.shared_experts is not None:
+      out = out + site("moe_shared_out", self.shared_experts(x, policy))
+    routing = {"topk_ids": ids.reshape(b, s, -1), "topk_weights": weights.reshape(b, s, -1),
+               "expert_counts": moe.expert_counts(ids, self.cfg.n_routed_experts)}
+    return site("moe_out", out), routing, scores
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg: ModelConfig, index: int, rngs: nnx.Rngs):
+    self.index = index
+    self.input_layernorm = RMSNorm(cfg)
+    self.self_attn = Attention(cfg, rngs)
+    self.post_attention_layernorm = RMSNorm(cfg)
+    self.is_moe = cfg.is_moe_layer(index)
+    self.mlp = MoE(cfg, rngs) if self.is_moe else MLP(cfg, cfg.intermediate_size, rngs)
+
+
+class DeepseekMoE(nnx.Module):
+  """The decoder: embedding, layers, final norm, untied float32-logit head."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype),
+                                  param_dtype=jnp.dtype(cfg.param_dtype),
+                                  embedding_init=_normal(cfg), rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(cfg, i, rngs) for i in range(cfg.num_hidden_layers)])
+    self.norm = RMSNorm(cfg)
+    self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
+
+  def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
+               train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False):
+    cfg = self.cfg
+    policy.check_layers(cfg.num_hidden_layers)
+    tel = {}
+    aux_losses, routing = {}, {}
+    h = self.embed_tokens(tokens)
+    for layer in self.layers:
+      i = layer.index
+
+      def site(name, x, i=i):
+        spec = policy.spec_for(name, i)
+        if spec is None:
+          return x
+        if telemetry:
+          x, tel[f"layer_{i}/{name}"] = fp8jax.fake_quant(x, spec, telemetry=True)
+          return x
+        return fp8jax.fake_quant(x, spec)
+
+      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), policy))
+      x = layer.post_attention_layernorm(h)
+      if layer.is_moe:
+        out, routing[i], scores = layer.mlp(x, site, moe_impl, policy)
+        if train and cfg.aux_loss_alpha > 0:
+          aux_losses[i] = moe.balance_loss(scores, routing[i]["topk_ids"].reshape(
+              scores.shape[0], -1), tokens.shape[0], cfg.aux_loss_alpha, cfg.seq_aux)
+      else:
+        out = site("mlp_out", layer.mlp(x, policy))
+      h = h + out
+    logits = self.lm_head(self.norm(h)).astype(jnp.float32)
+    aux = {"aux_loss": sum(aux_losses.values(), jnp.float32(0)),
+           "aux_loss_per_layer": aux_losses, "routing": routing}
+    if telemetry:
+      aux["telemetry"] = tel
+    return logits, aux
+
+
+@functools.cache
+def _skeleton(cfg: ModelConfig):
+  """(graphdef, abstract param state) of the model, built without allocating."""
+  abstract = nnx.eval_shape(lambda: DeepseekMoE(cfg, nnx.Rngs(0)))
+  return nnx.split(abstract)
+
+
+def init(cfg: ModelConfig, rng: jax.Array) -> dict:
+  """Random parameters as a plain nested dict (float ``cfg.param_dtype`` leaves)."""
+  model = DeepseekMoE(cfg, nnx.Rngs(params=rng))
+  return nnx.to_pure_dict(nnx.state(model))
+
+
+def abstract_params(cfg: ModelConfig) -> dict:
+  """The params tree as ``jax.ShapeDtypeStruct`` leaves (for checkpoint restores)."""
+  return nnx.to_pure_dict(_skeleton(cfg)[1])
+
+
+def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
+          policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
+          moe_impl: str = "dispatch", telemetry: bool = False):
+  """Forward pass.
+
+  Args:
+    params: the nested dict from :func:`init` (or a converted checkpoint).
+    tokens: int [B, S].
+    cfg: the model config.
+    policy: which quantization sites are fake-quantized.
+    train: add the balance losses (they need the full router scores).
+    moe_impl: "dispatch" (sorted dropless, default) or "reference" (every expert).
+    telemetry: also return per-site quantization telemetry.
+
+  Returns:
+    ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
+    layers), ``aux_loss_per_layer``, ``routing`` (per MoE layer: ``topk_ids``,
+    ``topk_weights`` [B, S, K], ``expert_counts`` [E]) and, on request, ``telemetry``.
+  """
+  graphdef, state = _skeleton(cfg)
+  state = jax.tree.map(lambda x: x, state)  # a fresh copy to fill
+  nnx.replace_by_pure_dict(state, params)
+  model = nnx.merge(graphdef, state)
+  return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry)
+
+
+def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy: logits [B, S, V] predict tokens[:, 1:]."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+  return -jnp.mean(picked)

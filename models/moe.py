@@ -1,0 +1,103 @@
+"""Routing, balance losses and dropless expert computation for DeepSeek-MoE.
+
+Shapes: T tokens (batch x sequence flattened), d hidden, E routed experts, K experts per
+token, f expert width. Expert weights are stacked: gate/up [E, d, f], down [E, f, d].
+"""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+
+def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
+  """Softmax router with greedy top-k.
+
+  Args:
+    x: [T, d] router input (model dtype).
+    router: [d, E] router weight.
+    k: experts per token.
+    norm_topk_prob: divide the top-k weights by their sum (+1e-20).
+
+  Returns:
+    ``(scores [T, E] float32, weights [T, K] float32, ids [T, K] int32)``.
+  """
+  logits = jnp.dot(x, router.astype(x.dtype))
+  scores = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  weights, ids = lax.top_k(scores, k)
+  if norm_topk_prob and k > 1:
+    weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+  return scores, weights, ids
+
+
+def balance_loss(scores: jax.Array, ids: jax.Array, batch: int, alpha: float,
+                 seq_aux: bool) -> jax.Array:
+  """DeepSeek-MoE balance loss ``alpha * sum_i f_i P_i`` (per sequence if ``seq_aux``).
+
+  Args:
+    scores: [T, E] softmax scores, T = batch * seq.
+    ids: [T, K] chosen experts.
+    batch: number of sequences.
+    alpha: the loss weight.
+    seq_aux: per-sequence statistics averaged over sequences, else over all tokens.
+  """
+  t, e = scores.shape
+  k = ids.shape[-1]
+  groups = batch if seq_aux else 1
+  per = t // groups
+  picks = jax.nn.one_hot(ids.reshape(groups, per * k), e, dtype=jnp.float32).sum(axis=1)
+  f = picks / (per * k / e)
+  p = scores.reshape(groups, per, e).mean(axis=1)
+  return alpha * jnp.mean(jnp.sum(f * p, axis=-1))
+
+
+def swiglu(x, gate, up, down, dot):
+  """``down(silu(x gate) * (x up))`` with the matmul ``dot(a, b)``."""
+  return dot(jax.nn.silu(dot(x, gate)) * dot(x, up), down)
+
+
+def experts_reference(x, weights, ids, gate, up, down):
+  """Every token through every expert, then the top-k combination (tests only).
+
+  Returns:
+    [T, d] in x's dtype.
+  """
+  e = gate.shape[0]
+  h = jax.nn.silu(jnp.einsum("td,edf->tef", x, gate)) * jnp.einsum("td,edf->tef", x, up)
+  out = jnp.einsum("tef,efd->ted", h, down)
+  combine = jnp.sum(jax.nn.one_hot(ids, e, dtype=jnp.float32) * weights[..., None], axis=1)
+  return jnp.einsum("ted,te->td", out.astype(jnp.float32), combine).astype(x.dtype)
+
+
+def ragged_matmul(x, w, group_sizes):
+  """Grouped GEMM: rows of ``x`` [N, d] grouped by expert times ``w`` [E, d, f]."""
+  return lax.ragged_dot(x, w, group_sizes)
+
+
+def experts_dispatch(x, weights, ids, gate, up, down, grouped_matmul=ragged_matmul):
+  """Dropless sort-based dispatch with static shapes.
+
+  The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
+  (replaceable by a faster grouped GEMM), un-sorted and combined with the top-k
+  weights in float32.
+
+  Returns:
+    [T, d] in x's dtype.
+  """
+  t, k = ids.shape
+  e = gate.shape[0]
+  flat = ids.reshape(-1)
+  order = jnp.argsort(flat, stable=True)
+  x_sorted = jnp.take(x, order // k, axis=0)
+  sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+  h = jax.nn.silu(grouped_matmul(x_sorted, gate.astype(x.dtype), sizes)) * \
+      grouped_matmul(x_sorted, up.astype(x.dtype), sizes)
+  out_sorted = grouped_matmul(h, down.astype(x.dtype), sizes)
+  out = jnp.zeros_like(out_sorted).at[order].set(out_sorted).reshape(t, k, -1)
+  return jnp.einsum("tkd,tk->td", out.astype(jnp.float32), weights).astype(x.dtype)
+
+
+def expert_counts(ids: jax.Array, num_experts: int) -> jax.Array:
+  """Tokens routed to each expert: int32 [E]."""
+  return jnp.bincount(ids.reshape(-1), length=num_experts).astype(jnp.int32)

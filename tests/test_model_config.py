@@ -1,0 +1,29 @@
+"""Model configs and parameter counts (against the published figures)."""
+
+import pytest
+
+from fp8jax.models import config as mc
+
+
+def test_param_counts_match_published_numbers():
+  two_b = mc.param_counts(mc.deepseek_moe_2b())
+  assert two_b["total"] == pytest.approx(1.97e9, rel=0.01)
+  assert two_b["activated"] == pytest.approx(0.32e9, rel=0.02)
+  sixteen = mc.param_counts(mc.deepseek_moe_16b())
+  assert sixteen["total"] == pytest.approx(16.38e9, rel=0.002)
+  assert sixteen["activated"] == pytest.approx(2.83e9, rel=0.005)
+
+
+def test_layer_layout_and_validation():
+  cfg = mc.deepseek_moe_16b()
+  assert not cfg.is_moe_layer(0) and all(cfg.is_moe_layer(i) for i in range(1, 28))
+  assert all(mc.deepseek_moe_2b().is_moe_layer(i) for i in range(9))
+  assert [mc.tiny(moe_layer_freq=2, first_k_dense_replace=0).is_moe_layer(i)
+          for i in range(3)] == [True, False, True]
+  assert mc.deepseek_moe_2b(expert_pad_to=864).expert_width == 864
+  with pytest.raises(ValueError, match="not divisible"):
+    mc.tiny(num_attention_heads=5)
+  with pytest.raises(ValueError, match="below moe_intermediate_size"):
+    mc.tiny(expert_pad_to=16)
+  with pytest.raises(ValueError, match="unknown model config 'deepseek_3b'"):
+    mc.get_config("deepseek_3b")
