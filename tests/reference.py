@@ -109,8 +109,8 @@ def ref_quantize(x: np.ndarray, fmt: str, kind: str, axes, sizes, *, eps=1e-12,
     with np.errstate(invalid="ignore", over="ignore"):
       scaled = (tile * s).astype(np.float32)
       q = np.clip(scaled, -fmax, fmax).astype(dt)
+      deq[sl] = q.astype(np.float32) * inv
     payload[sl] = q
-    deq[sl] = q.astype(np.float32) * inv
   if flush_subnormals:
     deq = flush(deq)
   if store_e8m0:

@@ -117,14 +117,16 @@ def test_expert_padding_is_exact():
 
 def test_gemm_hook_routes_linear_layers_through_fp8():
   cfg, params, tokens = _setup(6)
-  base, _ = dm.apply(params, tokens, cfg)
-  bf16_gemm, _ = dm.apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.BF16))
-  fp8, _ = dm.apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.DEEPSEEK_V3))
+  apply = jax.jit(dm.apply, static_argnums=(2, 3))
+  base, _ = apply(params, tokens, cfg, pl.BF16)
+  bf16_gemm, _ = apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.BF16))
+  fp8, _ = apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.DEEPSEEK_V3))
   assert not np.array_equal(fp8, base)
   rel = lambda a: float(np.linalg.norm(a - base) / np.linalg.norm(base))  # noqa: E731
   assert rel(bf16_gemm) < 2e-2 and 1e-3 < rel(fp8) < 0.2
-  g = jax.grad(lambda p: dm.lm_loss(dm.apply(p, tokens, cfg, pl.PrecisionPolicy(
-      gemm=fp8jax.gemm.DEEPSEEK_V3))[0], tokens))(params)
+  fp32_acc = pl.PrecisionPolicy(gemm=fp8jax.GemmConfig())
+  g = jax.jit(jax.grad(lambda p: dm.lm_loss(dm.apply(p, tokens, cfg, fp32_acc)[0], tokens)))(
+      params)
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(g))
   with pytest.raises(TypeError, match="gemm must be an fp8jax GemmConfig"):
     pl.PrecisionPolicy(gemm="deepseek_v3")
