@@ -9,6 +9,9 @@
 pre-norm decoder, MHA with rotate_half RoPE, RMSNorm (float32 variance, cast back
 before the weight), SwiGLU, softmax router with greedy top-k, shared experts added with
 weight 1, dropless routing. The router softmax is computed in float32.
+
+Float32 parity on a GPU needs ``jax.default_matmul_precision("highest")``: XLA:GPU runs
+float32 matmuls in TF32 by default (seen on an H100: ~5e-4 relative logit differences).
 """
 
 from __future__ import annotations

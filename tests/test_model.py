@@ -25,7 +25,8 @@ def _setup(seed=0, **changes):
 ])
 def test_matches_float64_numpy_forward(changes):
   cfg, params, tokens = _setup(**changes)
-  logits, aux = jax.jit(dm.apply, static_argnums=2)(params, tokens, cfg)
+  with jax.default_matmul_precision("highest"):  # GPUs default to TF32 for float32
+    logits, aux = jax.jit(dm.apply, static_argnums=2)(params, tokens, cfg)
   ref_logits, ref_aux = reference_model.forward(params, np.asarray(tokens), cfg)
   scale = np.max(np.abs(ref_logits))
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5 * scale)
@@ -37,8 +38,9 @@ def test_dispatch_equals_every_expert_reference_with_equal_gradients():
   def loss(p, impl):
     logits, aux = dm.apply(p, tokens, cfg, moe_impl=impl)
     return dm.lm_loss(logits, tokens) + aux["aux_loss"]
-  grads = {impl: jax.jit(jax.grad(loss), static_argnums=1)(params, impl)
-           for impl in ("dispatch", "reference")}
+  with jax.default_matmul_precision("highest"):
+    grads = {impl: jax.jit(jax.grad(loss), static_argnums=1)(params, impl)
+             for impl in ("dispatch", "reference")}
   for a, b in zip(jax.tree.leaves(grads["dispatch"]), jax.tree.leaves(grads["reference"])):
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b)) + 1e-30))
