@@ -1,0 +1,63 @@
+"""HF checkpoint conversion: safetensors IO, validation, round trip."""
+
+import json
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8jax.models import config as mc
+from fp8jax.models import deepseek_moe as dm
+from fp8jax.models import hf_convert
+from fp8jax.models import safetensors_io as st
+
+
+def test_safetensors_round_trip_and_corruption(tmp_path):
+  rng = np.random.default_rng(0)
+  tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32),
+             "b": rng.standard_normal(7).astype(ml_dtypes.bfloat16)}
+  path = tmp_path / "x.safetensors"
+  st.write(path, [(k, v.shape, v.dtype) for k, v in tensors.items()], tensors.__getitem__)
+  header, start = st.read_header(path)
+  for k, v in tensors.items():
+    np.testing.assert_array_equal(st.load(path, k, header, start), v)
+  raw = path.read_bytes()
+  (tmp_path / "cut.safetensors").write_bytes(raw[:-4])
+  with pytest.raises(st.SafetensorsError, match="does not fit"):
+    st.read_header(tmp_path / "cut.safetensors")
+  (tmp_path / "bad.safetensors").write_bytes(raw[:8] + b"X" + raw[9:])
+  with pytest.raises(st.SafetensorsError, match="corrupt header"):
+    st.read_header(tmp_path / "bad.safetensors")
+
+
+@pytest.mark.parametrize("pad", [None, 40])
+def test_params_hf_round_trip(tmp_path, pad):
+  cfg = mc.tiny(dtype="float32")
+  params = dm.init(cfg, jax.random.key(0))
+  hf_convert.params_to_hf(cfg, params, tmp_path, shard_tensors=20)
+  assert len(list(tmp_path.glob("*.safetensors"))) > 3
+  index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+  assert set(index["weight_map"]) == set(hf_convert.hf_tensor_shapes(cfg))
+  loaded_cfg = hf_convert.config_from_hf(json.loads((tmp_path / "config.json").read_text()),
+                                         dtype="float32", expert_pad_to=pad)
+  back = hf_convert.hf_to_params(loaded_cfg, tmp_path)
+  if pad is None:
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+      np.testing.assert_array_equal(a, b)
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, cfg.vocab_size)
+  np.testing.assert_allclose(dm.apply(back, tokens, loaded_cfg)[0],
+                             dm.apply(params, tokens, cfg)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_mismatched_checkpoints_name_their_keys(tmp_path):
+  cfg = mc.tiny(dtype="float32")
+  hf_convert.params_to_hf(cfg, dm.init(cfg, jax.random.key(0)), tmp_path)
+  with pytest.raises(ValueError, match=r"missing: \['model.layers.3"):
+    hf_convert.hf_to_params(cfg.replace(num_hidden_layers=4), tmp_path)
+  with pytest.raises(ValueError, match=r"unexpected: \['model.layers.2"):
+    hf_convert.hf_to_params(cfg.replace(num_hidden_layers=2), tmp_path)
+  with pytest.raises(ValueError, match="wrong shapes"):
+    hf_convert.hf_to_params(cfg.replace(vocab_size=300), tmp_path)
+  with pytest.raises(ValueError, match="not a DeepSeek-MoE v1 config"):
+    hf_convert.config_from_hf({"model_type": "llama"})
