@@ -61,3 +61,27 @@ def test_mismatched_checkpoints_name_their_keys(tmp_path):
     hf_convert.hf_to_params(cfg.replace(vocab_size=300), tmp_path)
   with pytest.raises(ValueError, match="not a DeepSeek-MoE v1 config"):
     hf_convert.config_from_hf({"model_type": "llama"})
+
+
+def test_convert_binary_functions_round_trip(tmp_path):
+  from fp8jax.experiments import convert_hf
+
+  cfg = mc.tiny(dtype="float32")
+  params = dm.init(cfg, jax.random.key(3))
+  hf_convert.params_to_hf(cfg, params, tmp_path / "hf", dtype=ml_dtypes.bfloat16)
+  got_cfg = convert_hf.hf_to_orbax(tmp_path / "hf", tmp_path / "ours", expert_pad_to=40)
+  assert got_cfg.expert_width == 40
+  groups = sorted(p.name for p in (tmp_path / "ours" / "params").iterdir())
+  assert groups == ["base", "layer_000", "layer_001", "layer_002"]
+  with pytest.raises(FileExistsError, match="not empty; pass --overwrite"):
+    convert_hf.hf_to_orbax(tmp_path / "hf", tmp_path / "ours")
+  cfg2, restored = convert_hf.load_params(tmp_path / "ours")
+  assert cfg2 == got_cfg
+  bf16 = lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32)  # noqa: E731
+  np.testing.assert_array_equal(restored["layers"][0]["self_attn"]["q_proj"]["kernel"],
+                                bf16(params["layers"][0]["self_attn"]["q_proj"]["kernel"]))
+  convert_hf.orbax_to_hf(tmp_path / "ours", tmp_path / "hf2")
+  a, b = hf_convert.HFCheckpoint(tmp_path / "hf"), hf_convert.HFCheckpoint(tmp_path / "hf2")
+  assert a.keys == b.keys
+  for key in sorted(a.keys)[:50]:
+    np.testing.assert_array_equal(a[key], b[key])
