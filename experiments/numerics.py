@@ -9,7 +9,6 @@ Writes ``numerics.json``, ``report.md`` and four PNG figures to ``--out``::
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import time
 
@@ -22,23 +21,13 @@ _QUICK = flags.DEFINE_bool("quick", False, "Small sizes (seconds), for smoke tes
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 
 
-def run(out: pathlib.Path, sizes: numerics_study.StudySizes) -> dict:
-  """Runs every study and writes the JSON table, figures and markdown to ``out``."""
-  out.mkdir(parents=True, exist_ok=True)
-  results = numerics_study.run_all(sizes)
-  (out / "numerics.json").write_text(json.dumps(results, indent=1))
-  figures = numerics_report.write_figures(results, out)
-  (out / "report.md").write_text(numerics_report.markdown(results, figures))
-  return results
-
-
 def main(argv):
   del argv
   sizes = numerics_study.StudySizes.quick() if _QUICK.value else numerics_study.StudySizes()
   sizes = dataclasses.replace(sizes, seed=_SEED.value)
   start = time.time()
   out = pathlib.Path(_OUT.value)
-  results = run(out, sizes)
+  results = numerics_report.run(out, sizes)
   v = numerics_report.deepseek_verdict(results)
   print(f"wrote {out}/report.md, numerics.json and figures in {time.time() - start:.0f} s")
   print(f"no promotion, K={v['k']}: same-sign operands {100 * v['positive_norm']:.2f}%, "

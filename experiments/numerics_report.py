@@ -1,9 +1,12 @@
-"""Figures and markdown for the FP8 numerics study (matplotlib imported on use)."""
+"""Figures, markdown and the run of the FP8 numerics study (matplotlib imported on use)."""
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
+
+from fp8jax.experiments import numerics_study
 
 TARGET = 0.02  # DeepSeek-V3: "maximum relative error of nearly 2%" at K = 4096
 METRICS = {"max_rel": "max elementwise relative error",
@@ -250,3 +253,13 @@ def markdown(results: dict, figures: list[str]) -> str:
             "stale (too large) history amax wastes range instead. Current scaling adapts at "
             "every step.", "", f"![delayed]({figures[3]})", ""]
   return "\n".join(lines)
+
+
+def run(out: pathlib.Path, sizes: numerics_study.StudySizes) -> dict:
+  """Runs every study and writes the JSON table, figures and markdown to ``out``."""
+  out.mkdir(parents=True, exist_ok=True)
+  results = numerics_study.run_all(sizes)
+  (out / "numerics.json").write_text(json.dumps(results, indent=1))
+  figures = write_figures(results, out)
+  (out / "report.md").write_text(markdown(results, figures))
+  return results

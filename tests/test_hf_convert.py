@@ -64,7 +64,7 @@ def test_mismatched_checkpoints_name_their_keys(tmp_path):
 
 
 def test_convert_binary_functions_round_trip(tmp_path):
-  from fp8jax.experiments import convert_hf
+  from fp8jax.models import params_io as convert_hf
 
   cfg = mc.tiny(dtype="float32")
   params = dm.init(cfg, jax.random.key(3))

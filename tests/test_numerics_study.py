@@ -4,11 +4,11 @@ import json
 
 import numpy as np
 
-from fp8jax.experiments import numerics, numerics_report, numerics_study
+from fp8jax.experiments import numerics_report, numerics_study
 
 
 def test_numerics_study_quick(tmp_path):
-  results = numerics.run(tmp_path, numerics_study.StudySizes.quick())
+  results = numerics_report.run(tmp_path, numerics_study.StudySizes.quick())
   names = {p.name for p in tmp_path.iterdir()}
   assert {"numerics.json", "report.md", "accumulation_error.png", "quantization_snr.png",
           "double_quant.png", "delayed_vs_current.png"} <= names
