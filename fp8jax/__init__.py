@@ -13,7 +13,7 @@ and the simulated blockwise FP8 GEMM (``fp8jax.fp8_dot_general``, ``GemmConfig``
 Importing fp8jax has no side effects: it defines functions and types only.
 """
 
-from fp8jax import accumulate, delayed, gemm, transpose
+from fp8jax import accumulate, delayed, gemm, grouped_gemm, transpose
 from fp8jax.accumulate import Accumulation
 from fp8jax.delayed import DelayedState
 from fp8jax.fake_quant import fake_quant
@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accumulation", "GemmConfig", "accumulate", "dot_general_fn", "fp8_dot_general",
-    "fp8_einsum", "gemm", "transpose",
+    "fp8_einsum", "gemm", "grouped_gemm", "transpose",
     "FORMATS", "PRESETS", "DelayedState", "Fp8Format", "Granularity", "QTensor",
     "QuantSpec", "QuantTelemetry", "RoleSpecs", "block", "compute_scale", "deepseek_v3_roles",
     "delayed", "dequantize", "fake_quant", "get_format", "per_axis", "per_tensor", "preset",

@@ -88,6 +88,7 @@ class GemmConfig:
 
 
 BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
+FP32_BLOCKWISE = GemmConfig()  # DeepSeek-V3 roles, FP32 accumulation
 DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)
 
 

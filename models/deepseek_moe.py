@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import fp8jax
+from fp8jax import grouped_gemm
 from fp8jax.models import moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
@@ -132,9 +133,14 @@ class MoE(nnx.Module):
     args = (experts_in, weights, ids, self.experts_gate[...].astype(dt),
             self.experts_up[...].astype(dt), self.experts_down[...].astype(dt))
     if impl == "reference":
+      if policy.gemm is not None:
+        raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
+                         "moe_impl='dispatch'")
       routed = moe.experts_reference(*args)
     elif impl == "dispatch":
-      routed = moe.experts_dispatch(*args)
+      grouped = (moe.ragged_matmul if policy.gemm is None else functools.partial(
+          grouped_gemm.fp8_ragged_dot, config=policy.gemm))
+      routed = moe.experts_dispatch(*args, grouped_matmul=grouped)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use 'dispatch' or 'reference'")
     routed = site("moe_routed_out", routed.reshape(b, s, d))

@@ -16,9 +16,9 @@ A rule maps a site and a layer set ("0", "0-8", "1,3,5-7", "all") to a forward
 straight-through). Every policy works on the same params tree.
 
 ``gemm`` (a :class:`fp8jax.GemmConfig`) routes the FP8 linear layers of the DeepSeek-V3
-precision map through the simulated FP8 GEMM: the attention projections, the dense MLPs
-and the shared experts (the routed experts' grouped GEMM is not hooked yet). The
-embedding, head, router, norms and the attention core stay in high precision.
+precision map through the simulated FP8 GEMM: the attention projections, the dense MLPs,
+the shared experts and the routed experts (``fp8jax.grouped_gemm``, FP32 accumulation).
+The embedding, head, router, norms and the attention core stay in high precision.
 """
 
 from __future__ import annotations
@@ -79,6 +79,13 @@ class PrecisionPolicy:
   def __post_init__(self):
     if self.gemm is not None and not isinstance(self.gemm, gemm_lib.GemmConfig):
       raise TypeError(f"gemm must be an fp8jax GemmConfig or None, got {self.gemm!r}")
+    if self.gemm is not None and self.gemm.accumulation.mode != "fp32":
+      raise ValueError("the model's GEMM hook needs FP32 accumulation (the routed experts' "
+                       "grouped GEMM has no tensor-core model); got "
+                       f"{self.gemm.accumulation.describe()}")
+    if self.gemm is not None and "fp8_native" in (self.gemm.fprop, self.gemm.dgrad,
+                                                  self.gemm.wgrad):
+      raise ValueError("the model's GEMM hook does not support fp8_native directions")
 
   def spec_for(self, site: str, layer: int) -> fp8jax.QuantSpec | None:
     spec = None

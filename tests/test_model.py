@@ -122,13 +122,21 @@ def test_gemm_hook_routes_linear_layers_through_fp8():
   apply = jax.jit(dm.apply, static_argnums=(2, 3))
   base, _ = apply(params, tokens, cfg, pl.BF16)
   bf16_gemm, _ = apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.BF16))
-  fp8, _ = apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.DEEPSEEK_V3))
+  fp8_policy = pl.PrecisionPolicy(gemm=fp8jax.GemmConfig())
+  fp8, _ = apply(params, tokens, cfg, fp8_policy)
   assert not np.array_equal(fp8, base)
   rel = lambda a: float(np.linalg.norm(a - base) / np.linalg.norm(base))  # noqa: E731
   assert rel(bf16_gemm) < 2e-2 and 1e-3 < rel(fp8) < 0.2
-  fp32_acc = pl.PrecisionPolicy(gemm=fp8jax.GemmConfig())
-  g = jax.jit(jax.grad(lambda p: dm.lm_loss(dm.apply(p, tokens, cfg, fp32_acc)[0], tokens)))(
-      params)
-  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(g))
+  grad = jax.jit(jax.grad(lambda p, pol: dm.lm_loss(dm.apply(p, tokens, cfg, pol)[0], tokens)),
+                 static_argnums=1)
+  g_fp8, g_bf16 = grad(params, fp8_policy), grad(params, pl.BF16)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(g_fp8))
+  for name in ("experts_gate", "experts_down"):  # the routed experts are hooked too
+    a, b = g_fp8["layers"][1]["mlp"][name], g_bf16["layers"][1]["mlp"][name]
+    assert 1e-3 < float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 0.3
   with pytest.raises(TypeError, match="gemm must be an fp8jax GemmConfig"):
     pl.PrecisionPolicy(gemm="deepseek_v3")
+  with pytest.raises(ValueError, match="needs FP32 accumulation"):
+    pl.PrecisionPolicy(gemm=fp8jax.gemm.DEEPSEEK_V3)
+  with pytest.raises(ValueError, match="no FP8 GEMM hook"):
+    dm.apply(params, tokens, cfg, fp8_policy, moe_impl="reference")

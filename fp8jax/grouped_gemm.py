@@ -1,0 +1,112 @@
+"""A simulated FP8 grouped GEMM for MoE experts (rows sorted by expert).
+
+``fp8_ragged_dot(x, w, group_sizes, config)`` computes ``y[n] = x[n] @ w[g(n)]`` for rows
+``x`` [N, K] grouped by expert and stacked weights ``w`` [E, K, F], with the roles and
+transpose policy of a :class:`fp8jax.GemmConfig`:
+
+* Fprop ``Y = Q_in(X) . Q_w(W_e)`` (X in 1x128 tiles along K, W_e^T [F, K] in blocks);
+* Dgrad ``dX = Q_grad(dY) . Q_w(W_e)^T``;
+* Wgrad ``dW_e = Q_in(X_e)^T . Q_grad(dY_e)`` with X^T and dY^T tiled along the sorted rows.
+
+The products run through ``lax.ragged_dot`` / ``lax.ragged_dot_general`` on the dequantized
+operands in float32 (FP32 accumulation; per-element instead of per-interval scaling,
+which differs only by float32 rounding). Two simplifications, stated: the tensor-core
+accumulation model is not available here, and Wgrad tiles along the rows may span two
+experts' groups (kernels that pad each group to a multiple of 128 would not); with group
+sizes that are multiples of the tile they coincide.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from fp8jax import gemm as gemm_lib
+from fp8jax import qtensor, transpose
+
+_WGRAD_DN = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0],
+    rhs_group_dimensions=[])
+
+
+def _deq(qt):
+  return qtensor.dequantize(qt, jnp.float32)
+
+
+def _rdot(a, b, sizes, mode):
+  if mode == "bf16":
+    a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  return lax.ragged_dot(a, b, sizes, precision=lax.Precision.HIGHEST,
+                        preferred_element_type=jnp.float32)
+
+
+def _check(cfg: gemm_lib.GemmConfig):
+  for direction in ("fprop", "dgrad", "wgrad"):
+    if getattr(cfg, direction) == "fp8_native":
+      raise ValueError(f"{direction}=fp8_native is not available for the grouped GEMM")
+  if cfg.accumulation.mode != "fp32":
+    raise ValueError("the grouped GEMM simulates FP32 accumulation only; got "
+                     f"{cfg.accumulation.describe()}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _grouped(x, w, sizes, cfg):
+  return _fprop(x, w, sizes, cfg)
+
+
+def _fprop(x, w, sizes, cfg):
+  if cfg.fprop == "bf16":
+    return _rdot(x, w, sizes, "bf16")
+  xq = qtensor.quantize(x, cfg.roles.input)
+  wq = qtensor.quantize(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
+  return _rdot(_deq(xq), jnp.swapaxes(_deq(wq), -1, -2), sizes, "fp8")
+
+
+def _fwd(x, w, sizes, cfg):
+  return _fprop(x, w, sizes, cfg), (x, w, sizes)
+
+
+def _bwd(cfg, res, dy):
+  x, w, sizes = res
+  dy = dy.astype(jnp.float32)
+  r = cfg.roles
+  if cfg.dgrad == "bf16":
+    dx = _rdot(dy, jnp.swapaxes(w, -1, -2), sizes, "bf16")
+  else:
+    w_t = jnp.swapaxes(w, -1, -2)  # [E, F, K], as quantized in the forward pass
+    wtq = transpose.transposed(w_t, qtensor.quantize(w_t, r.weight), r.weight,
+                               cfg.transpose)  # [E, K, F]
+    dyq = qtensor.quantize(dy, r.grad)
+    dx = _rdot(_deq(dyq), jnp.swapaxes(_deq(wtq), -1, -2), sizes, "fp8")
+  if cfg.wgrad == "bf16":
+    a, b = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
+  else:
+    xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose)
+    dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose)
+    a, b = jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1)
+  dw = lax.ragged_dot_general(a, b, sizes, _WGRAD_DN, precision=lax.Precision.HIGHEST,
+                              preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dw.astype(w.dtype), None
+
+
+_grouped.defvjp(_fwd, _bwd)
+
+
+def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
+                   config: gemm_lib.GemmConfig = gemm_lib.FP32_BLOCKWISE) -> jax.Array:
+  """Grouped GEMM with simulated FP8 operands.
+
+  Args:
+    x: [N, K] rows sorted by group.
+    w: [E, K, F] one weight per group.
+    group_sizes: int32 [E], summing to at most N.
+    config: roles, per-direction precision and transpose policy (FP32 accumulation).
+
+  Returns:
+    [N, F] in x's dtype.
+  """
+  _check(config)
+  return _grouped(x, w, group_sizes.astype(jnp.int32), config).astype(x.dtype)
