@@ -27,3 +27,15 @@ def test_layer_layout_and_validation():
     mc.tiny(expert_pad_to=16)
   with pytest.raises(ValueError, match="unknown model config 'deepseek_3b'"):
     mc.get_config("deepseek_3b")
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek_moe_2b", "deepseek_moe_16b"])
+def test_param_tree_sizes_equal_the_count_formula(name):
+  import jax
+  import numpy as np
+
+  from fp8jax.models import deepseek_moe
+
+  cfg = mc.get_config(name)
+  leaves = jax.tree.leaves(deepseek_moe.abstract_params(cfg))
+  assert sum(int(np.prod(x.shape)) for x in leaves) == mc.param_counts(cfg)["total"]
