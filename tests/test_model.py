@@ -140,3 +140,20 @@ def test_gemm_hook_routes_linear_layers_through_fp8():
     pl.PrecisionPolicy(gemm=fp8jax.gemm.DEEPSEEK_V3)
   with pytest.raises(ValueError, match="no FP8 GEMM hook"):
     dm.apply(params, tokens, cfg, fp8_policy, moe_impl="reference")
+
+
+@pytest.mark.parametrize("sizes", [(5, 0, 130, 1), (0, 0, 0, 9), (128, 128, 0, 0)])
+def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
+  from fp8jax.models import moe
+
+  rng = np.random.default_rng(7)
+  n = sum(sizes)
+  x = jnp.asarray(rng.standard_normal((n, 16)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((4, 16, 8)), jnp.float32)
+  group_sizes = jnp.asarray(sizes, jnp.int32)
+  with jax.default_matmul_precision("highest"):
+    got, vjp = jax.vjp(lambda a, b: moe.tiled_matmul(a, b, group_sizes, tile=8), x, w)
+    want, vjp_ref = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, group_sizes), x, w)
+    dy = jnp.asarray(rng.standard_normal(got.shape), jnp.float32)
+    for a, b in zip((got, *vjp(dy)), (want, *vjp_ref(dy))):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -38,8 +38,12 @@ def main():
       logits, aux = dm.apply(p, tokens, cfg, policy)
       return dm.lm_loss(logits, tokens) + aux["aux_loss"], aux
     step = jax.jit(jax.value_and_grad(loss, has_aux=True))
-    (value, aux), g = step(params)
-    jax.block_until_ready(g)
+    try:
+      (value, aux), g = step(params)
+      jax.block_until_ready(g)
+    except jax.errors.JaxRuntimeError as e:
+      print(f"{name:18s} failed: {str(e).splitlines()[0][:160]}")
+      continue
     t = time.perf_counter()
     (value, aux), g = step(params)
     jax.block_until_ready(g)
