@@ -8,9 +8,10 @@ transpose policy of a :class:`fp8jax.GemmConfig`:
 * Dgrad ``dX = Q_grad(dY) . Q_w(W_e)^T``;
 * Wgrad ``dW_e = Q_in(X_e)^T . Q_grad(dY_e)`` with X^T and dY^T tiled along the sorted rows.
 
-The products run through ``lax.ragged_dot`` / ``lax.ragged_dot_general`` on the dequantized
-operands in float32 (FP32 accumulation; per-element instead of per-interval scaling,
-which differs only by float32 rounding). Two simplifications, stated: the tensor-core
+The products run through :func:`tiled_matmul` (static shapes; ``lax.ragged_dot`` falls back
+to a dense rewrite that runs out of memory at 2B shapes on the GPU image) on the
+dequantized operands in float32 (FP32 accumulation; per-element instead of per-interval
+scaling, which differs only by float32 rounding). Two simplifications, stated: the tensor-core
 accumulation model is not available here, and Wgrad tiles along the rows may span two
 experts' groups (kernels that pad each group to a multiple of 128 would not); with group
 sizes that are multiples of the tile they coincide.
@@ -21,15 +22,41 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 
 from fp8jax import gemm as gemm_lib
 from fp8jax import qtensor, transpose
 
-_WGRAD_DN = lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(((0,), (0,)), ((), ())), lhs_ragged_dimensions=[0],
-    rhs_group_dimensions=[])
+
+def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
+  """Grouped GEMM with static shapes: each group is padded to whole tiles of ``tile``
+  rows, every tile takes its group's weight, and one batched matmul runs over the tiles.
+
+  Rows: at most ``N + E * (tile - 1)`` after padding (a static bound), so the work is at
+  most that over N times the ideal, and nothing is dropped.
+
+  Args:
+    x: [N, d] rows sorted by group.
+    w: [E, d, f].
+    group_sizes: int32 [E] summing to N.
+
+  Returns:
+    [N, f] in ``out_dtype`` (default x's dtype).
+  """
+  n, d = x.shape
+  e = w.shape[0]
+  n_tiles = -(-(n + e * (tile - 1)) // tile)
+  padded = (group_sizes + tile - 1) // tile * tile
+  pad_start = jnp.cumsum(padded) - padded
+  start = jnp.cumsum(group_sizes) - group_sizes
+  group = jnp.repeat(jnp.arange(e), group_sizes, total_repeat_length=n)
+  dest = pad_start[group] + jnp.arange(n) - start[group]
+  x_pad = jnp.zeros((n_tiles * tile, d), x.dtype).at[dest].set(x)
+  tile_group = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(n_tiles) * tile, side="right")
+  w_tiles = jnp.take(w, jnp.minimum(tile_group, e - 1), axis=0)
+  y = jnp.einsum("tmd,tdf->tmf", x_pad.reshape(n_tiles, tile, d), w_tiles,
+                 preferred_element_type=jnp.float32)
+  return y.reshape(n_tiles * tile, -1)[dest].astype(out_dtype or x.dtype)
 
 
 def _deq(qt):
@@ -37,10 +64,19 @@ def _deq(qt):
 
 
 def _rdot(a, b, sizes, mode):
+  """[N, K] x [E, K, F] grouped product in float32 (bf16 operands in "bf16" mode)."""
   if mode == "bf16":
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-  return lax.ragged_dot(a, b, sizes, precision=lax.Precision.HIGHEST,
-                        preferred_element_type=jnp.float32)
+  with jax.default_matmul_precision("highest"):
+    return tiled_matmul(a, b, sizes, out_dtype=jnp.float32)
+
+
+def _wgrad_product(a, b, sizes):
+  """dW [E, K, F] = per group a_g^T b_g, for a [N, K], b [N, F] (float32)."""
+  zeros = jnp.zeros((sizes.shape[0], a.shape[1], b.shape[1]), a.dtype)
+  with jax.default_matmul_precision("highest"):
+    _, vjp = jax.vjp(lambda w: tiled_matmul(a, w, sizes, out_dtype=jnp.float32), zeros)
+    return vjp(b.astype(jnp.float32))[0].astype(jnp.float32)
 
 
 def _check(cfg: gemm_lib.GemmConfig):
@@ -87,8 +123,7 @@ def _bwd(cfg, res, dy):
     xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose)
     dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose)
     a, b = jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1)
-  dw = lax.ragged_dot_general(a, b, sizes, _WGRAD_DN, precision=lax.Precision.HIGHEST,
-                              preferred_element_type=jnp.float32)
+  dw = _wgrad_product(a, b, sizes)
   return dx.astype(x.dtype), dw.astype(w.dtype), None
 
 

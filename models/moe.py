@@ -10,6 +10,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from fp8jax import grouped_gemm
+
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
   """Softmax router with greedy top-k.
@@ -73,39 +75,11 @@ def experts_reference(x, weights, ids, gate, up, down):
 def ragged_matmul(x, w, group_sizes):
   """Grouped GEMM through ``lax.ragged_dot``: rows of ``x`` [N, d] grouped by expert times
   ``w`` [E, d, f]. On the GPU image's JAX it falls back to a dense rewrite that runs out of
-  memory at 2B shapes; :func:`tiled_matmul` is the default."""
+  memory at 2B shapes; ``fp8jax.grouped_gemm.tiled_matmul`` is the default."""
   return lax.ragged_dot(x, w, group_sizes)
 
 
-def tiled_matmul(x, w, group_sizes, tile: int = 128):
-  """Grouped GEMM with static shapes: each group is padded to whole tiles of ``tile``
-  rows, every tile takes its group's weight, and one batched matmul runs over the tiles.
-
-  Rows: at most ``N + E * (tile - 1)`` after padding (a static bound), so the work is at
-  most that over N times the ideal, and nothing is dropped.
-
-  Args:
-    x: [N, d] rows sorted by group.
-    w: [E, d, f].
-    group_sizes: int32 [E] summing to N.
-
-  Returns:
-    [N, f] in x's dtype.
-  """
-  n, d = x.shape
-  e = w.shape[0]
-  n_tiles = -(-(n + e * (tile - 1)) // tile)
-  padded = (group_sizes + tile - 1) // tile * tile
-  pad_start = jnp.cumsum(padded) - padded
-  start = jnp.cumsum(group_sizes) - group_sizes
-  group = jnp.repeat(jnp.arange(e), group_sizes, total_repeat_length=n)
-  dest = pad_start[group] + jnp.arange(n) - start[group]
-  x_pad = jnp.zeros((n_tiles * tile, d), x.dtype).at[dest].set(x)
-  tile_group = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(n_tiles) * tile, side="right")
-  w_tiles = jnp.take(w, jnp.minimum(tile_group, e - 1), axis=0)
-  y = jnp.einsum("tmd,tdf->tmf", x_pad.reshape(n_tiles, tile, d), w_tiles,
-                 preferred_element_type=jnp.float32)
-  return y.reshape(n_tiles * tile, -1)[dest].astype(x.dtype)
+tiled_matmul = grouped_gemm.tiled_matmul
 
 
 def experts_dispatch(x, weights, ids, gate, up, down, grouped_matmul=tiled_matmul):
