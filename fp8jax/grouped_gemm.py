@@ -38,7 +38,7 @@ def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
   Args:
     x: [N, d] rows sorted by group.
     w: [E, d, f].
-    group_sizes: int32 [E] summing to N.
+    group_sizes: int32 [E] summing to at most N; rows past the sum give zeros.
 
   Returns:
     [N, f] in ``out_dtype`` (default x's dtype).
@@ -51,12 +51,14 @@ def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
   start = jnp.cumsum(group_sizes) - group_sizes
   group = jnp.repeat(jnp.arange(e), group_sizes, total_repeat_length=n)
   dest = pad_start[group] + jnp.arange(n) - start[group]
-  x_pad = jnp.zeros((n_tiles * tile, d), x.dtype).at[dest].set(x)
+  valid = (jnp.arange(n) < jnp.sum(group_sizes))[:, None]
+  x_pad = jnp.zeros((n_tiles * tile, d), x.dtype).at[dest].set(jnp.where(valid, x, 0))
   tile_group = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(n_tiles) * tile, side="right")
   w_tiles = jnp.take(w, jnp.minimum(tile_group, e - 1), axis=0)
   y = jnp.einsum("tmd,tdf->tmf", x_pad.reshape(n_tiles, tile, d), w_tiles,
                  preferred_element_type=jnp.float32)
-  return y.reshape(n_tiles * tile, -1)[dest].astype(out_dtype or x.dtype)
+  y = jnp.where(valid, y.reshape(n_tiles * tile, -1)[dest], 0)
+  return y.astype(out_dtype or x.dtype)
 
 
 def _deq(qt):

@@ -33,6 +33,8 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
   if hf.get("rope_scaling"):
     raise ValueError(f"rope_scaling {hf['rope_scaling']} is not supported")
   fields = {k: hf[k] for k in _CONFIG_FIELDS if k in hf and hf[k] is not None}
+  if hf.get("n_shared_experts", 0) is None:  # HF allows null: no shared experts
+    fields["n_shared_experts"] = 0
   return ModelConfig(**{**fields, **overrides})
 
 

@@ -61,6 +61,8 @@ def test_mismatched_checkpoints_name_their_keys(tmp_path):
     hf_convert.hf_to_params(cfg.replace(vocab_size=300), tmp_path)
   with pytest.raises(ValueError, match="not a DeepSeek-MoE v1 config"):
     hf_convert.config_from_hf({"model_type": "llama"})
+  no_shared = {**hf_convert.config_to_hf(cfg), "n_shared_experts": None}
+  assert hf_convert.config_from_hf(no_shared).n_shared_experts == 0
 
 
 def test_convert_binary_functions_round_trip(tmp_path):

@@ -48,7 +48,7 @@ def main():
     (value, aux), g = step(params)
     jax.block_until_ready(g)
     gn = jnp.sqrt(sum(jnp.sum(x.astype(jnp.float32) ** 2) for x in jax.tree.leaves(g)))
-    print(f"{name:18s} loss {float(value):.4f} aux {float(aux['aux_loss']):.4f} "
+    print(f"{name:18s} LM+aux loss {float(value):.4f} aux {float(aux['aux_loss']):.4f} "
           f"|g| {float(gn):.4f} step {time.perf_counter() - t:.3f} s "
           f"(B=2, S=1024, {jax.devices()[0].device_kind})")
 
