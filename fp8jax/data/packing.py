@@ -1,0 +1,76 @@
+"""Packing documents into fixed-length sequences and a resumable, sharded batch iterator.
+
+Documents are tokenized, each followed by EOS, concatenated and cut into sequences of
+``seq_len`` tokens (the last partial sequence is dropped). Every epoch visits the
+sequences in a permutation fixed by ``(seed, epoch)``; a global batch is split evenly
+across processes. The iterator position ``{"epoch", "step"}`` is a small dict to store
+in checkpoints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pack(docs, tokenizer, seq_len: int) -> np.ndarray:
+  """int32 [num_sequences, seq_len] from the documents, with EOS after each one."""
+  if seq_len < 2:
+    raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+  eos = np.asarray([tokenizer.eos_id], np.int32)
+  stream = np.concatenate([np.concatenate([tokenizer.encode(d), eos]) for d in docs])
+  n = len(stream) // seq_len
+  if n == 0:
+    raise ValueError(f"the documents hold {len(stream)} tokens, fewer than one sequence "
+                     f"of {seq_len}")
+  return stream[: n * seq_len].reshape(n, seq_len)
+
+
+class BatchIterator:
+  """Deterministic, globally shuffled, per-process batches over packed sequences.
+
+  Args:
+    sequences: int32 [N, S] packed sequences (the same on every process).
+    global_batch: sequences per step over all processes.
+    seed: shuffle seed.
+    process_index, process_count: this process's share of each global batch.
+  """
+
+  def __init__(self, sequences: np.ndarray, global_batch: int, seed: int = 0,
+               process_index: int = 0, process_count: int = 1):
+    if global_batch % process_count:
+      raise ValueError(f"global batch {global_batch} is not divisible by the "
+                       f"{process_count} processes")
+    if global_batch > len(sequences):
+      raise ValueError(f"global batch {global_batch} exceeds the {len(sequences)} packed "
+                       "sequences")
+    self.sequences = sequences
+    self.global_batch = global_batch
+    self.seed = seed
+    self.local = slice(process_index * global_batch // process_count,
+                       (process_index + 1) * global_batch // process_count)
+    self.steps_per_epoch = len(sequences) // global_batch
+    self.epoch, self.step = 0, 0
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self.sequences))
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> np.ndarray:
+    """This process's int32 [global_batch / process_count, S] batch."""
+    if self.step >= self.steps_per_epoch:
+      self.epoch, self.step = self.epoch + 1, 0
+    rows = self._order(self.epoch)[self.step * self.global_batch:
+                                   (self.step + 1) * self.global_batch]
+    self.step += 1
+    return self.sequences[rows[self.local]]
+
+  def get_state(self) -> dict:
+    return {"epoch": self.epoch, "step": self.step, "seed": self.seed}
+
+  def set_state(self, state: dict) -> None:
+    if state.get("seed", self.seed) != self.seed:
+      raise ValueError(f"the saved data position used seed {state['seed']}, this run "
+                       f"uses {self.seed}")
+    self.epoch, self.step = int(state["epoch"]), int(state["step"])
