@@ -1,0 +1,1 @@
+"""Training: optimizer and schedule, the jitted train step, non-finite detection."""

@@ -1,0 +1,60 @@
+"""Optimizer schedule and the train step (single device)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax.models import config as mc
+from fp8jax.models import deepseek_moe as dm
+from fp8jax.train import optim
+from fp8jax.train import step as step_lib
+
+
+def test_schedule_matches_the_paper_recipe():
+  cfg = optim.OptimConfig(peak_lr=1.0, warmup_steps=100, total_steps=1000)
+  lr = optim.schedule(cfg)
+  assert float(lr(0)) == 0.0 and float(lr(50)) == pytest.approx(0.5)
+  assert float(lr(100)) == pytest.approx(1.0) and float(lr(799)) == pytest.approx(1.0)
+  assert float(lr(800)) == pytest.approx(0.316) and float(lr(899)) == pytest.approx(0.316)
+  assert float(lr(900)) == pytest.approx(0.316**2) and float(lr(999)) == pytest.approx(0.316**2)
+  with pytest.raises(ValueError, match="warmup_steps 2000 must be in"):
+    optim.OptimConfig(warmup_steps=2000, total_steps=100)
+
+
+def _setup():
+  cfg = mc.tiny(dtype="float32")
+  params = dm.init(cfg, jax.random.key(0))
+  tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=2, total_steps=50))
+  tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, cfg.vocab_size)
+  return cfg, params, tx, tokens
+
+
+def test_train_step_reduces_the_loss_on_a_fixed_batch():
+  cfg, params, tx, tokens = _setup()
+  step = jax.jit(step_lib.make_train_step(cfg, tx))
+  state = step_lib.init_state(params, tx)
+  losses = []
+  for _ in range(15):
+    state, m = step(state, tokens)
+    losses.append(float(m["lm_loss"]))
+    assert bool(m["finite"]) and float(m["aux_loss"]) > 0
+  assert losses[-1] < losses[0] - 0.5 and int(state.step) == 15
+
+
+def test_nonfinite_gradients_are_named_and_skip_the_update():
+  cfg, params, tx, tokens = _setup()
+  bad = jax.tree.map(lambda x: x, params)
+  bad["layers"][1]["mlp"]["experts_up"] = bad["layers"][1]["mlp"]["experts_up"].at[
+      0, 0, 0].set(jnp.nan)
+  step = jax.jit(step_lib.make_train_step(cfg, tx))
+  state = step_lib.init_state(bad, tx)
+  new, m = step(state, tokens)
+  assert not bool(m["finite"]) and int(new.step) == 0
+  assert step_lib.first_nonfinite(m["finite_groups"]) == "params/layers/1/mlp/experts_up"
+  huge = jax.tree.map(lambda x: x, params)
+  huge["lm_head"]["kernel"] = huge["lm_head"]["kernel"] * 1e38  # overflowing logits
+  _, m2 = step(step_lib.init_state(huge, tx), tokens)
+  assert not bool(m2["finite"])
+  assert step_lib.first_nonfinite(m2["finite_groups"]).startswith("grads/")
+  np.testing.assert_array_equal(new.params["norm"]["weight"], bad["norm"]["weight"])
