@@ -52,7 +52,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     new_state = TrainState(state.step + finite.astype(jnp.int32), keep(params, state.params),
                            keep(opt_state, state.opt_state))
     metrics = {"loss": loss, "lm_loss": lm, "aux_loss": aux,
-               "grad_norm": optax.global_norm(grads), "finite": finite,
+               "grad_norm": optax.tree.norm(grads), "finite": finite,
                "finite_groups": finite_groups}
     return new_state, metrics
 
