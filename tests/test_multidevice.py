@@ -1,0 +1,22 @@
+"""Data parallel on 4 simulated CPU devices equals one device."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_four_devices_match_one():
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, str(REPO / "tests" / "multidevice_step.py")],
+                       capture_output=True, text=True, env=env, check=True, timeout=600)
+  result = json.loads(out.stdout)
+  assert result["devices"] == 4
+  np.testing.assert_allclose(result["four"], result["one"], rtol=2e-5)
+  assert "not divisible by the 4 devices" in result["error"]
