@@ -74,8 +74,9 @@ class ModelConfig:
 
 
 def tiny(**changes) -> ModelConfig:
-  """A 3-layer model for CPU tests: a dense first layer, then MoE layers."""
-  base = ModelConfig(vocab_size=256, hidden_size=64, num_hidden_layers=3,
+  """A 3-layer model for CPU tests: a dense first layer, then MoE layers. Its vocabulary
+  (320) holds the byte tokenizer (257 ids)."""
+  base = ModelConfig(vocab_size=320, hidden_size=64, num_hidden_layers=3,
                      num_attention_heads=4, intermediate_size=96, moe_intermediate_size=32,
                      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
                      first_k_dense_replace=1, aux_loss_alpha=0.01,
