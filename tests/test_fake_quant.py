@@ -10,14 +10,7 @@ import pytest
 import fp8jax
 from tests import reference as ref
 from tests import strategies as hs
-
-
-def _ref_deq(x, spec):
-  g = spec.granularity
-  return ref.ref_quantize(
-      np.asarray(x), spec.format, g.kind, g.axes, g.sizes, eps=spec.eps,
-      margin=spec.margin, scale_format=spec.scale_format, rounding=spec.pow2_rounding,
-      store_e8m0=spec.store_e8m0)
+from tests.helpers import ref_for_spec
 
 
 @st.composite
@@ -34,12 +27,12 @@ def _case(draw):
 def test_forward_and_vjp_match_reference(case):
   x, g, spec = case
   y, vjp = jax.vjp(lambda v: fp8jax.fake_quant(v, spec), jnp.asarray(x))
-  assert ref.same_bits(np.asarray(y), _ref_deq(x, spec)[2])
+  assert ref.same_bits(np.asarray(y), ref_for_spec(x, spec)[2])
   (dx,) = vjp(jnp.asarray(g))
   if spec.backward is None:
     assert ref.same_bits(np.asarray(dx), g), "STE must pass g unchanged"
   else:
-    assert ref.same_bits(np.asarray(dx), _ref_deq(g, spec.backward)[2])
+    assert ref.same_bits(np.asarray(dx), ref_for_spec(g, spec.backward)[2])
 
 
 def test_straight_through_keeps_tiny_gradients():
@@ -60,7 +53,7 @@ def test_cotangent_quantization_equals_quantizing_upstream_gradient():
   upstream = jnp.asarray((rng.standard_normal((4, 256)) * 1e-3).astype(np.float32))
   spec = fp8jax.preset("deepseek_v3")
   dx = jax.grad(lambda v: jnp.sum(upstream * fp8jax.fake_quant(v, spec)))(x)
-  np.testing.assert_array_equal(dx, _ref_deq(np.asarray(upstream), spec.backward)[2])
+  np.testing.assert_array_equal(dx, ref_for_spec(np.asarray(upstream), spec.backward)[2])
   assert not np.array_equal(dx, upstream)
 
 
@@ -89,7 +82,7 @@ def test_fake_quant_argument_errors():
 
 def _np_telemetry(x, spec):
   """Telemetry recomputed with NumPy from the reference quantization."""
-  payload, scale_inv, deq = _ref_deq(x, spec)
+  payload, scale_inv, deq = ref_for_spec(x, spec)
   g = spec.granularity
   block = ref.ref_block_shape(x.shape, g.kind, g.axes, g.sizes)
   s = 1.0 / scale_inv.astype(np.float64)
@@ -117,6 +110,8 @@ def _np_telemetry(x, spec):
     fp8jax.QuantSpec(format="e5m2", granularity=fp8jax.per_tensor()),
     fp8jax.QuantSpec(granularity=fp8jax.tile(32), scale_format="pow2", pow2_rounding="ceil"),
 ], ids=["e4m3-1x128", "e5m2-tensor", "e4m3-1x32-pow2ceil"])
+
+
 def test_telemetry_matches_numpy(spec):
   rng = np.random.default_rng(2)
   x = rng.standard_normal((8, 256)).astype(np.float32)

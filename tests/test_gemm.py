@@ -9,6 +9,7 @@ import pytest
 
 import fp8jax
 from fp8jax import accumulate, gemm
+from tests.helpers import assert_close
 
 DN = (((2,), (0,)), ((), ()))  # x [B, T, K] . w [K, N]
 
@@ -25,12 +26,6 @@ def _deq(x, spec):
   return fp8jax.dequantize(fp8jax.quantize(x, spec), jnp.float32)
 
 
-def _close(got, want):
-  """Equal up to float32 summation-order rounding (a wiring error is ~1% off)."""
-  want = np.asarray(want)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
-
-
 def _hi(a, b, subscripts):
   return jnp.einsum(subscripts, a, b, precision=lax.Precision.HIGHEST)
 
@@ -45,12 +40,12 @@ def test_custom_vjp_matches_grad_on_dequantized_operands(transpose_policy):
   # Forward: Q_in(X) . Q_w(W); the weight spec applies to W^T [N, K] (contraction last).
   x_d = _deq(x.reshape(-1, 300), r.input)
   w_d = _deq(w.T, r.weight).T
-  _close(y.reshape(-1, 200), _hi(x_d, w_d, "mk,kn->mn"))
+  assert_close(y.reshape(-1, 200), _hi(x_d, w_d, "mk,kn->mn"))
   # Dgrad through jax.grad with Q_grad(dY) and Q_w(W) in place of dY and W.
   dy2 = dy.reshape(-1, 200)
   dy_d = _deq(dy2, r.grad)
   dx_ref = jax.grad(lambda a: jnp.sum(dy_d * _hi(a, w_d, "mk,kn->mn")))(x.reshape(-1, 300))
-  _close(dx.reshape(-1, 300), dx_ref)
+  assert_close(dx.reshape(-1, 300), dx_ref)
   # Wgrad: X^T and dY^T quantized along M (tiles along the contraction), by the policy.
   xt_q = fp8jax.transpose.transposed(x.reshape(-1, 300), fp8jax.quantize(x.reshape(-1, 300),
                                      r.input), r.input, transpose_policy)
@@ -59,7 +54,7 @@ def test_custom_vjp_matches_grad_on_dequantized_operands(transpose_policy):
   x_t = fp8jax.dequantize(xt_q, jnp.float32).T
   dy_t = fp8jax.dequantize(dyt_q, jnp.float32).T
   dw_ref = jax.grad(lambda b: jnp.sum(dy_t * _hi(x_t, b, "mk,kn->mn")))(w)
-  _close(dw, dw_ref)
+  assert_close(dw, dw_ref)
 
 
 def test_deepgemm_acceptance_against_bf16():
@@ -118,11 +113,11 @@ def test_expert_einsum_uses_lhs_as_input_role():
       grad=fp8jax.QuantSpec(granularity=fp8jax.tile(128))))
   y = gemm.fp8_einsum("egk,ekn->egn", x, w, config=cfg)
   direct = gemm.fp8_dot_general(x, w, (((2,), (1,)), ((0,), (0,))), config=cfg)
-  _close(y, direct)
+  assert_close(y, direct)
   # Per expert, the 2-D product with that expert's weight (equal up to float32 summation
   # order, which a GPU may change between batched and single GEMMs).
   for e in range(3):
-    _close(y[e], gemm.fp8_dot_general(x[e], w[e], (((1,), (0,)), ((), ())), config=cfg))
+    assert_close(y[e], gemm.fp8_dot_general(x[e], w[e], (((1,), (0,)), ((), ())), config=cfg))
   gx, gw = jax.grad(lambda a, b: jnp.sum(gemm.fp8_einsum("egk,ekn->egn", a, b,
                                                          config=cfg) ** 2), (0, 1))(x, w)
   assert gx.shape == x.shape and gw.shape == w.shape and np.all(np.isfinite(gw))
@@ -144,6 +139,8 @@ def test_flax_nnx_linear_dot_general():
         granularity=fp8jax.per_tensor(), scaling="delayed")), "supports current scaling"),
     (dict(accumulation="hopper"), "accumulation must be"),
 ])
+
+
 def test_invalid_configs(kwargs, match):
   with pytest.raises((ValueError, TypeError), match=match):
     gemm.GemmConfig(**kwargs)

@@ -7,6 +7,7 @@ import pytest
 
 import fp8jax
 from fp8jax import grouped_gemm
+from tests.helpers import assert_close
 
 
 def _case(sizes=(128, 0, 256), k=256, f=128, seed=0):
@@ -16,11 +17,6 @@ def _case(sizes=(128, 0, 256), k=256, f=128, seed=0):
   w = jnp.asarray(rng.standard_normal((len(sizes), k, f)) * 0.05, jnp.float32)
   dy = jnp.asarray(rng.standard_normal((n, f)) * 1e-2, jnp.float32)
   return x, w, dy, jnp.asarray(sizes, jnp.int32)
-
-
-def _close(got, want):
-  want = np.asarray(want)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
 
 
 @pytest.mark.parametrize("policy", ["requant", "double", "scaling_aware"])
@@ -41,9 +37,9 @@ def test_matches_per_expert_dot_general(policy):
     ye, vjp_e = jax.vjp(lambda a, b: fp8jax.fp8_dot_general(a, b, dn, config=cfg),
                         x[rows], w[e])
     dxe, dwe = vjp_e(dy[rows])
-    _close(y[rows], ye)
-    _close(dx[rows], dxe)
-    _close(dw[e], dwe)
+    assert_close(y[rows], ye)
+    assert_close(dx[rows], dxe)
+    assert_close(dw[e], dwe)
 
 
 def test_bf16_mode_and_errors():
@@ -51,7 +47,7 @@ def test_bf16_mode_and_errors():
   y = grouped_gemm.fp8_ragged_dot(x, w, sizes, fp8jax.gemm.BF16)
   ref = jax.lax.ragged_dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), sizes,
                            preferred_element_type=jnp.float32)
-  _close(y, ref)
+  assert_close(y, ref)
   g = jax.grad(lambda b: jnp.sum(grouped_gemm.fp8_ragged_dot(x, b, sizes) ** 2))(w)
   assert np.all(np.isfinite(g))
   with pytest.raises(ValueError, match="FP32 accumulation only"):

@@ -14,18 +14,11 @@ import pytest
 import fp8jax
 from tests import reference as ref
 from tests import strategies as hs
-
-
-def _ref_for(x, spec):
-  g = spec.granularity
-  return ref.ref_quantize(
-      np.asarray(x), spec.format, g.kind, g.axes, g.sizes, eps=spec.eps,
-      margin=spec.margin, scale_format=spec.scale_format, rounding=spec.pow2_rounding,
-      store_e8m0=spec.store_e8m0)
+from tests.helpers import ref_for_spec
 
 
 def _assert_matches_reference(x, spec, qt, x_hat=None):
-  payload, scale_inv, deq = _ref_for(x, spec)
+  payload, scale_inv, deq = ref_for_spec(x, spec)
   assert ref.same_bits(np.asarray(qt.data), payload), "payload differs from reference"
   assert ref.same_bits(np.asarray(qt.scale_inv), scale_inv), "scales differ from reference"
   if x_hat is not None:
@@ -148,6 +141,8 @@ def test_huge_and_tiny_magnitudes_stay_finite():
     ((4, 6), fp8jax.per_axis(-1), (4, 1)),
     ((4, 6), fp8jax.per_tensor(), (1, 1)),
 ])
+
+
 def test_non_divisible_shapes_and_padding_never_changes_amax(shape, gran, expected_scales):
   rng = np.random.default_rng(0)
   # Negative values everywhere: a padding value that leaked into the amax of |x|
@@ -197,7 +192,7 @@ def test_round_trip_survives_jit_optimisation():
   f = jax.jit(lambda v: fp8jax.fake_quant(v, spec))
   y = f(x)
   assert not np.array_equal(np.asarray(y), np.asarray(x)), "round trip was removed"
-  _, _, deq = _ref_for(np.asarray(x), spec)
+  _, _, deq = ref_for_spec(np.asarray(x), spec)
   np.testing.assert_array_equal(np.asarray(y), deq)
   hlo = f.lower(x).compile().as_text()
   assert "f8e4m3fn" in hlo, "the optimised HLO has no fp8 conversion"
@@ -212,7 +207,7 @@ def test_rounding_scales_to_pow2_without_requantizing_is_detected():
   qt = fp8jax.quantize(jnp.asarray(x), fp32_spec)
   rounded = fp8jax.round_pow2(1.0 / qt.scale_inv, "floor")
   wrong = dataclasses.replace(qt, scale_inv=1.0 / rounded)  # payload NOT re-quantized
-  payload, scale_inv, deq = _ref_for(x, pow2_spec)
+  payload, scale_inv, deq = ref_for_spec(x, pow2_spec)
   assert ref.same_bits(np.asarray(wrong.scale_inv), scale_inv)  # scales alone look right
   assert not ref.same_bits(np.asarray(wrong.data), payload)  # the payload is caught
   wrong_err = np.mean(np.abs(np.asarray(fp8jax.dequantize(wrong)) - x) / np.abs(x))
@@ -237,6 +232,8 @@ def test_bad_inputs_raise_clear_errors():
     (jnp.float16, 65504.0, fp8jax.QuantSpec(format="e5m2", scale_format="pow2")),
     (jnp.float32, 3.4e38, fp8jax.QuantSpec(scale_format="pow2", pow2_rounding="rceil")),
 ])
+
+
 def test_finite_inputs_never_dequantize_to_inf(dtype, value, spec):
   x = jnp.full((1, 32), value, dtype)
   y = fp8jax.fake_quant(x, spec)
