@@ -138,7 +138,7 @@ class MoE(nnx.Module):
                          "moe_impl='dispatch'")
       routed = moe.experts_reference(*args)
     elif impl == "dispatch":
-      grouped = (moe.tiled_matmul if policy.gemm is None else functools.partial(
+      grouped = (grouped_gemm.tiled_matmul if policy.gemm is None else functools.partial(
           grouped_gemm.fp8_ragged_dot, config=policy.gemm))
       routed = moe.experts_dispatch(*args, grouped_matmul=grouped)
     else:

@@ -72,17 +72,8 @@ def experts_reference(x, weights, ids, gate, up, down):
   return jnp.einsum("ted,te->td", out.astype(jnp.float32), combine).astype(x.dtype)
 
 
-def ragged_matmul(x, w, group_sizes):
-  """Grouped GEMM through ``lax.ragged_dot``: rows of ``x`` [N, d] grouped by expert times
-  ``w`` [E, d, f]. On the GPU image's JAX it falls back to a dense rewrite that runs out of
-  memory at 2B shapes; ``fp8jax.grouped_gemm.tiled_matmul`` is the default."""
-  return lax.ragged_dot(x, w, group_sizes)
-
-
-tiled_matmul = grouped_gemm.tiled_matmul
-
-
-def experts_dispatch(x, weights, ids, gate, up, down, grouped_matmul=tiled_matmul):
+def experts_dispatch(x, weights, ids, gate, up, down,
+                     grouped_matmul=grouped_gemm.tiled_matmul):
   """Dropless sort-based dispatch with static shapes.
 
   The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
