@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 
 from fp8jax import blocks, formats, qtensor
 from fp8jax import spec as spec_lib
@@ -69,5 +70,5 @@ def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qt
   new_inv = blocks.block_amax(old_inv, new_block)  # largest old scale_inv per new block
   ratio = old_inv / blocks.broadcast_blocks(new_inv, new_block, data.shape)
   payload = formats.saturating_cast(data * ratio, spec.fmt)
-  stored = new_inv.astype(qt.scale_inv.dtype) if spec.store_e8m0 else new_inv
+  stored = new_inv.astype(ml_dtypes.float8_e8m0fnu) if spec.store_e8m0 else new_inv
   return qtensor.QTensor(payload, stored, new_block, qt.dtype)

@@ -78,3 +78,10 @@ def test_unknown_policy():
   x = _x()
   with pytest.raises(ValueError, match="unknown transpose policy 'lazy'"):
     transpose.transposed(x, fp8jax.quantize(x, _specs("fp32")), _specs("fp32"), "lazy")
+
+
+def test_scaling_aware_transpose_stores_the_target_scale_format():
+  x = _x(3)
+  target = _specs("pow2").replace(store_e8m0=True)
+  t = transpose.scaling_aware_transpose(fp8jax.quantize(x, _specs("pow2")), target)
+  assert t.scale_inv.dtype == jnp.float8_e8m0fnu
