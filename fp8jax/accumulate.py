@@ -208,8 +208,8 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
   sb = _interval_scales(bt, interval, n_int)
   # The barrier keeps XLA:GPU's GEMM rewriter from turning convert(fp8) -> dot into a
   # real FP8 cuBLASLt GEMM, whose own accumulation would replace the simulated one.
-  a_f, b_f = lax.optimization_barrier((_pad_k(a.data.astype(jnp.float32), k_pad),
-                                       _pad_k(bt.data.astype(jnp.float32), k_pad)))
+  a_f, b_f = lax.optimization_barrier((_pad_k(qtensor.payload_f32(a.data), k_pad),
+                                       _pad_k(qtensor.payload_f32(bt.data), k_pad)))
   if acc.mode == "fp32":
     return _fp32_products(a_f, b_f, sa, sb, interval)
   return _tensor_core_products(a_f, b_f, sa, sb, interval, acc)

@@ -105,6 +105,13 @@ def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
   return quantize_with_scaled(x, spec, history)[0]
 
 
+def payload_f32(data: jax.Array) -> jax.Array:
+  """An FP8 payload as float32, behind ``lax.optimization_barrier``: with excess
+  precision allowed (its default), XLA:GPU otherwise removes an f32 -> fp8 -> f32
+  round trip under jit, and with it the quantization."""
+  return lax.optimization_barrier(data).astype(jnp.float32)
+
+
 def dequantize(qt: QTensor, dtype=None) -> jax.Array:
   """Reverses :func:`quantize`: ``data * scale_inv`` in float32, cast to ``dtype``.
 
@@ -118,7 +125,7 @@ def dequantize(qt: QTensor, dtype=None) -> jax.Array:
   dtype = jnp.dtype(qt.dtype if dtype is None else dtype)
   scale_inv = blocks.broadcast_blocks(
       qt.scale_inv.astype(jnp.float32), qt.full_block, qt.shape)
-  out = qt.data.astype(jnp.float32) * scale_inv
+  out = payload_f32(qt.data) * scale_inv
   top = float(jnp.finfo(dtype).max)
   return jnp.clip(out, -top, top).astype(dtype)
 
@@ -127,14 +134,13 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
                         history: jax.Array | None = None, *, telemetry: bool = False):
   """The fake-quant round trip WITHOUT a custom gradient.
 
-  The FP8 payload passes through ``lax.optimization_barrier`` so that XLA cannot
-  fold the f32 -> fp8 -> f32 conversions away.
+  The FP8 payload passes through ``lax.optimization_barrier`` (in :func:`dequantize`)
+  so that XLA cannot fold the f32 -> fp8 -> f32 conversions away.
 
   Returns:
     ``x_hat`` (dtype of ``x``), or ``(x_hat, QuantTelemetry)`` with ``telemetry``.
   """
   qt, scaled, s = quantize_with_scaled(x, spec, history)
-  qt = dataclasses.replace(qt, data=lax.optimization_barrier(qt.data))
   x_hat = dequantize(qt)
   if not telemetry:
     return x_hat

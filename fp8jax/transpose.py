@@ -65,7 +65,7 @@ def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qt
   old_inv = blocks.broadcast_blocks(qt.scale_inv.astype(jnp.float32), qt.full_block,
                                     qt.shape)
   old_inv = _swap(old_inv)
-  data = _swap(qt.data.astype(jnp.float32))
+  data = _swap(qtensor.payload_f32(qt.data))
   new_block = spec.granularity.block_shape(data.shape)
   new_inv = blocks.block_amax(old_inv, new_block)  # largest old scale_inv per new block
   ratio = old_inv / blocks.broadcast_blocks(new_inv, new_block, data.shape)
