@@ -1,0 +1,42 @@
+"""Weight norms of a params tree, grouped like the gradient comparison (pure JAX, jittable)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax.metrics import aggregate
+from fp8jax.metrics import paths as paths_lib
+
+
+def _norm(sums: jax.Array) -> dict[str, jax.Array]:
+  return {"weight_norm": jnp.sqrt(sums[..., 0])}
+
+
+def weight_norms(params: Any) -> dict[str, Any]:
+  """L2 norms of the weights (float32 sums of squares), per parameter and per group.
+
+  Args:
+    params: a params pytree (e.g. ``deepseek_moe.init(...)``).
+
+  Returns:
+    ``{"global": {"weight_norm": scalar}}`` and the :class:`~fp8jax.metrics.table.Table` s
+    ``per_param`` {path}, ``per_expert`` {experts_* path} ([E] values), ``by_expert``
+    {"<layer>"} ([E]), ``by_module``, ``by_group``, ``by_layer`` and ``by_module_layer``,
+    whose rows are ``{"weight_norm": value}``. Squares compose: the squared module norms
+    add up to the squared global norm.
+  """
+  flat = paths_lib.flatten(params)
+  totals, per_slice = [], {}
+  for path, w in flat.items():
+    if paths_lib.is_expert_stack(path) and jnp.ndim(w) >= 1:
+      per_slice[path] = aggregate.sum_sq(w, tuple(range(1, jnp.ndim(w))))[:, None]
+      totals.append(jnp.sum(per_slice[path], axis=0))
+    else:
+      totals.append(aggregate.sum_sq(w)[None])
+  out = aggregate.grouped(list(flat), jnp.stack(totals), _norm)
+  out["per_expert"] = aggregate.stack_rows(per_slice, _norm)
+  out["by_expert"] = aggregate.stack_rows(aggregate.by_expert(per_slice), _norm)
+  return out
