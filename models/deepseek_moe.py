@@ -177,7 +177,7 @@ class DeepseekMoE(nnx.Module):
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False):
     cfg = self.cfg
-    policy.check_layers(cfg.num_hidden_layers)
+    policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     tel = {}
     aux_losses, routing = {}, {}
     h = self.embed_tokens(tokens)

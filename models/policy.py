@@ -24,6 +24,7 @@ The embedding, head, router, norms and the attention core stay in high precision
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import fp8jax
 from fp8jax import gemm as gemm_lib
@@ -94,12 +95,20 @@ class PrecisionPolicy:
         spec = rule.spec
     return spec
 
-  def check_layers(self, num_layers: int) -> None:
-    """Raises when a rule names a layer the model does not have."""
+  def check_layers(self, num_layers: int, is_moe_layer=None) -> None:
+    """Raises when a rule names a layer the model does not have or, given
+    ``is_moe_layer(i)``, an MoE site on a dense layer (or ``mlp_out`` on an MoE layer)."""
     for rule in self.rules:
       if rule.layers is not None and max(rule.layers) >= num_layers:
         raise ValueError(f"policy {self.name!r}: site {rule.site} names layer "
                          f"{max(rule.layers)} but the model has {num_layers} layers")
+      if is_moe_layer is None or rule.layers is None:
+        continue
+      for i in rule.layers:
+        if rule.site != "attn_out" and (rule.site == "mlp_out") == is_moe_layer(i):
+          kind = "an MoE" if is_moe_layer(i) else "a dense"
+          raise ValueError(f"policy {self.name!r}: site {rule.site} does not exist at layer "
+                           f"{i}, which is {kind} layer")
 
 
 BF16 = PrecisionPolicy()
@@ -111,3 +120,80 @@ def site_policy(site: str, layers: str | int, spec: fp8jax.QuantSpec,
   parsed = parse_layers(layers)
   return PrecisionPolicy((SiteRule(site, parsed, spec),),
                          name or f"{site}@{layers}:{spec.format}")
+
+
+# --- policy expressions ------------------------------------------------------------
+
+SITE_ALIASES = {"attn": "attn_out", "moe": "moe_out", "mlp": "mlp_out",
+                "routed": "moe_routed_out", "shared": "moe_shared_out"}
+GRANULARITIES = {"tensor": fp8jax.per_tensor,
+                 "channel": lambda: fp8jax.per_axis(-1),
+                 "1x128": lambda: fp8jax.tile(128),
+                 "128x128": lambda: fp8jax.block((128, 128))}
+GEMMS = {"fp32_blockwise": gemm_lib.FP32_BLOCKWISE}
+
+
+def parse_spec(text: str) -> fp8jax.QuantSpec:
+  """A preset name (``deepseek_v3``), or ``FORMAT[/GRANULARITY]``: ``e4m3``,
+  ``e5m2/1x128`` (granularity ``tensor`` (default), ``channel``, ``1x128``, ``128x128``;
+  current scaling, FP32 scales, straight-through backward)."""
+  text = text.strip()
+  if text in fp8jax.PRESETS:
+    return fp8jax.preset(text)
+  fmt, _, gran = text.partition("/")
+  if fmt not in fp8jax.FORMATS:
+    raise ValueError(f"unknown spec {text!r}: use a preset {sorted(fp8jax.PRESETS)} or "
+                     f"FORMAT[/GRANULARITY] with a format in {sorted(fp8jax.FORMATS)}")
+  gran = gran or "tensor"
+  if gran not in GRANULARITIES:
+    raise ValueError(f"unknown granularity {gran!r} in {text!r}; known: {sorted(GRANULARITIES)}")
+  return fp8jax.QuantSpec(format=fmt, granularity=GRANULARITIES[gran]())
+
+
+def parse_policy(expr: str) -> PrecisionPolicy:
+  """A policy from an expression: ``bf16``, a grid name ``{attn,moe}_l<LAYERS>_{e4m3,e5m2}``
+  (:func:`seed_grid`, e.g. ``moe_l0-8_e4m3``), or
+  terms joined by ``+``: ``SITE@LAYERS:SPEC`` (SITE one of :data:`SITES` or an alias in
+  :data:`SITE_ALIASES`; LAYERS as in :func:`parse_layers`; SPEC as in
+  :func:`parse_spec`) and ``gemm:fp32_blockwise`` (the DeepSeek-V3 GEMM recipe).
+
+  Example: ``attn@0-8:e4m3+moe@0:deepseek_v3+gemm:fp32_blockwise``.
+  """
+  expr = expr.strip()
+  grid = _GRID_NAME.match(expr)
+  if grid:
+    module, layers, fmt = grid.groups()
+    return dataclasses.replace(parse_policy(f"{module}@{layers}:{fmt}"), name=expr)
+  if expr.lower() == "bf16":
+    return BF16
+  rules, gemm = [], None
+  for term in filter(None, (t.strip() for t in expr.split("+"))):
+    if term.startswith("gemm:"):
+      name = term[len("gemm:"):]
+      if name not in GEMMS:
+        raise ValueError(f"unknown GEMM recipe {name!r} in {expr!r}; known: {sorted(GEMMS)}")
+      gemm = GEMMS[name]
+      continue
+    site, at, rest = term.partition("@")
+    layers, colon, spec = rest.partition(":")
+    if not (at and colon):
+      raise ValueError(f"bad policy term {term!r} in {expr!r}: use SITE@LAYERS:SPEC, "
+                       "gemm:NAME, 'bf16' or a seed-grid name "
+                       f"{sorted(SEED_GRID)}")
+    rules.append(SiteRule(SITE_ALIASES.get(site, site), parse_layers(layers), parse_spec(spec)))
+  if not rules and gemm is None:
+    raise ValueError(f"empty policy expression {expr!r}")
+  return PrecisionPolicy(tuple(rules), expr, gemm)
+
+
+def seed_grid(num_layers: int = 9) -> dict[str, str]:
+  """The seed study's grid: {attention, MoE} output x {layer 0, layers 0..L-1} x
+  {E4M3, E5M2}, activations only (per-tensor current scaling, straight-through
+  backward). For the 2B model (9 layers) the depths are "0" and "0-8"."""
+  return {f"{module}_l{layers}_{fmt}": f"{module}@{layers}:{fmt}"
+          for module in ("attn", "moe") for layers in ("0", f"0-{num_layers - 1}")
+          for fmt in ("e4m3", "e5m2")}
+
+
+SEED_GRID = seed_grid(9)
+_GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)$")

@@ -4,7 +4,7 @@
 #   bash scripts/test.sh [PYTEST ARGS]
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$repo/scripts/setup.sh" dev
+bash "$repo/scripts/setup.sh" dev,data,notebooks
 cd "$repo"
 export JAX_PLATFORMS=cpu
 exec .venv/bin/python -m pytest -n auto "$@"

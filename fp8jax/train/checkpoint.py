@@ -57,6 +57,18 @@ class Checkpointer:
         meta=ocp.args.JsonRestore()))
     return out.state, out.data, out.meta
 
+  def restore_params(self, step: int, abstract_params):
+    """(params, meta) of ``step`` without the optimizer state (a partial restore);
+    ``abstract_params`` gives shapes, dtypes and shardings."""
+    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding),
+                                abstract_params)
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item={"params": abstract_params},
+                                     restore_args={"params": restore_args},
+                                     partial_restore=True),
+        meta=ocp.args.JsonRestore()))
+    return out.state["params"], out.meta
+
   def wait(self):
     self.manager.wait_until_finished()
 

@@ -36,7 +36,38 @@ def check_global_batch(global_batch: int, mesh) -> None:
                      "the data mesh")
 
 
-def shard_step(step, mesh):
-  """jit ``step(state, tokens)`` with a replicated state and a batch sharded on ``data``."""
-  rep, data = replicated(mesh), batch_sharding(mesh)
-  return jax.jit(step, in_shardings=(rep, data), out_shardings=(rep, rep), donate_argnums=0)
+def fsdp_sharding(tree, mesh, min_size: int = 2**16):
+  """Per-leaf shardings that split each array of at least ``min_size`` elements along
+  its largest axis divisible by the ``data`` axis size (others replicated): params and
+  optimizer state then take 1/N of the memory per device (ZeRO-3 style; XLA gathers
+  the weights where they are used)."""
+  n = mesh.shape["data"]
+
+  def one(leaf):
+    shape = getattr(leaf, "shape", ())
+    if n == 1 or not shape or leaf.size < min_size:
+      return replicated(mesh)
+    axes = sorted((a for a in range(len(shape)) if shape[a] % n == 0),
+                  key=lambda a: -shape[a])
+    if not axes:
+      return replicated(mesh)
+    spec = [None] * len(shape)
+    spec[axes[0]] = "data"
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+  return jax.tree.map(one, tree)
+
+
+def global_batch(local_batch, mesh):
+  """A global array sharded on ``data`` from this process's rows (all processes call it
+  with their own share; on one process this is a plain sharded ``device_put``)."""
+  return jax.make_array_from_process_local_data(batch_sharding(mesh), local_batch)
+
+
+def shard_step(step, mesh, state_sharding=None):
+  """jit ``step(state, tokens) -> (state, metrics)`` with the state laid out as
+  ``state_sharding`` (default replicated), the batch sharded on ``data`` and replicated
+  metrics; the input state is donated."""
+  state_sharding = replicated(mesh) if state_sharding is None else state_sharding
+  return jax.jit(step, in_shardings=(state_sharding, batch_sharding(mesh)),
+                 out_shardings=(state_sharding, replicated(mesh)), donate_argnums=0)

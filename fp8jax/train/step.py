@@ -31,11 +31,12 @@ def init_state(params, tx: optax.GradientTransformation) -> TrainState:
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
-                    policy: policy_lib.PrecisionPolicy = policy_lib.BF16):
+                    policy: policy_lib.PrecisionPolicy = policy_lib.BF16,
+                    moe_impl: str = "dispatch"):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it)."""
 
   def objective(params, tokens):
-    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy)
+    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl)
     lm = deepseek_moe.lm_loss(logits, tokens)
     return lm + aux["aux_loss"], (lm, aux["aux_loss"])
 

@@ -1,0 +1,1 @@
+"""Run configs for the experiment binaries; each file documents its exact command."""

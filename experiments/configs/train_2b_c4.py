@@ -1,0 +1,34 @@
+"""The seed study's baseline: DeepSeek-MoE-2B, BF16, C4 English, 4 GPUs, data parallel.
+
+    python -m fp8jax.experiments.train --config=experiments/configs/train_2b_c4.py \
+        --workdir=$WORK/ds2b_bf16 --config.data.data_dir=$TFDS_DATA_DIR \
+        --config.data.tokenizer=$DEEPSEEK_TOKENIZER_JSON
+
+Needs the ``data`` extra and C4 prepared as ArrayRecord in ``data_dir``
+(``tfds build c4/en --file_format=array_record``, a large download), and a tokenizer
+whose vocabulary fits the model's 8192 ids (the paper's 2B model uses an 8K BPE
+vocabulary; train one with ``tokenizers`` on C4, or pass ``--config.data.tokenizer=bytes``).
+
+Recipe (DeepSeekMoE paper, section 4.1, and the seed study): AdamW (0.9, 0.95), weight
+decay 0.1, clip 1.0, peak LR 1.08e-3 with 2000 warmup steps and x0.316 at 80% and 90%
+of the schedule, sequences of 2048 tokens. The seed study trained to step 10000 with a
+batch the 4 GPUs hold (here 32 x 2048 tokens per step) and kept checkpoints every 500
+steps from step 0. BF16 compute, FP32 master weights and optimizer state.
+"""
+
+from fp8jax.train import run_config
+
+
+def get_config():
+  c = run_config.defaults()
+  c.model = "deepseek_moe_2b"
+  c.data.source = "tfds:c4/en:3.1.0"
+  c.data.seq_len = 2048
+  c.data.global_batch = 32
+  c.optim.peak_lr = 1.08e-3
+  c.optim.warmup_steps = 2000
+  c.optim.total_steps = 10000
+  c.train.steps = 10000
+  c.train.save_every = 500
+  c.train.log_every = 10
+  return c

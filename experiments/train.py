@@ -1,0 +1,45 @@
+"""Trains DeepSeek-MoE (BF16 baseline or any precision policy) with checkpoints from step 0.
+
+    python -m fp8jax.experiments.train --config=experiments/configs/train_tiny.py \
+        --workdir=out/train [--config.train.steps=400] [--resume]
+
+The config files in ``experiments/configs/`` document their commands. The run logic is
+:func:`fp8jax.train.loop.train`; this binary only parses flags.
+"""
+
+import pathlib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_DEFAULT_CONFIG = pathlib.Path(__file__).parent / "configs" / "train_tiny.py"
+
+_CONFIG = config_flags.DEFINE_config_file("config", str(_DEFAULT_CONFIG),
+                                          "Run config file (experiments/configs/train_*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", "out/train", "Output folder of the run.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
+                                 "Call jax.distributed.initialize() (multi-host runs).")
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
+
+  if _DISTRIBUTED.value:
+    jax.distributed.initialize()
+  try:
+    summary = loop.train(_CONFIG.value, _WORKDIR.value, resume=_RESUME.value)
+  except loop.NonFiniteError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 3
+  print(f"done: step {summary['final_step']}, loss {summary['final_loss']}, "
+        f"checkpoints in {summary['workdir']}")
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)

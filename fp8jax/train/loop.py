@@ -1,0 +1,188 @@
+"""The training run: validate, build, restore or start, step, log, checkpoint.
+
+    summary = train(config, workdir, resume=False)
+
+``workdir`` receives ``config.json``, ``metrics.jsonl``, ``checkpoints/<step>/`` (step 0,
+every ``train.save_every`` steps and the last step) and, if asked, ``tensorboard/``.
+Everything that can be checked before compute is checked first (see
+:mod:`fp8jax.train.run_config`). A workdir that already holds checkpoints is only
+continued with ``resume=True``, which restores the latest checkpoint (params, optimizer
+state, data position) and continues exactly where it stopped.
+
+A step whose loss or gradients are not finite stops the run with :class:`NonFiniteError`
+naming the step and the first non-finite parameter or gradient; that step changed
+nothing and the checkpoints already written stay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+import jax
+
+from fp8jax.data import pipeline, tokenizers
+from fp8jax.metrics import weights
+from fp8jax.models import deepseek_moe
+from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import flops, metrics_log, optim, run_config
+from fp8jax.train import mesh as mesh_lib
+from fp8jax.train import step as step_lib
+
+
+class NonFiniteError(RuntimeError):
+  """A training step produced a non-finite loss or gradient."""
+
+
+def make_data(cfg, mesh, model_vocab: int):
+  """The batch iterator of ``cfg.data`` for this process (checked before compute)."""
+  d = cfg.data
+  tok = tokenizers.get_tokenizer(d.tokenizer)
+  pipeline.check_vocab(tok, model_vocab)
+  mesh_lib.check_global_batch(d.global_batch, mesh)
+  return pipeline.make_batches(
+      d.source, tok, seq_len=d.seq_len, global_batch=d.global_batch, seed=d.seed,
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      data_dir=d.data_dir or None, paths=tuple(d.paths), split=d.split, field=d.field)
+
+
+def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+  """Dotted keys whose values differ between two config dicts."""
+  out = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key), new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      out.extend(_config_changes(a, b, f"{prefix}{key}."))
+    elif a != b:
+      out.append(prefix + key)
+  return out
+
+
+def _check_workdir(workdir: pathlib.Path, cfg, resume: bool) -> bool:
+  """Returns whether there is a run to resume; refuses to overwrite one."""
+  saved = workdir / "config.json"
+  ckpts = workdir / "checkpoints"
+  has_run = ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir())
+  if has_run and not resume:
+    raise FileExistsError(f"{workdir} already holds a training run; pass --resume to "
+                          "continue it or choose a new workdir")
+  if has_run and saved.exists():
+    old, new = json.loads(saved.read_text()), json.loads(cfg.to_json())
+    # train.steps may grow, unless the LR schedule follows it (optim.total_steps = 0).
+    allowed = {"train.steps"} if old["optim"]["total_steps"] else set()
+    changed = [k for k in _config_changes(old, new) if k not in allowed]
+    if changed:
+      raise ValueError(f"--resume with a config that differs from {saved} in {changed}; "
+                       "only train.steps may change, and only with optim.total_steps set")
+  return has_run
+
+
+def _restore_latest(ckpt, target, stream):
+  """(step, state, data position) of the newest checkpoint. If it does not restore but
+  the one before does (a kill during the last save), the newest is renamed
+  ``<step>.incomplete`` (kept, out of the way); otherwise its error is raised."""
+  steps = ckpt.all_steps()
+  try:
+    return (steps[-1], *ckpt.restore(steps[-1], target)[:2])
+  except Exception as e:  # pylint: disable=broad-except
+    if len(steps) < 2:
+      raise
+    try:
+      state, position, _ = ckpt.restore(steps[-2], target)
+    except Exception:  # pylint: disable=broad-except
+      raise e from None
+    path = pathlib.Path(ckpt.manager.directory) / str(steps[-1])
+    print(f"warning: the last checkpoint {path} does not restore ({type(e).__name__}: {e}); "
+          f"moved to {path}.incomplete, resuming from step {steps[-2]}",
+          file=stream or sys.stderr)
+    path.rename(path.with_name(f"{steps[-1]}.incomplete"))
+    ckpt.manager.reload()
+    return steps[-2], state, position
+
+
+def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict:
+  """Runs (or resumes) the training run ``cfg`` in ``workdir`` on ``devices`` (default
+  all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``)."""
+  workdir = pathlib.Path(workdir)
+  model_cfg, policy = run_config.validate(cfg)
+  opt_cfg = run_config.optim_config(cfg)
+  mesh = mesh_lib.data_mesh(devices)
+  data = make_data(cfg, mesh, model_cfg.vocab_size)
+  has_run = _check_workdir(workdir, cfg, resume)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(cfg.to_json(indent=2))
+
+  tx = optim.optimizer(opt_cfg)
+  init = lambda: step_lib.init_state(  # noqa: E731
+      deepseek_moe.init(model_cfg, jax.random.key(cfg.seed)), tx)
+  abstract = jax.eval_shape(init)
+  sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp
+              else jax.tree.map(lambda _: mesh_lib.replicated(mesh), abstract))
+  step_fn = mesh_lib.shard_step(
+      step_lib.make_train_step(model_cfg, tx, policy, moe_impl=cfg.train.moe_impl), mesh,
+      sharding)
+  ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
+  writer = metrics_log.MetricsWriter(workdir, cfg.train.tensorboard)
+  meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),
+          "policy": policy.name}
+  try:
+    if has_run:
+      target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, sharding)
+      start, state, position = _restore_latest(ckpt, target, stream)
+      data.set_state(position)
+      writer.truncate_after(start)
+    else:
+      start = 0
+      state = jax.jit(init, out_shardings=sharding)()
+      ckpt.save(0, state, data.get_state(), meta, force=True)
+    return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
+                mesh, stream)
+  finally:
+    ckpt.wait()
+    ckpt.close()
+    writer.close()
+
+
+def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta, mesh,
+         stream) -> dict:
+  total, log_every = cfg.train.steps, cfg.train.log_every
+  lr_at = optim.schedule(opt_cfg)
+  tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
+  kind = jax.devices()[0].device_kind
+  peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(kind)
+  progress = metrics_log.Progress(total, start, stream)
+  weight_norms = jax.jit(weights.norms_by_module)
+  batch = next(data) if start < total else None
+  t_last, steps_since, loss = time.perf_counter(), 0, None
+  for step in range(start, total):
+    position = data.get_state()  # the data position after this step's batch
+    state, m = step_fn(state, mesh_lib.global_batch(batch, mesh))
+    batch = next(data) if step + 1 < total else None  # host work overlaps the device
+    done, steps_since = step + 1, steps_since + 1
+    if not bool(m["finite"]):
+      where = step_lib.first_nonfinite(jax.device_get(m["finite_groups"])) or "the loss"
+      ckpt.wait()
+      raise NonFiniteError(
+          f"step {done}: non-finite loss or gradients (first non-finite: {where}); the run "
+          f"stopped without applying the step; last good checkpoint: step "
+          f"{ckpt.latest_step()} in {ckpt.manager.directory}")
+    ckpt.save(done, state, position, meta, force=done == total)
+    if done % log_every and done != total:
+      continue
+    now = time.perf_counter()
+    tps = tokens_per_step * steps_since / (now - t_last)
+    t_last, steps_since = now, 0
+    scalars = jax.device_get({k: m[k] for k in ("loss", "lm_loss", "aux_loss", "grad_norm")})
+    row = {"step": done, **{k: float(v) for k, v in scalars.items()},
+           "lr": float(lr_at(step)), "tokens_per_s": tps,
+           "mfu": flops.mfu(tps, model_cfg, cfg.data.seq_len, peak, mesh.devices.size),
+           **{f"weight_norm/{k}": float(v)
+              for k, v in jax.device_get(weight_norms(state.params)).items()}}
+    writer.write(row)
+    progress.show(row)
+    loss = row["loss"]
+  return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.manager.directory)}

@@ -1,0 +1,112 @@
+"""Training logs: JSONL metrics rows, optional TensorBoard, and a progress line.
+
+``metrics.jsonl`` holds one JSON object per logged step (``{"step": s, ...}``, floats).
+A resumed run first drops the rows past its restored step (they are recomputed
+identically) and any torn last line left by a killed process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+import time
+
+
+class MetricsWriter:
+  """Appends rows to ``<workdir>/metrics.jsonl`` (and TensorBoard scalars if asked)."""
+
+  def __init__(self, workdir, tensorboard: bool = False):
+    self.path = pathlib.Path(workdir) / "metrics.jsonl"
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      except ImportError:
+        raise ImportError("train.tensorboard needs tensorboardX: pip install tensorboardX"
+                          ) from None
+      self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
+
+  def truncate_after(self, step: int) -> None:
+    """Keeps the complete rows with ``row["step"] <= step``."""
+    if not self.path.exists():
+      return
+    kept = []
+    for line in self.path.read_text().splitlines():
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a torn line from a killed run
+      if row.get("step", math.inf) <= step:
+        kept.append(line)
+    tmp = self.path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.replace(self.path)
+
+  def write(self, row: dict) -> None:
+    with self.path.open("a") as f:
+      f.write(json.dumps(row, allow_nan=True) + "\n")
+    if self._tb is not None:
+      for key, value in row.items():
+        if key != "step" and isinstance(value, int | float):
+          self._tb.add_scalar(key, value, row["step"])
+      self._tb.flush()
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_rows(path) -> list[dict]:
+  """The rows of a ``metrics.jsonl`` (skipping a torn last line)."""
+  rows = []
+  for line in pathlib.Path(path).read_text().splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return rows
+
+
+def format_duration(seconds: float) -> str:
+  seconds = max(0, int(round(seconds)))
+  h, rem = divmod(seconds, 3600)
+  return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
+
+
+class Progress:
+  """One line per logged step: step, losses, LR, throughput, MFU and ETA."""
+
+  def __init__(self, total: int, start: int, stream=None, prefix: str = "train"):
+    self.total, self.start, self.prefix = total, start, prefix
+    self.stream = stream or sys.stderr
+    self.t0 = time.perf_counter()
+
+  def eta(self, step: int) -> float | None:
+    done = step - self.start
+    if done <= 0:
+      return None
+    return (time.perf_counter() - self.t0) / done * (self.total - step)
+
+  def line(self, row: dict) -> str:
+    step = row["step"]
+    eta = self.eta(step)
+    parts = [f"[{self.prefix}] step {step}/{self.total}",
+             f"loss {row['loss']:.4f} (lm {row['lm_loss']:.4f} aux {row['aux_loss']:.4g})",
+             f"|g| {row['grad_norm']:.3g}", f"lr {row['lr']:.3g}",
+             f"{row['tokens_per_s'] / 1e3:.1f}k tok/s"]
+    if row.get("mfu") is not None:
+      parts.append(f"MFU {100 * row['mfu']:.1f}%")
+    parts.append(f"ETA {format_duration(eta) if eta is not None else '?'}")
+    return "  ".join(parts)
+
+  def message(self, done: int, text: str) -> None:
+    """``[prefix] done/total text  ETA``."""
+    eta = self.eta(done)
+    print(f"[{self.prefix}] {done}/{self.total} {text}  ETA "
+          f"{format_duration(eta) if eta is not None else '?'}", file=self.stream, flush=True)
+
+  def show(self, row: dict) -> None:
+    print(self.line(row), file=self.stream, flush=True)

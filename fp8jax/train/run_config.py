@@ -1,0 +1,97 @@
+"""The training run's configuration: defaults, and validation before any compute.
+
+A run config is an ``ml_collections.ConfigDict`` with exactly the keys of
+:func:`defaults` (config files in ``experiments/configs/`` start from it). Validation
+names the offending key: an unknown key, an unknown model, dataset, policy or tokenizer,
+a missing ``data_dir``, a tokenizer vocabulary larger than the model's, or a batch that
+does not split over the devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from fp8jax.models import config as model_config_lib
+from fp8jax.models import policy as policy_lib
+from fp8jax.train import optim
+
+
+def defaults() -> ml_collections.ConfigDict:
+  """Every key a run config may set, with its default."""
+  c = ml_collections.ConfigDict()
+  c.model = "tiny"                      # fp8jax.models.config.CONFIGS
+  c.model_overrides = ml_collections.ConfigDict()  # ModelConfig fields, e.g. dtype
+  c.policy = "bf16"                     # fp8jax.models.policy.parse_policy expression
+  c.seed = 0                            # parameter init
+  c.data = ml_collections.ConfigDict(dict(
+      source="embedded",                # "embedded", "files" or "tfds:<name>"
+      paths=(),                         # for "files": .txt / .jsonl files
+      field="text",                     # JSONL / tfds text field
+      data_dir="",                      # tfds data_dir ("" = tfds default)
+      split="train",
+      tokenizer="bytes",                # "bytes" or a tokenizer.json path
+      seq_len=128,
+      global_batch=8,                   # sequences per step over all devices
+      seed=0))                          # shuffle seed
+  c.optim = ml_collections.ConfigDict(dataclasses.asdict(optim.OptimConfig()))
+  c.optim.total_steps = 0               # 0: train.steps
+  c.train = ml_collections.ConfigDict(dict(
+      steps=100,                        # updates to run
+      save_every=50,                    # checkpoint at 0, every N steps and at the end
+      log_every=10,
+      fsdp=False,                       # shard params and optimizer state on "data"
+      moe_impl="dispatch",
+      tensorboard=False,
+      peak_tflops=0.0))                 # per-device bf16 peak for MFU (0: by device kind)
+  return c
+
+
+def _unknown_keys(cfg, ref, prefix="") -> list[str]:
+  out = []
+  for key in cfg.keys():
+    if key not in ref:
+      out.append(prefix + key)
+    elif isinstance(ref[key], ml_collections.ConfigDict) and key != "model_overrides":
+      if not isinstance(cfg[key], ml_collections.ConfigDict | dict):
+        out.append(f"{prefix}{key} (expected a group)")
+      else:
+        out.extend(_unknown_keys(cfg[key], ref[key], f"{prefix}{key}."))
+  return out
+
+
+def model_config(cfg) -> model_config_lib.ModelConfig:
+  fields = {f.name for f in dataclasses.fields(model_config_lib.ModelConfig)}
+  bad = sorted(set(cfg.model_overrides.keys()) - fields)
+  if bad:
+    raise ValueError(f"unknown model_overrides keys {bad}; ModelConfig fields: {sorted(fields)}")
+  return model_config_lib.get_config(cfg.model, **dict(cfg.model_overrides))
+
+
+def optim_config(cfg) -> optim.OptimConfig:
+  values = dict(cfg.optim)
+  values["total_steps"] = values["total_steps"] or cfg.train.steps
+  values["decay_at"] = tuple(values["decay_at"])
+  return optim.OptimConfig(**values)
+
+
+def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPolicy]:
+  """Checks everything that needs no data or devices; returns (model config, policy)."""
+  bad = _unknown_keys(cfg, defaults())
+  if bad:
+    raise ValueError(f"unknown config keys {bad}; see fp8jax.train.run_config.defaults()")
+  model_cfg = model_config(cfg)
+  policy = policy_lib.parse_policy(cfg.policy)
+  policy.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
+  optim_config(cfg)
+  t = cfg.train
+  for key in ("steps", "save_every", "log_every"):
+    if int(t[key]) < 1:
+      raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
+  if t.moe_impl not in ("dispatch", "reference"):
+    raise ValueError(f"train.moe_impl must be 'dispatch' or 'reference', got {t.moe_impl!r}")
+  if cfg.data.seq_len > model_cfg.max_position_embeddings:
+    raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's "
+                     f"max_position_embeddings {model_cfg.max_position_embeddings}")
+  return model_cfg, policy

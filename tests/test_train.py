@@ -1,0 +1,141 @@
+"""The training run: end to end on the tiny model, resume, non-finite stop, bad input."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fp8jax.train import loop, metrics_log, run_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def small_config(**train):
+  c = run_config.defaults()
+  c.data.seq_len, c.data.global_batch = 32, 4
+  c.optim.peak_lr, c.optim.warmup_steps, c.optim.total_steps = 3e-3, 2, 6
+  c.train.steps, c.train.save_every, c.train.log_every = 6, 3, 1
+  c.train.update(train)
+  return c
+
+
+def losses(workdir):
+  return [(r["step"], r["loss"]) for r in metrics_log.read_rows(workdir / "metrics.jsonl")]
+
+
+def test_run_writes_checkpoints_metrics_and_config(tmp_path):
+  summary = loop.train(small_config(), tmp_path)
+  assert summary["final_step"] == 6
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                if p.name.isdigit()) == [0, 3, 6]
+  rows = metrics_log.read_rows(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+  for key in ("loss", "lm_loss", "aux_loss", "grad_norm", "lr", "tokens_per_s"):
+    assert all(isinstance(r[key], float) for r in rows), key
+  assert rows[0]["lr"] == 0.0 and rows[2]["lr"] == pytest.approx(3e-3)
+  assert rows[-1]["loss"] < rows[0]["loss"]
+  assert any(k.startswith("weight_norm/") for k in rows[0])
+  assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 6
+
+
+def test_refuses_to_overwrite_and_resumes_exactly(tmp_path):
+  full, part = tmp_path / "full", tmp_path / "part"
+  loop.train(small_config(), full)
+  loop.train(small_config(steps=3), part)
+  with pytest.raises(FileExistsError, match="--resume"):
+    loop.train(small_config(), part)
+  with pytest.raises(ValueError, match=r"differs .* in \['train.log_every'\]"):
+    loop.train(small_config(log_every=2), part, resume=True)
+  loop.train(small_config(), part, resume=True)
+  assert losses(part) == losses(full)
+
+
+def test_sigkill_then_resume_is_bit_identical(tmp_path):
+  """A run killed with SIGKILL mid-way and resumed logs the same losses, bit for bit."""
+  args = [sys.executable, "-m", "fp8jax.experiments.train",
+          f"--config={REPO / 'experiments/configs/train_tiny.py'}",
+          "--config.model_overrides.num_hidden_layers=2", "--config.data.seq_len=32",
+          "--config.data.global_batch=4", "--config.train.steps=400",
+          "--config.train.save_every=20", "--config.train.log_every=1"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  subprocess.run([*args, f"--workdir={tmp_path / 'full'}"], env=env, check=True,
+                 capture_output=True, timeout=600)
+  killed = tmp_path / "killed"
+  proc = subprocess.Popen([*args, f"--workdir={killed}"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "40").exists():
+      assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
+      time.sleep(0.005)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  assert not (killed / "checkpoints" / "400").exists()
+  resumed = subprocess.run([*args, f"--workdir={killed}", "--resume"], env=env,
+                           capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert losses(killed) == losses(tmp_path / "full")
+  assert len(losses(killed)) == 400
+
+
+def test_nonfinite_stops_naming_step_and_group_and_keeps_checkpoints(tmp_path):
+  c = small_config(save_every=1)
+  c.optim.peak_lr, c.optim.warmup_steps = 1e30, 0  # the first update blows the weights up
+  with pytest.raises(loop.NonFiniteError, match=r"step 2: .*first non-finite: grads/") as e:
+    loop.train(c, tmp_path)
+  assert "last good checkpoint: step 1" in str(e.value)
+  steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [0, 1]
+  assert [r["step"] for r in metrics_log.read_rows(tmp_path / "metrics.jsonl")] == [1]
+
+
+def test_fp8_policy_trains_and_differs_from_bf16(tmp_path):
+  bf16 = loop.train(small_config(steps=3), tmp_path / "bf16")
+  c = small_config(steps=3)
+  c.policy = "attn@0-2:e5m2+moe@1-2:e5m2"
+  fp8 = loop.train(c, tmp_path / "fp8")
+  assert fp8["final_loss"] == pytest.approx(bf16["final_loss"], rel=0.05)
+  assert fp8["final_loss"] != bf16["final_loss"]
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda c: c.train.update(stepz=3), "unknown config keys \\['train.stepz'\\]"),
+    (lambda c: setattr(c, "model", "gpt5"), "unknown model config 'gpt5'"),
+    (lambda c: c.model_overrides.update(vocab=3), "unknown model_overrides keys"),
+    (lambda c: setattr(c, "policy", "attn@7:e4m3"), "names layer 7"),
+    (lambda c: setattr(c, "policy", "moe@0:e4m3"), "layer 0, which is a dense layer"),
+    (lambda c: c.data.update(source="hf:c4"), "source"),
+    (lambda c: c.data.update(source="tfds:c4/en:3.1.0", data_dir="/nonexistent/tfds"),
+     "/nonexistent/tfds"),
+    (lambda c: c.model_overrides.update(vocab_size=200), "257.*200|200.*257"),
+    (lambda c: c.data.update(seq_len=4096), "max_position_embeddings"),
+])
+def test_bad_input_fails_before_compute(tmp_path, change, error):
+  c = small_config()
+  change(c)
+  with pytest.raises((ValueError, FileNotFoundError), match=error):
+    loop.train(c, tmp_path)
+  assert not (tmp_path / "checkpoints").exists()
+
+
+def test_resume_skips_a_torn_last_checkpoint(tmp_path):
+  loop.train(small_config(), tmp_path / "full")
+  part = tmp_path / "part"
+  loop.train(small_config(steps=6), part)
+  state_dir = part / "checkpoints" / "6" / "state"
+  for f in state_dir.rglob("*"):
+    if f.is_file():
+      f.write_bytes(b"")  # a save the kill cut short
+  c = small_config(steps=6)
+  c.optim.total_steps = 6
+  loop.train(c, part, resume=True)
+  assert (part / "checkpoints" / "6.incomplete").exists()
+  assert losses(part) == losses(tmp_path / "full")
