@@ -32,6 +32,40 @@ def losses(devices):
   return out, len(state.params["norm"]["weight"].sharding.device_set)
 
 
+def run_loop_and_sweep():
+  """The training loop and the comparison sweep on 1 device, 4 devices, and 4 with FSDP."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+
+  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import loop, metrics_log, run_config  # pylint: disable=import-outside-toplevel
+
+  c = run_config.defaults()
+  c.data.seq_len, c.data.global_batch = 32, 8
+  c.model_overrides.dtype = "float32"
+  c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 1
+  c.train.steps, c.train.save_every, c.train.log_every = 3, 3, 1
+  out = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    for name, devices, fsdp in (("one", jax.devices()[:1], False), ("four", None, False),
+                                ("fsdp", None, True)):
+      c.train.fsdp = fsdp
+      loop.train(c, f"{tmp}/{name}", devices=devices)
+      rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
+      out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
+    windows = sweep.Windows(batches=1, batch_size=8)
+    for name, devices in (("one", jax.devices()[:1]), ("four", None)):
+      sweep.run(f"{tmp}/one", f"{tmp}/cmp_{name}", policies=["attn@0-2:e4m3"], steps=[3],
+                windows=windows, devices=devices)
+      row = json.loads(open(f"{tmp}/cmp_{name}/rows.jsonl").readline())
+      out[f"sweep_{name}"] = [row["loss_fp8"], row["diff_norm"], row["norm_bf16"]]
+    c.data.global_batch = 6
+    try:
+      loop.train(c, f"{tmp}/bad")
+    except ValueError as e:
+      out["loop_error"] = str(e)
+  return out
+
+
 if __name__ == "__main__":
   assert len(jax.devices()) == 4, jax.devices()
   one, _ = losses(jax.devices()[:1])
@@ -41,4 +75,5 @@ if __name__ == "__main__":
     error = None
   except ValueError as e:
     error = str(e)
-  json.dump({"one": one, "four": four, "devices": n, "error": error}, sys.stdout)
+  json.dump({"one": one, "four": four, "devices": n, "error": error, **run_loop_and_sweep()},
+            sys.stdout)

@@ -1,4 +1,5 @@
-"""Data parallel on 4 simulated CPU devices equals one device."""
+"""Data parallel on 4 simulated CPU devices equals one device: the train step, the
+training loop (replicated and FSDP) and the comparison sweep."""
 
 import json
 import os
@@ -20,3 +21,8 @@ def test_four_devices_match_one():
   assert result["devices"] == 4
   np.testing.assert_allclose(result["four"], result["one"], rtol=2e-5)
   assert "not divisible by the 4 devices" in result["error"]
+  for name in ("four", "fsdp"):
+    np.testing.assert_allclose(result[f"train_{name}"], result["train_one"], rtol=2e-5)
+  np.testing.assert_allclose(result["sweep_four"], result["sweep_one"], rtol=1e-4)
+  assert result["sweep_one"][1] > 0
+  assert "not divisible by the 4 devices" in result["loop_error"]

@@ -40,3 +40,10 @@ def weight_norms(params: Any) -> dict[str, Any]:
   out["per_expert"] = aggregate.stack_rows(per_slice, _norm)
   out["by_expert"] = aggregate.stack_rows(aggregate.by_expert(per_slice), _norm)
   return out
+
+
+def norms_by_module(params: Any) -> dict[str, jax.Array]:
+  """``{"global" | module: L2 norm}`` of a params tree (scalars; jittable)."""
+  norms = weight_norms(params)
+  return {"global": norms["global"]["weight_norm"],
+          **{m: v["weight_norm"] for m, v in norms["by_module"].items()}}

@@ -1,0 +1,44 @@
+"""Paired BF16/FP8 gradient comparison over a training run's checkpoints.
+
+    python -m fp8jax.experiments.compare --train_workdir=out/train --out=out/compare \
+        [--policies=seed] [--steps=0,500,1000] [--offsets=0,100] [--batches=4] \
+        [--batch_size=8]
+
+``--policies`` takes grid names (``seed`` = {attn, moe} x {layer 0, all layers} x
+{e4m3, e5m2}) or policy expressions (``attn@0-8:e4m3+gemm:fp32_blockwise``), comma- or
+space-separated. The sweep resumes when rerun with the same ``--out``. The logic is
+:func:`fp8jax.study.sweep.run`; ``python -m fp8jax.experiments.report`` writes the report.
+"""
+
+from absl import app, flags
+
+_TRAIN = flags.DEFINE_string("train_workdir", "out/train", "Training run folder.")
+_OUT = flags.DEFINE_string("out", "out/compare", "Results folder (resumable).")
+_POLICIES = flags.DEFINE_list("policies", ["seed"], "Grid names or policy expressions.")
+_STEPS = flags.DEFINE_list("steps", [], "Checkpoint steps (default: all).")
+_OFFSETS = flags.DEFINE_list("offsets", ["0"], "Data offsets of the evaluation windows, in "
+                             "batches.")
+_BATCHES = flags.DEFINE_integer("batches", 2, "Evaluation batches per offset.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation batch.")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (0: the training run's).")
+_SEED = flags.DEFINE_integer("seed", 1234, "Shuffle seed of the evaluation batches.")
+_SPLIT = flags.DEFINE_string("split", "", "Data split (default: the training run's).")
+_MOE_IMPL = flags.DEFINE_enum("moe_impl", "dispatch", ["dispatch", "reference"],
+                              "MoE implementation of both passes.")
+
+
+def main(argv):
+  del argv
+  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+
+  windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
+                          batches=_BATCHES.value, batch_size=_BATCH_SIZE.value,
+                          seq_len=_SEQ_LEN.value, seed=_SEED.value, split=_SPLIT.value)
+  steps = [int(s) for s in _STEPS.value] or None
+  summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
+                      windows=windows, moe_impl=_MOE_IMPL.value)
+  print(f"done: {summary['rows_written']} new rows in {summary['out']}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,266 @@
+"""Figures of the precision comparison report (PNG files; matplotlib is imported on use).
+
+Every function draws one figure of a loaded sweep (:func:`fp8jax.study.report.load`) into
+``out_dir`` and returns the path of the PNG. They build :class:`matplotlib.figure.Figure`
+objects directly (no pyplot state and no backend switch), so notebooks can call them too.
+Means are over the finite rows of each checkpoint, bands are 95% t-intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+from typing import Any
+
+import numpy as np
+
+from fp8jax.metrics import paths as paths_lib
+from fp8jax.study import report
+
+NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
+         "migration", "routing")
+"""The figures of :func:`write_all`, in report order (file ``<name>.png``)."""
+
+_ROUTING = re.compile(r"^routing/(\d+)/topk_set_diff_frac$")
+
+
+def _figure(n_panels: int, ncols: int = 4, size: tuple[float, float] = (4.2, 3.2)):
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+  n_panels = max(1, n_panels)
+  ncols = max(1, min(ncols, n_panels))
+  nrows = math.ceil(n_panels / ncols)
+  fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+  axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+  for ax in axes[n_panels:]:
+    ax.set_visible(False)
+  return fig, axes
+
+
+def _save(fig, out_dir: str | pathlib.Path, name: str) -> pathlib.Path:
+  path = pathlib.Path(out_dir) / f"{name}.png"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=100)
+  return path
+
+
+def _empty(ax, text: str = "no data") -> None:
+  ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+  ax.set_xticks([])
+  ax.set_yticks([])
+
+
+def series(res: report.Results, metric: str, policy: str) -> tuple[np.ndarray, ...]:
+  """``(steps, mean, lo, hi)`` float arrays of a metric per checkpoint (NaN: none)."""
+  st = [report.stat(res, metric, policy, [s]) for s in res.steps]
+  return (np.asarray(res.steps, np.float64), np.array([s.mean for s in st]),
+          np.array([s.lo for s in st]), np.array([s.hi for s in st]))
+
+
+def _band(ax, res, metric: str, policy: str, label: str, **kw) -> None:
+  x, mean, lo, hi = series(res, metric, policy)
+  line, = ax.plot(x, mean, marker="o", ms=3, label=label, **kw)
+  ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+
+
+def _log_if_positive(ax, values) -> None:
+  v = np.asarray([x for x in values if x is not None], np.float64)
+  v = v[np.isfinite(v)]
+  if v.size and (v > 0).all():
+    ax.set_yscale("log")
+
+
+def loss_curves(res: report.Results, out_dir) -> pathlib.Path:
+  """(a) BF16 and FP8 loss (nats/token) over checkpoints, one panel per policy."""
+  fig, axes = _figure(len(res.policies))
+  for ax, p in zip(axes, res.policies):
+    _band(ax, res, "loss_bf16", p, "BF16", color="k")
+    _band(ax, res, "loss_fp8", p, "FP8", color="tab:red", ls="--")
+    ax.set(title=p, xlabel="checkpoint step", ylabel="loss")
+    ax.legend(fontsize=7)
+  fig.suptitle("Loss of BF16 and FP8 on the same batches")
+  return _save(fig, out_dir, "loss_curves")
+
+
+def grad_error(res: report.Results, out_dir) -> pathlib.Path:
+  """(b) ||g_fp8 - g_bf16|| and the relative error over checkpoints, a line per policy."""
+  fig, axes = _figure(2, size=(6.0, 4.0))
+  for ax, metric, label in ((axes[0], "diff_norm", "||g_fp8 - g_bf16||"),
+                            (axes[1], "rel_err", "||g_fp8 - g_bf16|| / ||g_bf16||")):
+    for p in res.policies:
+      _band(ax, res, metric, p, p)
+    _log_if_positive(ax, [r.get(metric) for r in res.rows if r["finite"]])
+    ax.set(xlabel="checkpoint step", ylabel=label, title=metric)
+  axes[1].legend(fontsize=7)
+  fig.suptitle("Gradient difference (mean and 95% CI over batches)")
+  return _save(fig, out_dir, "grad_error")
+
+
+def loss_vs_grad(res: report.Results, out_dir) -> pathlib.Path:
+  """(c) Loss relative error against gradient relative error, one point per finite row
+  (log axes when every plotted value is positive)."""
+  fig, axes = _figure(1, size=(6.0, 4.5))
+  ax = axes[0]
+  pts = {p: np.array([[r.get("rel_err", math.nan), r.get("loss_rel_err", math.nan)]
+                      for r in res.rows_of(p) if r["finite"]], np.float64).reshape(-1, 2)
+         for p in res.policies}
+  pts = {p: v[np.isfinite(v).all(1)] for p, v in pts.items()}
+  every = np.concatenate(list(pts.values()) or [np.zeros((0, 2))])
+  log = every.size and (every > 0).any(0).all()
+  for p, v in pts.items():
+    v = v[(v > 0).all(1)] if log else v
+    ax.scatter(v[:, 0], v[:, 1], s=10, label=p, alpha=0.7)
+  if log:
+    ax.set(xscale="log", yscale="log")
+  ax.set(xlabel="gradient relative error", ylabel="loss relative error",
+         title="Loss alignment vs gradient perturbation")
+  if every.size:
+    ax.legend(fontsize=7)
+  else:
+    _empty(ax)
+  return _save(fig, out_dir, "loss_vs_grad")
+
+
+def weight_norms(res: report.Results, out_dir) -> pathlib.Path:
+  """(d) BF16 baseline weight norms over checkpoints: global and per module."""
+  fig, axes = _figure(2, size=(6.0, 4.0))
+  rows = sorted(res.weights, key=lambda w: w["step"])
+  steps = [w["step"] for w in rows]
+  keys = [k for k in dict.fromkeys(k for w in rows for k in w) if k.startswith("weight_norm/")]
+  if "weight_norm/global" in keys:
+    axes[0].plot(steps, [w.get("weight_norm/global", math.nan) for w in rows], marker="o")
+  else:
+    _empty(axes[0])
+  modules = [k for k in keys if k != "weight_norm/global"]
+  for k in modules:
+    axes[1].plot(steps, [w.get(k, math.nan) for w in rows], marker="o", ms=3,
+                 label=k.split("/", 1)[1])
+  if modules:
+    _log_if_positive(axes[1], [w.get(k) for w in rows for k in modules])
+    axes[1].legend(fontsize=7, ncol=2)
+  else:
+    _empty(axes[1])
+  axes[0].set(title="global", xlabel="checkpoint step", ylabel="||W||")
+  axes[1].set(title="per module", xlabel="checkpoint step", ylabel="||W||")
+  fig.suptitle("BF16 baseline weight norm")
+  return _save(fig, out_dir, "weight_norms")
+
+
+def module_layer_table(res: report.Results, policy: str, step: int
+                       ) -> tuple[list[str], list[int], np.ndarray]:
+  """``(modules, layers, table)``: the mean diff_norm of each module x layer cell at one
+  checkpoint (NaN where absent), modules in :data:`fp8jax.metrics.paths.MODULES` order."""
+  cells = {paths_lib.split_module_layer_key(k): v
+           for k, v in report.mean_details(res, policy, step, "module_layer").items()}
+  modules = [m for m in paths_lib.MODULES if any(c[0] == m for c in cells)]
+  layers = sorted({c[1] for c in cells})
+  table = np.full((len(modules), len(layers)), np.nan)
+  for (m, lay), v in cells.items():
+    table[modules.index(m), layers.index(lay)] = v
+  return modules, layers, table
+
+
+def heatmaps(res: report.Results, out_dir) -> pathlib.Path:
+  """(e) Module x layer diff_norm per policy at the last checkpoint with details."""
+  from matplotlib import colors  # pylint: disable=import-outside-toplevel
+  fig, axes = _figure(len(res.policies), ncols=2, size=(6.0, 3.6))
+  for ax, p in zip(axes, res.policies):
+    steps = [s for s in res.steps if res.details_of(p, s)]
+    if not steps:
+      _empty(ax)
+      ax.set_title(p)
+      continue
+    modules, layers, table = module_layer_table(res, p, steps[-1])
+    if not table.size:
+      _empty(ax)
+      continue
+    ok = table[np.isfinite(table)]
+    norm = colors.LogNorm() if ok.size and (ok > 0).all() else None
+    im = ax.imshow(np.ma.masked_invalid(table), aspect="auto", norm=norm, cmap="viridis")
+    ax.set_yticks(range(len(modules)), modules, fontsize=7)
+    ax.set_xticks(range(len(layers)), [str(x) for x in layers], fontsize=7)
+    ax.set(title=f"{p} (step {steps[-1]})", xlabel="layer")
+    fig.colorbar(im, ax=ax, label="||g_fp8 - g_bf16||")
+  fig.suptitle("Gradient difference norm per module and layer")
+  return _save(fig, out_dir, "heatmaps")
+
+
+def migration(res: report.Results, out_dir, redistribution: dict[str, Any] | None = None,
+              top_k: int = 10) -> pathlib.Path:
+  """(f) Migration of the top-k parameters over checkpoints: overlap and Spearman with the
+  first checkpoint, the top-k fraction in directly quantized modules, and share_direct.
+
+  Args:
+    redistribution: ``answers(...)["redistribution"]`` (computed when None).
+  """
+  if redistribution is None:
+    from fp8jax.study import questions  # pylint: disable=import-outside-toplevel
+    redistribution = questions.redistribution_answer(res, top_k)
+  per = {p: r for p, r in redistribution.get("policies", {}).items() if r["available"]}
+  k = redistribution.get("k", top_k)
+  fig, axes = _figure(4, ncols=2, size=(6.0, 3.8))
+  panels = (("overlap_first", f"top-{k} overlap with the first checkpoint"),
+            ("spearman_first", "Spearman with the first checkpoint"),
+            ("direct_share", f"fraction of the top-{k} in direct modules"))
+  for ax, (key, title) in zip(axes, panels):
+    for p, r in per.items():
+      rows = r["migration"]
+      ax.plot([m["checkpoint"] for m in rows],
+              [math.nan if m.get(key) is None else m[key] for m in rows],
+              marker="o", ms=3, label=p)
+    ax.set(title=title, xlabel="checkpoint step", ylim=(-0.05 if key != "spearman_first"
+                                                        else -1.05, 1.05))
+  for p in per:
+    _band(axes[3], res, "share_direct", p, p)
+  axes[3].set(title="share_direct: direct share of ||g_fp8 - g_bf16||^2",
+              xlabel="checkpoint step")
+  if per:
+    axes[0].legend(fontsize=7)
+  else:
+    for ax in axes:
+      _empty(ax)
+  fig.suptitle("Migration of the largest gradient differences")
+  return _save(fig, out_dir, "migration")
+
+
+def routing_layers(res: report.Results) -> list[int]:
+  """MoE layers with routing divergence in the rows, ascending."""
+  found = {int(m.group(1)) for r in res.rows for k in r if (m := _ROUTING.match(k))}
+  return sorted(found)
+
+
+def routing(res: report.Results, out_dir) -> pathlib.Path:
+  """(g) Fraction of tokens whose top-k expert set differs, per MoE layer (rows) and
+  checkpoint (columns), one panel per policy."""
+  layers = routing_layers(res)
+  tables = {p: np.array([[report.stat(res, f"routing/{lay}/topk_set_diff_frac", p, [s]).mean
+                          for s in res.steps] for lay in layers]) for p in res.policies}
+  finite = [t[np.isfinite(t)] for t in tables.values() if t.size]
+  vmax = max([float(f.max()) for f in finite if f.size] + [1e-6])  # one scale for all panels
+  fig, axes = _figure(len(res.policies), ncols=2, size=(6.0, 3.6))
+  for ax, p in zip(axes, res.policies):
+    ax.set_title(p)
+    if not layers:
+      _empty(ax, "no routing data")
+      continue
+    im = ax.imshow(np.ma.masked_invalid(tables[p]), aspect="auto", cmap="magma", vmin=0,
+                   vmax=vmax)
+    ax.set_yticks(range(len(layers)), [str(x) for x in layers], fontsize=7)
+    ax.set_xticks(range(len(res.steps)), [str(s) for s in res.steps], fontsize=7,
+                  rotation=45)
+    ax.set(xlabel="checkpoint step", ylabel="MoE layer")
+    fig.colorbar(im, ax=ax, label="top-k set differs (fraction of tokens)")
+  fig.suptitle("Routing divergence FP8 vs BF16")
+  return _save(fig, out_dir, "routing")
+
+
+def write_all(res: report.Results, out_dir, answers: dict[str, dict] | None = None,
+              top_k: int = 10) -> dict[str, pathlib.Path]:
+  """Every figure of :data:`NAMES` into ``out_dir``: ``{name: path}``."""
+  redistribution = (answers or {}).get("redistribution")
+  out = {}
+  for name in NAMES:
+    fn = globals()[name]
+    out[name] = (fn(res, out_dir, redistribution, top_k) if name == "migration"
+                 else fn(res, out_dir))
+  return out

@@ -1,0 +1,112 @@
+"""Paired BF16/FP8 evaluation of one batch: the BF16 gradient once, then each policy.
+
+    ev = PairedEvaluator(cfg, policies, mesh)
+    base = ev.baseline(params, tokens)             # loss, grads, routing (on device)
+    result = ev.variant("moe_l0_e4m3", params, tokens, base)   # small arrays only
+
+Both passes use the training objective (LM loss + balance loss) on the same tokens with
+the same params. Each policy's function is jitted once and stays compiled; the BF16
+gradients stay on the devices and are reused across the whole grid. Only the comparison
+(``fp8jax.metrics.compare_grads``), the routing divergence and the finiteness flags leave
+the jitted function, so a policy costs one forward + backward plus the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax import metrics
+from fp8jax.models import deepseek_moe
+from fp8jax.models import policy as policy_lib
+from fp8jax.models.config import ModelConfig
+from fp8jax.train import mesh as mesh_lib
+
+
+class Baseline(NamedTuple):
+  """The BF16 reference of one batch (device arrays)."""
+  loss: jax.Array       # LM + balance loss, scalar
+  lm_loss: jax.Array
+  aux_loss: jax.Array
+  grads: Any            # params-shaped float32
+  routing: Any          # per MoE layer: topk_ids, topk_weights, expert_counts
+  finite: jax.Array     # loss and every gradient finite
+  nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
+
+
+def _objective(cfg, policy, moe_impl):
+  def loss_fn(params, tokens):
+    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl)
+    lm = deepseek_moe.lm_loss(logits, tokens)
+    return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"])
+  return loss_fn
+
+
+def _finiteness(loss, grads):
+  """(all finite, index of the first non-finite gradient leaf or -1)."""
+  leaf_ok = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+  first = jnp.where(jnp.all(leaf_ok), -1, jnp.argmin(leaf_ok)).astype(jnp.int32)
+  return jnp.isfinite(loss) & jnp.all(leaf_ok), first
+
+
+class PairedEvaluator:
+  """Jitted BF16 and per-policy gradient passes over a data mesh.
+
+  Args:
+    cfg: the model config.
+    policies: the FP8 policies to compare (distinct names).
+    mesh: a ``data`` mesh (params replicated, batch sharded).
+    moe_impl: the MoE implementation of both passes.
+  """
+
+  def __init__(self, cfg: ModelConfig, policies, mesh, moe_impl: str = "dispatch"):
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+      raise ValueError(f"policy names must be distinct, got {names}")
+    for p in policies:
+      p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
+    self.cfg, self.mesh = cfg, mesh
+    self.policies = {p.name: p for p in policies}
+    rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
+    grad_bf16 = jax.value_and_grad(_objective(cfg, policy_lib.BF16, moe_impl), has_aux=True)
+
+    def baseline(params, tokens):
+      (loss, (lm, aux, routing)), grads = grad_bf16(params, tokens)
+      return Baseline(loss, lm, aux, grads, routing, *_finiteness(loss, grads))
+
+    self._baseline = jax.jit(baseline, in_shardings=(rep, data), out_shardings=rep)
+    self._variants = {}
+    for name, policy in self.policies.items():
+      direct = metrics.direct_modules(policy, cfg.num_hidden_layers)
+      self._variants[name] = jax.jit(
+          self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, rep),
+          out_shardings=rep)
+
+  def _variant_fn(self, policy, direct, moe_impl):
+    grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl), has_aux=True)
+
+    def variant(params, tokens, base: Baseline):
+      (loss, (lm, aux, routing)), grads = grad_fp8(params, tokens)
+      finite, first = _finiteness(loss, grads)
+      result = metrics.compare_grads(base.grads, grads, base.routing, routing, direct=direct,
+                                     loss_bf16=base.loss, loss_fp8=loss)
+      return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
+              "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
+
+    return variant
+
+  def baseline(self, params, tokens) -> Baseline:
+    return self._baseline(params, tokens)
+
+  def variant(self, name: str, params, tokens, base: Baseline) -> dict:
+    """The comparison of policy ``name`` against ``base`` (small device arrays)."""
+    if name not in self._variants:
+      raise ValueError(f"unknown policy {name!r}; this evaluator has {sorted(self._variants)}")
+    return self._variants[name](params, tokens, base)
+
+
+def leaf_path(params, index: int) -> str:
+  """The path of the ``index``-th leaf of ``params`` (for naming a non-finite gradient)."""
+  return list(metrics.flatten(params))[index]

@@ -1,0 +1,48 @@
+"""Append-only JSONL results that survive a kill: whole-line appends, torn-line repair."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+
+def append(path, row: dict) -> None:
+  """Appends ``row`` as one line with a single write, flushed to disk."""
+  line = json.dumps(row) + "\n"
+  with open(path, "a") as f:
+    f.write(line)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def read(path) -> list[dict]:
+  """The complete rows of a JSONL file ([] if it does not exist)."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return rows
+
+
+def rewrite(path, rows) -> None:
+  """Replaces the file's content atomically (temp file + rename)."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  tmp.replace(path)
+
+
+def repair(path, keep=lambda row: True) -> list[dict]:
+  """Drops a torn last line and the rows ``keep`` rejects; returns the rows kept."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  rows = [r for r in read(path) if keep(r)]
+  rewrite(path, rows)
+  return rows

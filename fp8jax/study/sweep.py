@@ -1,0 +1,216 @@
+"""The comparison sweep: checkpoints x evaluation batches x precision policies.
+
+    summary = run(train_workdir, out, policies=["seed"], windows=Windows(...))
+
+For every checkpoint of a training run, the same evaluation batches (``windows``: N
+batches at each of several data offsets) are fed to the BF16 model once and to every
+policy; each (checkpoint, batch, policy) gives one row of ``rows.jsonl`` plus one line of
+per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the BF16 losses and
+``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the sweep. The
+sweep resumes: finished work is skipped, and a killed run leaves no partial row (rows
+are whole-line appends; the details line goes first and is dropped on resume if its row
+never landed). Non-finite results are kept as rows with ``finite: false`` and the name of
+the first non-finite gradient, never averaged (the report lists them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+
+from fp8jax import metrics
+from fp8jax.data import pipeline, tokenizers
+from fp8jax.models import deepseek_moe
+from fp8jax.models import policy as policy_lib
+from fp8jax.study import paired, results_io
+from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import mesh as mesh_lib
+from fp8jax.train import metrics_log, run_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+  """Evaluation batches: ``batches`` consecutive batches at each data ``offset`` (in
+  batches) of the training data source, shuffled with ``seed``."""
+  offsets: tuple[int, ...] = (0,)
+  batches: int = 2
+  batch_size: int = 8
+  seq_len: int = 0        # 0: the training run's
+  seed: int = 1234
+  split: str = ""         # "": the training run's
+
+
+def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
+  """Policies from names/expressions; ``"seed"`` expands to the seed study's grid
+  (:func:`fp8jax.models.policy.seed_grid` of the model's depth)."""
+  out = []
+  for spec in specs:
+    names = list(policy_lib.seed_grid(num_layers)) if spec == "seed" else [spec]
+    out.extend(policy_lib.parse_policy(n) for n in names)
+  if not out:
+    raise ValueError("no policies to compare")
+  return out
+
+
+def eval_batches(train_cfg, windows: Windows) -> dict[tuple[int, int], np.ndarray]:
+  """{(offset, batch index): this process's int32 [batch_size / processes, S] tokens}."""
+  d = train_cfg.data
+  tok = tokenizers.get_tokenizer(d.tokenizer)
+  out = {}
+  for offset in windows.offsets:
+    it = pipeline.make_batches(
+        d.source, tok, seq_len=windows.seq_len or d.seq_len, global_batch=windows.batch_size,
+        seed=windows.seed, process_index=jax.process_index(),
+        process_count=jax.process_count(), data_dir=d.data_dir or None, paths=tuple(d.paths),
+        split=windows.split or d.split, field=d.field)
+    for _ in range(offset):
+      next(it)
+    for b in range(windows.batches):
+      out[(offset, b)] = next(it)
+  return out
+
+
+def _key(row) -> tuple:
+  return (row["step"], row["offset"], row["batch"], row.get("policy"))
+
+
+class _Output:
+  """The results folder: meta check, done sets, appends."""
+
+  def __init__(self, out: pathlib.Path, meta: dict):
+    self.dir = out
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+      old = json.loads(meta_path.read_text())
+      for key in ("model", "windows", "train_workdir"):
+        if old.get(key) != json.loads(json.dumps(meta[key])):
+          raise ValueError(f"{out} holds a sweep with a different {key}; use another "
+                           "output folder")
+      meta["steps"] = sorted(set(old["steps"]) | set(meta["steps"]))
+      meta["policies"] = {**old["policies"], **meta["policies"]}
+    tmp = meta_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(meta_path)
+    self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl")}
+    results_io.repair(out / "details.jsonl", lambda r: _key(r) in self.rows)
+    self.base = {_key(r)[:3] for r in results_io.repair(out / "baseline.jsonl")}
+    self.weights = {r["step"] for r in results_io.repair(out / "weights.jsonl")}
+
+  def append(self, name: str, row: dict) -> None:
+    results_io.append(self.dir / name, row)
+
+
+def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows = Windows(),
+        devices=None, moe_impl: str = "dispatch", stream=None) -> dict:
+  """Runs (or resumes) the sweep; returns counts of the rows written and skipped."""
+  stream = stream or sys.stderr
+  train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
+  config_path = train_workdir / "config.json"
+  if not config_path.exists():
+    raise FileNotFoundError(f"{config_path} not found: --train_workdir must be a training "
+                            "run's folder (python -m fp8jax.experiments.train)")
+  train_cfg = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  cfg = run_config.model_config(train_cfg)
+  pols = expand_policies(policies, cfg.num_hidden_layers)
+  mesh = mesh_lib.data_mesh(devices)
+  mesh_lib.check_global_batch(windows.batch_size, mesh)
+  ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
+  available = ckpt.all_steps()
+  steps = available if steps is None else sorted(set(int(s) for s in steps))
+  missing = sorted(set(steps) - set(available))
+  if missing or not steps:
+    raise ValueError(f"checkpoints {missing or steps} are not in {train_workdir}; available: "
+                     f"{available}")
+  batches = eval_batches(train_cfg, windows)
+  meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
+          "policies": {p.name: {"expr": _expression(p),
+                                "direct": sorted(metrics.direct_modules(
+                                    p, cfg.num_hidden_layers))} for p in pols},
+          "steps": steps, "windows": dataclasses.asdict(windows),
+          "code_version": ckpt_lib.code_version()}
+  output = _Output(out, meta)
+  evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)
+  abstract = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
+      deepseek_moe.abstract_params(cfg))
+  weight_norms = jax.jit(metrics.weights.norms_by_module)
+  todo = [(s, k) for s in steps for k in batches
+          if any((s, *k, p.name) not in output.rows for p in pols)]
+  progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
+  written = 0
+  for i, (step, key) in enumerate(todo):
+    if i == 0 or todo[i - 1][0] != step:
+      params, _ = ckpt.restore_params(step, abstract)
+      if step not in output.weights:
+        norms = jax.device_get(weight_norms(params))
+        output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
+                                                         for k, v in norms.items()}})
+    tokens = mesh_lib.global_batch(batches[key], mesh)
+    ids = {"step": step, "offset": key[0], "batch": key[1]}
+    base = evaluator.baseline(params, tokens)
+    if (step, *key) not in output.base:
+      output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
+    for p in pols:
+      if (step, *key, p.name) in output.rows:
+        continue
+      res = jax.device_get(evaluator.variant(p.name, params, tokens, base))
+      row, details = _result_rows(res, base, params, {**ids, "policy": p.name})
+      output.append("details.jsonl", details)
+      output.append("rows.jsonl", row)
+      written += 1
+    progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
+                     f"{len(pols)} policies")
+  ckpt.close()
+  return {"rows_written": written, "out": str(out)}
+
+
+def _expression(policy: policy_lib.PrecisionPolicy) -> str:
+  """The site rules of a policy as an expression (``site@layers:format``)."""
+  terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
+           f"{r.spec.format}/{r.spec.granularity.kind}" for r in policy.rules]
+  return "+".join(terms + (["gemm:fp32_blockwise"] if policy.gemm is not None else [])
+                  ) or "bf16"
+
+
+def _baseline_row(base: paired.Baseline, params) -> dict:
+  b = jax.device_get(base._replace(grads=None, routing=None))
+  first = int(b.nonfinite)
+  return {"loss": float(b.loss), "lm_loss": float(b.lm_loss), "aux_loss": float(b.aux_loss),
+          "grad_norm": float(jax.device_get(_global_norm(base.grads))),
+          "finite": bool(b.finite),
+          "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
+
+
+@jax.jit
+def _global_norm(tree):
+  return jax.numpy.sqrt(sum(jax.numpy.sum(jax.numpy.square(g.astype(np.float32)))
+                            for g in jax.tree.leaves(tree)))
+
+
+def _result_rows(res: dict, base: paired.Baseline, params, ids: dict) -> tuple[dict, dict]:
+  """(rows.jsonl row, details.jsonl line) of one variant result (host arrays)."""
+  finite = bool(res["finite"]) and bool(jax.device_get(base.finite))
+  where = None
+  if not bool(jax.device_get(base.finite)):
+    first = int(jax.device_get(base.nonfinite))
+    where = "bf16 " + ("loss" if first < 0 else "grads/" + paired.leaf_path(params, first))
+  elif not bool(res["finite"]):
+    first = int(res["nonfinite"])
+    where = "fp8 " + ("loss" if first < 0 else "grads/" + paired.leaf_path(params, first))
+  row = metrics.flat_row(res["compare"], {**ids, "finite": finite, "nonfinite": where})
+  row["lm_loss_fp8"] = float(res["lm_loss_fp8"])
+  row["aux_loss_fp8"] = float(res["aux_loss_fp8"])
+  for layer, div in res["routing"].items():
+    for k in ("topk_set_diff_frac", "n_only_a", "n_only_b"):
+      row[f"routing/{layer}/{k}"] = float(div[k])
+  details = {**ids, "per_param": metrics.per_param(res["compare"]),
+             "module_layer": {k: float(v) for k, v in
+                              res["compare"]["by_module_layer"].column("diff_norm").items()}}
+  return row, details

@@ -1,0 +1,125 @@
+"""The comparison sweep: end to end on a tiny run, exact zeros, resume after a kill."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fp8jax.study import report, results_io, sweep
+from fp8jax.train import loop, run_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WINDOWS = sweep.Windows(offsets=(0, 3), batches=2, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory):
+  """A tiny 3-layer run (dense layer 0) with checkpoints 0, 2, 4."""
+  workdir = tmp_path_factory.mktemp("train")
+  c = run_config.defaults()
+  c.data.seq_len, c.data.global_batch = 32, 4
+  c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 1
+  c.train.steps, c.train.save_every, c.train.log_every = 4, 2, 2
+  loop.train(c, workdir)
+  return workdir
+
+
+POLICIES = ["attn_l0_e4m3", "moe_l1-2_e5m2", "bf16"]
+
+
+def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
+  out = tmp_path / "cmp"
+  summary = sweep.run(train_run, out, policies=POLICIES, windows=WINDOWS)
+  assert summary["rows_written"] == 3 * 4 * 3
+  rows = results_io.read(out / "rows.jsonl")
+  assert {(r["step"], r["offset"], r["batch"], r["policy"]) for r in rows} == {
+      (s, o, b, p) for s in (0, 2, 4) for o in (0, 3) for b in (0, 1) for p in POLICIES}
+  for r in rows:
+    assert r["finite"] and r["nonfinite"] is None
+    values = [v for k, v in r.items() if isinstance(v, float)]
+    assert np.all(np.isfinite([v for v in values if not np.isnan(v)]))
+    if r["policy"] == "bf16":  # no active site: exactly the BF16 gradients
+      assert r["diff_norm"] == 0.0 and r["loss_abs_err"] == 0.0
+      assert r["cosine"] == pytest.approx(1.0, abs=1e-6)
+      assert all(r[f"routing/{i}/topk_set_diff_frac"] == 0.0 for i in (1, 2))
+    else:
+      assert 0 < r["rel_err"] < 1 and r["loss_rel_err"] < 0.05
+  attn = [r for r in rows if r["policy"] == "attn_l0_e4m3"]
+  # Quantizing layer 0's attention output moves gradients upstream of it too.
+  assert all(r["module/attn_q/diff_norm"] > 0 for r in attn)
+  assert all(0 < r["share_direct"] < 1 for r in attn)
+  details = results_io.read(out / "details.jsonl")
+  assert len(details) == len(rows)
+  assert "layers/0/self_attn/o_proj/kernel" in details[0]["per_param"]
+  base = results_io.read(out / "baseline.jsonl")
+  assert len(base) == 3 * 4 and all(b["finite"] for b in base)
+  weights = results_io.read(out / "weights.jsonl")
+  assert [w["step"] for w in weights] == [0, 2, 4]
+  meta = json.loads((out / "meta.json").read_text())
+  assert meta["steps"] == [0, 2, 4] and set(meta["policies"]) == set(POLICIES)
+  # Same batch, same params: the BF16 loss equals the baseline's and is policy-independent.
+  losses = {(r["step"], r["offset"], r["batch"]): r["loss_bf16"] for r in rows}
+  assert all(losses[(b["step"], b["offset"], b["batch"])] == b["loss"] for b in base)
+  # A rerun skips everything.
+  assert sweep.run(train_run, out, policies=POLICIES, windows=WINDOWS)["rows_written"] == 0
+  # The report reads the sweep: every figure and the four answers.
+  md = pathlib.Path(report.write_report(out)).read_text()
+  figures = sorted((out / "figures").glob("*.png"))
+  assert len(figures) == 7 and all(f.stat().st_size > 1000 for f in figures)
+  for policy in POLICIES:
+    assert policy in md
+  assert "nan" not in md.split("## Question")[0].lower().replace("nan%", "")
+
+
+def test_resume_after_a_kill_gives_the_same_rows(train_run, tmp_path):
+  args = [sys.executable, "-m", "fp8jax.experiments.compare", f"--train_workdir={train_run}",
+          "--policies=attn_l0_e4m3,moe_l1-2_e4m3,moe_l1-2_e5m2", "--offsets=0,3",
+          "--batches=2", "--batch_size=4"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  subprocess.run([*args, f"--out={tmp_path / 'full'}"], env=env, check=True,
+                 capture_output=True, timeout=600)
+  killed = tmp_path / "killed"
+  proc = subprocess.Popen([*args, f"--out={killed}"], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 300
+    while len(results_io.read(killed / "rows.jsonl")) < 4:
+      assert proc.poll() is None and time.time() < deadline, "the sweep ended before the kill"
+      time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  with open(killed / "rows.jsonl", "a") as f:
+    f.write('{"step": 4, "offset": 0, "ba')  # a torn line, as a kill mid-write leaves
+  resumed = subprocess.run([*args, f"--out={killed}"], env=env, capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  key = lambda r: (r["step"], r["offset"], r["batch"], r["policy"])  # noqa: E731
+  full = sorted(results_io.read(tmp_path / "full" / "rows.jsonl"), key=key)
+  again = sorted(results_io.read(killed / "rows.jsonl"), key=key)
+  assert len(again) == len(full) == 3 * 4 * 3
+  assert json.dumps(again) == json.dumps(full)
+  assert len(results_io.read(killed / "details.jsonl")) == len(full)
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(policies=["attn@9:e4m3"]), "names layer 9"),
+    (dict(policies=["nonsense"]), "bad policy term"),
+    (dict(steps=[3]), "checkpoints \\[3\\] are not in"),
+])
+def test_bad_input(train_run, tmp_path, kwargs, error):
+  with pytest.raises(ValueError, match=error):
+    sweep.run(train_run, tmp_path / "cmp", windows=WINDOWS, **{"policies": ["bf16"], **kwargs})
+  assert not (tmp_path / "cmp" / "rows.jsonl").exists()
+
+
+def test_missing_training_run(tmp_path):
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    sweep.run(tmp_path / "nothing", tmp_path / "cmp")

@@ -1,0 +1,313 @@
+"""The report of a precision comparison sweep, on synthetic sweep folders with known numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fp8jax.metrics import paths as paths_lib
+from fp8jax.metrics import ranking
+from fp8jax.study import figures, questions, report
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SEED = [f"{m}_{d}_{f}" for m in ("attn", "moe") for d in ("l0", "l0-8") for f in ("e4m3", "e5m2")]
+STEPS = (0, 100, 200, 300)
+OFFSETS = (0, 8)
+BATCHES = 2
+NOISE = (1.0, 1.1, 0.9, 1.05)  # per-batch factor, shared by all policies (paired design)
+LAYERS = 4
+BAD = {"step": 100, "offset": 8, "batch": 0, "policy": "moe_l0-8_e5m2"}
+BAD_WHERE = "fp8 grads/layers/1/mlp/experts_up"
+
+
+def param_paths() -> list[str]:
+  out = ["embed_tokens/embedding", "lm_head/kernel", "norm/scale"]
+  for i in range(LAYERS):
+    out += [f"layers/{i}/self_attn/{p}_proj/kernel" for p in "qkvo"]
+    out += [f"layers/{i}/input_layernorm/scale", f"layers/{i}/post_attention_layernorm/scale"]
+    if i == 0:
+      out += [f"layers/0/mlp/{p}_proj/kernel" for p in ("gate", "up", "down")]
+    else:
+      out += [f"layers/{i}/mlp/gate/kernel", f"layers/{i}/mlp/experts_up",
+              f"layers/{i}/mlp/experts_down", f"layers/{i}/mlp/shared_experts/up_proj/kernel"]
+  return out
+
+
+def direct_pairs(policy: str) -> list[list]:
+  module, depth, _ = report.parse_seed_name(policy) or ("attn", "l0", "")
+  layers = [0] if depth == "l0" else list(range(LAYERS))
+  mods = ["attn_o"] if module == "attn" else ["routed_experts", "shared_experts"]
+  return [[m, i] for m in mods for i in layers]
+
+
+def rel_err(policy: str, i: int, j: int, flip: bool) -> float:
+  """E4M3 half of E5M2; one module decays, the other persists; its depths differ 3x, the
+  other's 1.05x (flip swaps the modules' roles and the formats)."""
+  module, depth, fmt = report.parse_seed_name(policy) or ("attn", "l0", "e4m3")
+  decaying = (module == "attn") != flip
+  base = 0.2 * 0.3 ** i if decaying else 0.03
+  base *= (3.0 if decaying else 1.05) if depth != "l0" else 1.0
+  base *= 1.0 if (fmt == "e4m3") != flip else 2.0
+  return base * NOISE[j]
+
+
+def per_param(policy: str, i: int, j: int) -> dict[str, float]:
+  """Direct parameters dominate at the first checkpoint and fade later."""
+  pred = paths_lib.as_predicate([tuple(p) for p in direct_pairs(policy)])
+  u = np.random.default_rng(0).uniform(0.1, 1.0, len(param_paths()))
+  return {p: float(u[n] * NOISE[j] * (10 * 0.2 ** i if pred(p) else 1.0))
+          for n, p in enumerate(param_paths())}
+
+
+def module_layer(values: dict[str, float]) -> dict[str, float]:
+  cells: dict[str, float] = {}
+  for p, v in values.items():
+    if paths_lib.layer_of(p) is not None:
+      key = f"{paths_lib.module_of(p)}/{paths_lib.layer_of(p)}"
+      cells[key] = cells.get(key, 0.0) + v * v
+  return {k: math.sqrt(v) for k, v in cells.items()}
+
+
+def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSETS,
+          batches=BATCHES, flip=False) -> pathlib.Path:
+  folder.mkdir(parents=True, exist_ok=True)
+  meta = {"model": {"num_hidden_layers": LAYERS, "hidden_size": 32, "n_routed_experts": 4},
+          "policies": {p: {"expr": p.replace("_", "@", 1), "direct": direct_pairs(p)}
+                       for p in policies},
+          "steps": list(steps), "windows": {"offsets": list(offsets), "batches": batches,
+                                            "batch_size": 2, "seq_len": 16},
+          "code_version": "abc1234-test", "train_workdir": "/runs/synthetic"}
+  (folder / "meta.json").write_text(json.dumps(meta))
+  rows, details, base, weights = [], [], [], []
+  for i, s in enumerate(steps):
+    weights.append({"step": s, "weight_norm/global": 10.0 + i, "weight_norm/attn_q": 2.0 + i,
+                    "weight_norm/routed_experts": 5.0 + 0.5 * i})
+    for j, (o, b) in enumerate((o, b) for o in offsets for b in range(batches)):
+      ids = {"step": s, "offset": o, "batch": b}
+      loss = 5.0 - 0.5 * i + 0.01 * j
+      base.append({**ids, "loss": loss, "lm_loss": loss, "aux_loss": 0.0, "grad_norm": 2.0,
+                   "finite": True})
+      for p in policies:
+        module, _, fmt = report.parse_seed_name(p) or ("attn", "l0", "e4m3")
+        r = rel_err(p, i, j, flip)
+        lre = 1e-3 * NOISE[j] * (1.0 if (fmt == "e4m3") != flip else 3.0)
+        row = {**ids, "policy": p, "finite": True, "nonfinite": None, "loss_bf16": loss,
+               "loss_fp8": loss * (1 + lre), "loss_abs_err": loss * lre, "loss_rel_err": lre,
+               "diff_norm": 2.0 * r, "norm_bf16": 2.0, "norm_fp8": 2.0, "rel_err": r,
+               "cosine": 1 - r * r / 2, "share_direct": 0.8 - 0.2 * i,
+               "module/attn_o/diff_norm": r, "layer/0/rel_err": r}
+        for lay in range(1, LAYERS):
+          row[f"routing/{lay}/topk_set_diff_frac"] = (0.01 * lay * (1 + i) if module == "moe"
+                                                      else 0.005)
+          row[f"routing/{lay}/n_only_a"] = 0.0
+          row[f"routing/{lay}/n_only_b"] = 0.0
+        pp = per_param(p, i, j)
+        if {**ids, "policy": p} == BAD:
+          row = {**{k: (math.nan if isinstance(v, float) else v) for k, v in row.items()},
+                 "finite": False, "nonfinite": BAD_WHERE}
+          pp = {k: 1e9 for k in pp}  # would dominate every ranking if it were used
+        rows.append(row)
+        details.append({**ids, "policy": p, "per_param": pp, "module_layer": module_layer(pp)})
+  for name, items in (("rows", rows), ("details", details), ("baseline", base),
+                      ("weights", weights)):
+    (folder / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
+  return folder
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+  return build(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="module")
+def res(sweep):
+  return report.load(sweep)
+
+
+def test_load_round_trip(sweep, res):
+  assert res.meta == json.loads((sweep / "meta.json").read_text())
+  assert res.policies == SEED and res.steps == list(STEPS)
+  written = (sweep / "rows.jsonl").read_text().splitlines()
+  assert [json.dumps(r) for r in res.rows] == written  # NaN survives as NaN
+  assert len(res.details) == len(res.rows) == len(SEED) * len(STEPS) * 4
+  assert len(res.baseline) == 16 and len(res.weights) == 4
+  assert [(r["step"], r["policy"], r["nonfinite"]) for r in res.nonfinite()] == [
+      (100, "moe_l0-8_e5m2", BAD_WHERE)]
+
+
+def test_load_torn_lines_and_errors(tmp_path):
+  folder = build(tmp_path / "s", policies=("attn_l0_e4m3",), steps=(0, 100))
+  n = len(report.load(folder).rows)
+  good = (folder / "rows.jsonl").read_text()
+  for name in ("rows", "details", "baseline", "weights"):
+    with open(folder / f"{name}.jsonl", "a") as f:
+      f.write('{"step": 0, "offset"')  # a killed writer's torn last line
+  assert len(report.load(folder).rows) == n
+  lines = (folder / "details.jsonl").read_text().splitlines()
+  (folder / "details.jsonl").write_text("\n".join([lines[0], "{torn", *lines[1:]]) + "\n")
+  with pytest.raises(ValueError, match="details.jsonl:2"):
+    report.load(folder)
+  (folder / "details.jsonl").write_text("\n".join(lines) + "\n")
+  for bad, match in (({"policy": "nope"}, "policy 'nope'"), ({"step": 7}, "step 7")):
+    row = {**json.loads(good.splitlines()[0]), **bad}
+    (folder / "rows.jsonl").write_text(good + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=match):
+      report.load(folder)
+  (folder / "rows.jsonl").write_text(good)
+  (folder / "weights.jsonl").unlink()
+  with pytest.raises(FileNotFoundError, match="weights.jsonl"):
+    report.load(folder)
+
+
+def test_t_quantile_and_mean_ci():
+  assert report.t_quantile(1) == 12.706 and report.t_quantile(30) == 2.042
+  assert report.t_quantile(31) == report.t_quantile(1000) == 1.96
+  x = np.array([1.0, 2.0, 4.0])
+  s = report.mean_ci(list(x) + [math.nan], n_nonfinite=2)
+  half = 4.303 * x.std(ddof=1) / math.sqrt(3)
+  assert s.mean == pytest.approx(7 / 3) and s.n == 3
+  assert (s.lo, s.hi) == pytest.approx((7 / 3 - half, 7 / 3 + half))
+  assert (s.n_undefined, s.n_nonfinite) == (1, 2)
+  one = report.mean_ci([0.5])
+  assert one.mean == 0.5 and not one.has_ci and math.isnan(one.lo)
+  assert report.mean_ci([]).n == 0 and math.isnan(report.mean_ci([]).mean)
+
+
+def test_summary_matches_hand_computation_and_excludes_nonfinite(res):
+  table = report.summary(res, "rel_err")
+  assert set(table) == {(p, s) for p in SEED for s in STEPS}
+  x = np.array([rel_err("attn_l0_e5m2", 2, j, False) for j in range(4)])
+  st = table[("attn_l0_e5m2", 200)]
+  half = 3.182 * x.std(ddof=1) / 2
+  assert (st.mean, st.lo, st.hi, st.n) == pytest.approx((x.mean(), x.mean() - half,
+                                                         x.mean() + half, 4))
+  bad = table[("moe_l0-8_e5m2", 100)]  # batch j = 2 (offset 8, batch 0) is non-finite
+  x = np.array([rel_err("moe_l0-8_e5m2", 1, j, False) for j in (0, 1, 3)])
+  half = 4.303 * x.std(ddof=1) / math.sqrt(3)
+  assert (bad.n, bad.n_nonfinite) == (3, 1)
+  assert (bad.mean, bad.hi) == pytest.approx((x.mean(), x.mean() + half))
+  pooled = report.stat(res, "rel_err", "moe_l0-8_e5m2")
+  assert pooled.n == 15 and pooled.n_nonfinite == 1 and math.isfinite(pooled.mean)
+
+
+def test_parse_seed_name():
+  assert report.parse_seed_name("attn_l0_e4m3") == ("attn", "l0", "e4m3")
+  assert report.parse_seed_name("moe_l0-8_e5m2") == ("moe", "l0-8", "e5m2")
+  for name in ("bf16", "attn_l0_e4m3x", "mlp_l0_e4m3", "attn@0:e4m3", "custom"):
+    assert report.parse_seed_name(name) is None
+  assert report.depth_layers("l0") == 1 and report.depth_layers("l0-8") == 9
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_answers_follow_the_data(tmp_path, flip):
+  r = report.load(build(tmp_path / "s", flip=flip))
+  ans = report.answers(r, top_k=3)
+  assert all(a["available"] for a in ans.values())
+  lower, higher = ("E5M2", "E4M3") if flip else ("E4M3", "E5M2")
+  fmt = ans["format"]
+  assert f"{lower} has lower mean rel_err than {higher} in 4 of 4 settings" in fmt["summary"]
+  assert f"{lower} has lower mean loss_rel_err than {higher} in 4 of 4" in fmt["summary"]
+  attn = [s for s in fmt["settings"] if s["module"] == "attn"]
+  assert [s["comparisons"]["rel_err"]["ratio"] for s in attn] == pytest.approx(
+      [2.0 if flip else 0.5] * 2)
+  decay, persist = ("MoE", "attention") if flip else ("attention", "MoE")
+  mod = ans["module"]
+  assert f"{persist} has lower mean rel_err than {decay} in 4 of 4" in mod["summary"]
+  assert f"{decay}: early-strong/later-decaying in 4 of 4" in mod["summary"]
+  assert f"{persist}: bounded persistent in 4 of 4" in mod["summary"]
+  t = mod["settings"][0]["trajectory_attn"]
+  assert t["early_steps"] == [0] and t["late_steps"] == [300]
+  assert t["ratio"] == pytest.approx(1.0 if flip else 0.3 ** 3)
+  verdicts = {(s["module"], s["format"]): s["verdict"] for s in ans["depth"]["settings"]}
+  far, near = ("moe", "attn") if flip else ("attn", "moe")
+  assert {verdicts[(far, f)] for f in ("e4m3", "e5m2")} == {"different"}
+  assert {verdicts[(near, f)] for f in ("e4m3", "e5m2")} == {"close but not equal"}
+  near_cmp = next(s["comparison"] for s in ans["depth"]["settings"]
+                  if s["module"] == near and s["format"] == "e4m3")
+  assert near_cmp["ratio"] == pytest.approx(1.05)
+  assert near_cmp["steps_overlap"] == 4 and near_cmp["steps_diff_nonzero"] == 4
+  assert "close but not equal in 2 of 2" in ans["depth"]["summary"]
+
+
+def test_depth_verdict_thresholds():
+  base = {"diff_nonzero": False, "steps_diff_nonzero": 0}
+  assert questions.depth_verdict({**base, "ratio": 1.5}) == "different"
+  assert questions.depth_verdict({**base, "ratio": 0.7}) == "different"
+  assert questions.depth_verdict({**base, "ratio": 1.1}) == "close, not distinguishable"
+  assert questions.depth_verdict({**base, "ratio": 1.1, "steps_diff_nonzero": 1}) == (
+      "close but not equal")
+  assert questions.depth_verdict({**base, "ratio": math.nan}) == "undetermined"
+
+
+def test_redistribution_uses_migration_and_skips_nonfinite(res):
+  policy = "attn_l0_e4m3"
+  got = questions.redistribution(res, policy, k=3)
+  series = [(s, {p: float(np.mean([per_param(policy, i, j)[p] for j in range(4)]))
+                 for p in param_paths()}) for i, s in enumerate(STEPS)]
+  want = ranking.migration(series, 3, [("attn_o", 0)])
+  assert [m["top"] for m in got["migration"]] == [m["top"] for m in want]
+  for key in ("overlap_prev", "overlap_first", "spearman_first", "direct_share"):
+    assert [m[key] for m in got["migration"]] == pytest.approx([m[key] for m in want])
+  assert got["direct_topk_first"] == pytest.approx(1 / 3) and got["direct_topk_last"] == 0
+  assert got["share_direct_first"] == pytest.approx(0.8)
+  assert got["share_direct_last"] == pytest.approx(0.2)
+  means = report.mean_details(res, "moe_l0-8_e5m2", 100)
+  assert max(means.values()) < 1e3  # the non-finite row's details are left out
+  summary = report.answers(res, top_k=3)["redistribution"]["summary"]
+  # Layer 0 of the synthetic model is dense: moe_l0_* has no direct parameter to fade.
+  assert "differ from those at the first in 6 of 8 policies" in summary
+  assert "decreases from the first to the last checkpoint in 8 of 8 policies" in summary
+
+
+def _is_png(path: pathlib.Path) -> bool:
+  return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_report_with_figures(sweep, tmp_path):
+  path = report.write_report(sweep, out=tmp_path / "out", top_k=3)
+  assert path == tmp_path / "out" / "report.md"
+  text = path.read_text()
+  for name in figures.NAMES:
+    png = tmp_path / "out" / "figures" / f"{name}.png"
+    assert _is_png(png), name
+    assert f"(figures/{name}.png)" in text
+  assert "| 100 | 8 | 0 | moe_l0-8_e5m2 | " + BAD_WHERE + " |" in text
+  assert "abc1234-test" in text and "offsets [0, 8]" in text and "/runs/synthetic" in text
+  for title in ("1. Module sensitivity", "2. Depth sensitivity", "3. Format sensitivity",
+                "4. Perturbation redistribution"):
+    assert f"## {title}" in text
+  assert "E4M3 has lower mean rel_err than E5M2 in 4 of 4 settings" in text
+  assert "nan" not in text.lower().replace("n/a", "")
+  assert not (sweep / "report.md").exists()
+
+
+@pytest.mark.parametrize("kw,unavailable", [
+    ({"policies": ("attn_l0_e4m3",)}, 3),
+    ({"policies": ("custom",), "steps": (0,), "offsets": (0,), "batches": 1}, 4)])
+def test_small_grid_report(tmp_path, kw, unavailable):
+  path = report.write_report(build(tmp_path / "s", **kw))
+  text = path.read_text()
+  assert text.count("Not available") == unavailable
+  assert all(_is_png(path.parent / "figures" / f"{n}.png") for n in figures.NAMES)
+
+
+def test_binary_writes_report(sweep, tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  out = tmp_path / "bin"
+  proc = subprocess.run([sys.executable, "-m", "fp8jax.experiments.report",
+                         f"--results={sweep}", f"--out={out}", "--top_k=5"],
+                        capture_output=True, text=True, env=env, cwd=REPO, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert (out / "report.md").exists() and "wrote" in proc.stdout
+  check = ("import sys; from fp8jax.study import figures, questions, report; "
+           "assert 'matplotlib' not in sys.modules")
+  proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                        env=env, cwd=REPO, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
