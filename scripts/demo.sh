@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed, then runs the main job on its embedded default: the FP8
-# numerics study, written to out/numerics (report.md, numerics.json, figures).
+# Sets up .venv if needed, then runs the main job on its embedded default: the whole
+# precision study (a tiny DeepSeek-MoE trained on the embedded corpus with checkpoints,
+# the seed grid of FP8 policies compared on every checkpoint, the report), in out/demo.
 #
-#   bash scripts/demo.sh [FLAGS]        e.g. --quick, --out=/tmp/numerics
+#   bash scripts/demo.sh [FLAGS]        e.g. --out=/tmp/demo, --batches=4
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$repo/scripts/setup.sh" dev
+bash "$repo/scripts/setup.sh" dev,data,notebooks
 cd "$repo"
-exec .venv/bin/python -m fp8jax.experiments.numerics --out=out/numerics "$@"
+exec .venv/bin/python -m fp8jax.experiments.study --out=out/demo "$@"

@@ -60,6 +60,8 @@ def series(res: report.Results, metric: str, policy: str) -> tuple[np.ndarray, .
 def _band(ax, res, metric: str, policy: str, label: str, **kw) -> None:
   x, mean, lo, hi = series(res, metric, policy)
   line, = ax.plot(x, mean, marker="o", ms=3, label=label, **kw)
+  if ax.get_yscale() == "log":  # a t-interval can reach below 0: clip it at mean / 10
+    lo = np.where(lo > 0, lo, mean / 10)
   ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
 
 
@@ -87,9 +89,9 @@ def grad_error(res: report.Results, out_dir) -> pathlib.Path:
   fig, axes = _figure(2, size=(6.0, 4.0))
   for ax, metric, label in ((axes[0], "diff_norm", "||g_fp8 - g_bf16||"),
                             (axes[1], "rel_err", "||g_fp8 - g_bf16|| / ||g_bf16||")):
+    _log_if_positive(ax, [r.get(metric) for r in res.rows if r["finite"]])
     for p in res.policies:
       _band(ax, res, metric, p, p)
-    _log_if_positive(ax, [r.get(metric) for r in res.rows if r["finite"]])
     ax.set(xlabel="checkpoint step", ylabel=label, title=metric)
   axes[1].legend(fontsize=7)
   fig.suptitle("Gradient difference (mean and 95% CI over batches)")
