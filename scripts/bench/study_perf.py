@@ -1,0 +1,221 @@
+"""GPU benchmarks of the study's hot paths (docs/performance.md has the method and results).
+
+    python scripts/bench/study_perf.py --parts=ceilings,moe,train [--out=$OUT/perf.json]
+    python scripts/bench/study_perf.py --parts=paired,memory
+
+Parts:
+  ceilings  device copy bandwidth (bf16 [16384, 7168]) and the bf16 matmul rate (8192^3)
+  moe       one MoE layer forward + backward at 2B shapes (d 1280, f 853 padded to 864,
+            63 experts, top-7, 16K tokens, Zipf-skewed routing: max/mean load ~2.7): the tiled dispatch,
+            lax.ragged_dot, and a capacity-padded batched matmul as a reference
+  train     the BF16 train step of deepseek_moe_2b (seq 2048), MFU as in fp8jax.train.flops
+  paired    BF16 grad + FP8 grad on the same batch (seed-grid sites and the DeepSeek-V3
+            GEMM recipe) against two BF16 grads
+  memory    the largest paired-evaluation batch per device (seq 2048) that fits
+
+Times are medians over repetitions after a warm-up (compilation excluded), synchronised
+with block_until_ready, rotating among 3 input sets where inputs are small.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _repo  # noqa: E402,F401
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fp8jax import grouped_gemm  # noqa: E402
+from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_moe as dm  # noqa: E402
+from fp8jax.models import moe  # noqa: E402
+from fp8jax.models import policy as pl  # noqa: E402
+from fp8jax.study import paired  # noqa: E402
+from fp8jax.train import flops, optim  # noqa: E402
+from fp8jax.train import mesh as mesh_lib  # noqa: E402
+from fp8jax.train import step as step_lib  # noqa: E402
+
+RESULTS = {}
+
+
+def bench(fn, args_list, reps=10, warmup=2):
+  """Median seconds of ``fn(*args)`` over ``reps`` runs cycling through ``args_list``."""
+  for i in range(warmup):
+    jax.block_until_ready(fn(*args_list[i % len(args_list)]))
+  times = []
+  for i in range(reps):
+    args = args_list[i % len(args_list)]
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t)
+  return statistics.median(times), times
+
+
+def record(name, **values):
+  RESULTS[name] = values
+  shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in values.items() if k != "times")
+  print(f"{name}: {shown}", flush=True)
+
+
+def ceilings():
+  keys = jax.random.split(jax.random.key(0), 3)
+  xs = [(jax.random.normal(k, (16384, 7168), jnp.bfloat16),) for k in keys]
+  copy = jax.jit(lambda x: x.copy())
+  t, ts = bench(copy, xs, reps=20)
+  record("copy_bf16_16384x7168", ms=t * 1e3, gbps=4 * 16384 * 7168 / t / 1e9, times=ts)
+  n = 8192
+  ab = [(jax.random.normal(k, (n, n), jnp.bfloat16),
+         jax.random.normal(jax.random.fold_in(k, 1), (n, n), jnp.bfloat16)) for k in keys]
+  mm = jax.jit(lambda a, b: a @ b)
+  t, ts = bench(mm, ab, reps=20)
+  record("matmul_bf16_8192", ms=t * 1e3, tflops=2 * n**3 / t / 1e12, times=ts)
+
+
+def _capacity_matmul(x, w, sizes, capacity):
+  """Reference: every group padded to ``capacity`` rows, one batched matmul."""
+  e = w.shape[0]
+  start = jnp.cumsum(sizes) - sizes
+  rows = start[:, None] + jnp.arange(capacity)[None]
+  valid = jnp.arange(capacity)[None] < sizes[:, None]
+  xg = jnp.where(valid[..., None], jnp.take(x, jnp.minimum(rows, x.shape[0] - 1), axis=0), 0)
+  y = jnp.einsum("ecd,edf->ecf", xg, w, preferred_element_type=jnp.float32).astype(x.dtype)
+  out = jnp.zeros((x.shape[0], w.shape[-1]), x.dtype)
+  return out.at[jnp.where(valid, rows, x.shape[0]).reshape(-1)].set(
+      y.reshape(e * capacity, -1), mode="drop")
+
+
+def moe_layer(tokens=16384):
+  d, f_true, f, e, k = 1280, 853, 864, 63, 7
+  key = jax.random.key(1)
+  x = jax.random.normal(key, (tokens, d), jnp.bfloat16)
+  x = x.at[:, 0].set(1.0)  # a constant feature: the router's row 0 sets the popularity
+  router = jax.random.normal(jax.random.fold_in(key, 1), (d, e), jnp.float32) * 0.02
+  zipf = 1.0 / np.arange(1, e + 1) ** 0.8
+  router = router.at[0].set(jnp.asarray(np.log(zipf / zipf.sum()) * 0.2, jnp.float32))
+  gate, up = (jax.random.normal(jax.random.fold_in(key, i), (e, d, f), jnp.bfloat16) * 0.02
+              for i in (2, 3))
+  down = jax.random.normal(jax.random.fold_in(key, 4), (e, f, d), jnp.bfloat16) * 0.02
+  _, weights, ids = moe.route(x, router, k, False)
+  counts = np.asarray(jnp.bincount(ids.reshape(-1), length=e))
+  capacity = int(-(-counts.max() // 128) * 128)
+  imbalance = float(counts.max() / counts.mean())
+  routed_flops = 3 * 2 * tokens * k * 3 * d * f_true
+  dy = jax.random.normal(jax.random.fold_in(key, 5), (tokens, d), jnp.bfloat16)
+  impls = {
+      "tiled": grouped_gemm.tiled_matmul,
+      "ragged_dot": lambda a, b, s: jax.lax.ragged_dot(a, b, s),
+      "capacity_padded": lambda a, b, s: _capacity_matmul(a, b, s, capacity),
+  }
+  for name, gm in impls.items():
+    def loss(x, gate, up, down, gm=gm):
+      y = moe.experts_dispatch(x, weights, ids, gate, up, down, grouped_matmul=gm)
+      return jnp.sum(y.astype(jnp.float32) * dy)
+    fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    try:
+      t, ts = bench(fn, [(x, gate, up, down)], reps=10)
+    except Exception as err:  # pylint: disable=broad-except
+      record(f"moe_fwd_bwd_{name}", error=str(err).splitlines()[0][:200])
+      continue
+    record(f"moe_fwd_bwd_{name}", ms=t * 1e3, routed_tflops=routed_flops / t / 1e12,
+           imbalance_max_over_mean=imbalance, capacity=capacity, times=ts)
+
+
+def _setup_2b(batch, seq):
+  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
+  toks = [jax.random.randint(jax.random.key(i), (batch, seq), 0, cfg.vocab_size)
+          for i in range(3)]
+  return cfg, params, toks
+
+
+def train_step(batch=8, seq=2048):
+  cfg, params, toks = _setup_2b(batch, seq)
+  tx = optim.optimizer(optim.OptimConfig())
+  mesh = mesh_lib.data_mesh()
+  state = step_lib.init_state(params, tx)
+  fn = jax.jit(step_lib.make_train_step(cfg, tx), donate_argnums=0)
+  holder = {"state": state}
+
+  def run(tokens):
+    holder["state"], m = fn(holder["state"], tokens)
+    return m["loss"]
+
+  t, ts = bench(run, [(x,) for x in toks], reps=10)
+  tps = batch * seq / t
+  peak = flops.peak_flops(jax.devices()[0].device_kind)
+  record("train_step_2b", batch=batch, seq=seq, ms=t * 1e3, tokens_per_s=tps,
+         model_tflops=tps * flops.flops_per_token(cfg, seq) / 1e12,
+         mfu=flops.mfu(tps, cfg, seq, peak, 1) or float("nan"), times=ts)
+  del mesh
+
+
+def paired_eval(batch=8, seq=2048):
+  cfg, params, toks = _setup_2b(batch, seq)
+  mesh = mesh_lib.data_mesh()
+  policies = [pl.parse_policy(n) for n in ("attn_l0-8_e4m3", "moe_l0-8_e4m3",
+                                           "gemm:fp32_blockwise")]
+  ev = paired.PairedEvaluator(cfg, policies, mesh)
+  t_base, ts = bench(ev.baseline, [(params, x) for x in toks], reps=8)
+  record("paired_bf16_grad", batch=batch, seq=seq, ms=t_base * 1e3, times=ts)
+  bases = [ev.baseline(params, x) for x in toks]
+  for p in policies:
+    t, ts = bench(lambda params, x, b, p=p: ev.variant(p.name, params, x, b),
+                  [(params, x, b) for x, b in zip(toks, bases)], reps=8)
+    record(f"paired_{p.name}", ms=t * 1e3,
+           ratio_to_two_bf16=(t_base + t) / (2 * t_base), times=ts)
+
+
+def memory(seq=2048):
+  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
+  mesh = mesh_lib.data_mesh()
+  ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh)
+  fits = {}
+  for batch in (4, 8, 16, 32):
+    tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, cfg.vocab_size)
+    try:
+      base = ev.baseline(params, tokens)
+      jax.block_until_ready(ev.variant("moe_l0-8_e4m3", params, tokens, base))
+      stats = jax.devices()[0].memory_stats() or {}
+      fits[batch] = stats.get("peak_bytes_in_use", 0) / 2**30
+      del base
+    except Exception as err:  # pylint: disable=broad-except
+      fits[batch] = f"failed: {str(err).splitlines()[0][:120]}"
+      break
+  record("paired_memory_2b", seq=seq, peak_gib_by_batch=json.dumps(fits))
+
+
+PARTS = {"ceilings": ceilings, "moe": moe_layer, "train": train_step, "paired": paired_eval,
+         "memory": memory}
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--parts", default="ceilings,moe")
+  ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "perf.json"))
+  ap.add_argument("--tokens", type=int, default=16384, help="MoE layer tokens")
+  ap.add_argument("--batch", type=int, default=8, help="2B batch (sequences)")
+  ap.add_argument("--seq", type=int, default=2048)
+  args = ap.parse_args()
+  kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, "seq": args.seq},
+            "paired": {"batch": args.batch, "seq": args.seq}, "memory": {"seq": args.seq}}
+  print(f"devices: {jax.devices()} (jax {jax.__version__})", flush=True)
+  for part in args.parts.split(","):
+    t = time.perf_counter()
+    try:
+      PARTS[part](**kwargs.get(part, {}))
+    except Exception as err:  # pylint: disable=broad-except
+      record(f"{part}_failed", error=f"{type(err).__name__}: {str(err)[:300]}")
+    print(f"[{part}: {time.perf_counter() - t:.0f} s wall incl. compilation]", flush=True)
+    pathlib.Path(args.out).write_text(json.dumps(RESULTS, indent=1))
+
+
+if __name__ == "__main__":
+  main()
