@@ -2,7 +2,7 @@
 
     python -m fp8jax.experiments.study --out=out/demo                 # the embedded demo
     python -m fp8jax.experiments.study --config=experiments/configs/train_2b_c4.py \
-        --out=$WORK/ds2b --offsets=0,1000,2000 --batches=4 --batch_size=32
+        --out=$WORK/ds2b --offsets=0,1000,2000 --batches=4 --batch_size=16
 
 Writes ``<out>/train`` (checkpoints, metrics), ``<out>/compare`` (rows, details) and
 ``<out>/compare/report.md`` with its figures. Rerunning continues where it stopped.
@@ -25,8 +25,10 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation ba
 
 def main(argv):
   del argv
-  from fp8jax.study import pipeline  # pylint: disable=import-outside-toplevel
-  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study import (
+    pipeline,  # pylint: disable=import-outside-toplevel
+    sweep,  # pylint: disable=import-outside-toplevel
+  )
 
   windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                           batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)

@@ -10,6 +10,11 @@ differentiates the casts), so the gradient is defined by hand with ``jax.custom_
 
 Delayed scaling takes a :class:`fp8jax.delayed.DelayedState`; its updated histories
 come back as the gradient with respect to that state (see ``fp8jax.delayed``).
+
+Without telemetry, current-scaled round trips (forward and cotangent) use the fused
+path of ``fp8jax.fast_quant``: no FP8 payload is materialized and the result is equal
+bit for bit to ``fp8jax.quantize_dequantize``. Telemetry and delayed scaling use the
+payload path of ``fp8jax.qtensor``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import functools
 import jax
 from jax import lax
 
-from fp8jax import delayed, qtensor
+from fp8jax import delayed, fast_quant, qtensor
 from fp8jax import spec as spec_lib
 
 
@@ -67,6 +72,8 @@ def _check_state(state, spec):
 
 
 def _round_trip(x, spec, history, telemetry):
+  if not telemetry and history is None and fast_quant.supports(spec):
+    return fast_quant.quantize_dequantize_fused(x, spec), None
   out = qtensor.quantize_dequantize(x, spec, history, telemetry=telemetry)
   return out if telemetry else (out, None)
 
@@ -75,6 +82,8 @@ def _quantize_cotangent(g, spec):
   """Cotangent for a stateless site: identity or current-scaled fake-quant."""
   if spec.backward is None:
     return g
+  if fast_quant.supports(spec.backward):
+    return fast_quant.quantize_dequantize_fused(g, spec.backward)
   return qtensor.quantize_dequantize(g, spec.backward)
 
 

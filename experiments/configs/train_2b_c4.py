@@ -12,8 +12,9 @@ vocabulary; train one with ``tokenizers`` on C4, or pass ``--config.data.tokeniz
 Recipe (DeepSeekMoE paper, section 4.1, and the seed study): AdamW (0.9, 0.95), weight
 decay 0.1, clip 1.0, peak LR 1.08e-3 with 2000 warmup steps and x0.316 at 80% and 90%
 of the schedule, sequences of 2048 tokens. The seed study trained to step 10000 with a
-batch the 4 GPUs hold (here 32 x 2048 tokens per step) and kept checkpoints every 500
-steps from step 0. BF16 compute, FP32 master weights and optimizer state.
+batch the 4 GPUs hold and kept checkpoints every 500 steps from step 0. Here 16 x 2048
+tokens per step: 4 sequences per device, the most an H100 holds for this model with the
+tiled MoE dispatch (docs/performance.md). BF16 compute, FP32 master weights and optimizer state.
 """
 
 from fp8jax.train import run_config
@@ -24,7 +25,7 @@ def get_config():
   c.model = "deepseek_moe_2b"
   c.data.source = "tfds:c4/en:3.1.0"
   c.data.seq_len = 2048
-  c.data.global_batch = 32
+  c.data.global_batch = 16
   c.optim.peak_lr = 1.08e-3
   c.optim.warmup_steps = 2000
   c.optim.total_steps = 10000

@@ -10,11 +10,12 @@ from fp8jax.study import report, sweep
 from fp8jax.train import loop
 
 
-def run_study(train_config, out, policies=("seed",), windows: sweep.Windows = sweep.Windows(),
+def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | None = None,
               stream=None) -> pathlib.Path:
   """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` on
   every checkpoint in ``<out>/compare`` and returns the path of the report."""
   stream = stream or sys.stderr
+  windows = windows or sweep.Windows()
   out = pathlib.Path(out)
   t0 = time.perf_counter()
 

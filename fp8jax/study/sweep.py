@@ -107,10 +107,11 @@ class _Output:
     results_io.append(self.dir / name, row)
 
 
-def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows = Windows(),
+def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
         devices=None, moe_impl: str = "dispatch", stream=None) -> dict:
   """Runs (or resumes) the sweep; returns counts of the rows written and skipped."""
   stream = stream or sys.stderr
+  windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
   config_path = train_workdir / "config.json"
   if not config_path.exists():

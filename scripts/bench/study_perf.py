@@ -6,12 +6,14 @@
 Parts:
   ceilings  device copy bandwidth (bf16 [16384, 7168]) and the bf16 matmul rate (8192^3)
   moe       one MoE layer forward + backward at 2B shapes (d 1280, f 853 padded to 864,
-            63 experts, top-7, 16K tokens, Zipf-skewed routing: max/mean load ~2.7): the tiled dispatch,
+            63 experts, top-7, 16K tokens, Zipf-skewed routing: max/mean load ~2.7): the
+            tiled dispatch,
             lax.ragged_dot, and a capacity-padded batched matmul as a reference
   train     the BF16 train step of deepseek_moe_2b (seq 2048), MFU as in fp8jax.train.flops
   paired    BF16 grad + FP8 grad on the same batch (seed-grid sites and the DeepSeek-V3
             GEMM recipe) against two BF16 grads
   memory    the largest paired-evaluation batch per device (seq 2048) that fits
+  compile_memory  XLA's temp/argument sizes of the compiled paired functions (no run)
 
 Times are medians over repetitions after a warm-up (compilation excluded), synchronised
 with block_until_ready, rotating among 3 input sets where inputs are small.
@@ -164,10 +166,10 @@ def paired_eval(batch=8, seq=2048):
   ev = paired.PairedEvaluator(cfg, policies, mesh)
   t_base, ts = bench(ev.baseline, [(params, x) for x in toks], reps=8)
   record("paired_bf16_grad", batch=batch, seq=seq, ms=t_base * 1e3, times=ts)
-  bases = [ev.baseline(params, x) for x in toks]
+  base = ev.baseline(params, toks[0])  # 8 GB of gradients: one batch, reused
   for p in policies:
     t, ts = bench(lambda params, x, b, p=p: ev.variant(p.name, params, x, b),
-                  [(params, x, b) for x, b in zip(toks, bases)], reps=8)
+                  [(params, toks[0], base)], reps=8)
     record(f"paired_{p.name}", ms=t * 1e3,
            ratio_to_two_bf16=(t_base + t) / (2 * t_base), times=ts)
 
@@ -178,7 +180,7 @@ def memory(seq=2048):
   mesh = mesh_lib.data_mesh()
   ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh)
   fits = {}
-  for batch in (4, 8, 16, 32):
+  for batch in (1, 2, 4, 8, 16):
     tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, cfg.vocab_size)
     try:
       base = ev.baseline(params, tokens)
@@ -186,14 +188,34 @@ def memory(seq=2048):
       stats = jax.devices()[0].memory_stats() or {}
       fits[batch] = stats.get("peak_bytes_in_use", 0) / 2**30
       del base
+      jax.clear_caches()
     except Exception as err:  # pylint: disable=broad-except
       fits[batch] = f"failed: {str(err).splitlines()[0][:120]}"
       break
   record("paired_memory_2b", seq=seq, peak_gib_by_batch=json.dumps(fits))
 
 
+def compile_memory(batches=(4, 8), seq=2048):
+  """XLA's buffer sizes of the compiled paired-evaluation functions (no execution)."""
+  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  mesh = mesh_lib.data_mesh()
+  params = jax.eval_shape(lambda: dm.init(cfg, jax.random.key(0)))
+  gib = lambda b: b / 2**30  # noqa: E731
+  names = ("moe_l0-8_e4m3", "gemm:fp32_blockwise")
+  ev = paired.PairedEvaluator(cfg, [pl.parse_policy(n) for n in names], mesh)
+  for batch in batches:
+    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    base = jax.eval_shape(ev.baseline, params, tokens)
+    fns = {"bf16_grad": (ev._baseline, (params, tokens))}  # pylint: disable=protected-access
+    fns.update({n: (ev._variants[n], (params, tokens, base)) for n in names})  # pylint: disable=protected-access
+    for name, (fn, args) in fns.items():
+      m = fn.lower(*args).compile().memory_analysis()
+      record(f"memory_{name}_b{batch}", temp_gib=gib(m.temp_size_in_bytes),
+             args_gib=gib(m.argument_size_in_bytes), out_gib=gib(m.output_size_in_bytes))
+
+
 PARTS = {"ceilings": ceilings, "moe": moe_layer, "train": train_step, "paired": paired_eval,
-         "memory": memory}
+         "memory": memory, "compile_memory": compile_memory}
 
 
 def main():

@@ -1,0 +1,93 @@
+"""Fused fake quantization: ``x -> x_hat`` without materializing an FP8 payload.
+
+:func:`fp8jax.quantize_dequantize` builds the FP8 payload and passes it through
+``lax.optimization_barrier`` so that XLA cannot delete the f32 -> fp8 -> f32 converts;
+the payload is then written to memory and ``x`` is read twice. When only ``x_hat`` is
+needed, :func:`quantize_dequantize_fused` rounds with :func:`fp8jax.formats.round_to_format`
+(integer arithmetic on the float32 bits, which XLA cannot remove), so the block amax,
+the scales and the elementwise round trip can fuse into as little as one pass over
+``x``. The result is equal bit for bit to ``quantize_dequantize(x, spec)``.
+
+The tensor is viewed as ``[n_0, b_0, n_1, b_1, ...]`` (``n_i`` blocks of size ``b_i``
+along axis ``i``) and reduced over the ``b`` axes with ``keepdims``, so the scales
+broadcast back without a gather. Shapes that the block does not divide are padded with
+zeros, which never raise an amax, and cut back afterwards.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax import blocks, formats, scales
+from fp8jax import spec as spec_lib
+
+
+def supports(spec: spec_lib.QuantSpec) -> bool:
+  """Whether :func:`quantize_dequantize_fused` handles ``spec``: current scaling, any
+  granularity, format and scale rule (delayed scaling needs an amax history)."""
+  return spec.scaling == "current"
+
+
+def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array, fmt: formats.Fp8Format,
+                 dtype) -> jax.Array:
+  """The elementwise round trip for given scales.
+
+  ``round_to_format(float32(x) * s) * scale_inv``, clipped to the largest finite value
+  of ``dtype`` (NaN kept, also on backends whose min/max drop NaN) and cast to ``dtype``.
+
+  Args:
+    x: float array, any shape.
+    s: float32 quantization multipliers broadcastable to ``x``.
+    scale_inv: float32 dequantization multipliers (``1 / s``) broadcastable to ``x``.
+    fmt: the FP8 element format.
+    dtype: output dtype.
+
+  Returns:
+    ``x_hat`` of ``dtype`` with the broadcast shape of ``x`` and the scales.
+  """
+  dtype = jnp.dtype(dtype)
+  q = formats.round_to_format(x.astype(jnp.float32) * s, fmt)
+  out = q * scale_inv
+  top = float(jnp.finfo(dtype).max)
+  out = jnp.where(jnp.isnan(out), out, jnp.clip(out, -top, top))
+  return out.astype(dtype)
+
+
+def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec) -> jax.Array:
+  """Fake-quantizes ``x`` (forward value only), equal to ``quantize_dequantize(x, spec)``.
+
+  Args:
+    x: float32, bfloat16 or float16 array of shape ``S`` (any rank).
+    spec: a current-scaling spec (see :func:`supports`); FP32 or power-of-two scales,
+      any granularity and format.
+
+  Returns:
+    ``x_hat`` of shape ``S`` and the dtype of ``x``. It has no meaningful derivative
+    (the rounding's is zero, the scales' is not): differentiate through
+    :func:`fp8jax.fake_quant`, which uses this function for its values.
+  """
+  if not supports(spec):
+    raise ValueError(f"the fused round trip needs current scaling; got {spec.describe()}")
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype).itemsize == 1:
+    raise TypeError(f"quantize needs a 16- or 32-bit float input, got dtype {x.dtype}")
+  shape = tuple(x.shape)
+  block = spec.granularity.block_shape(shape)
+  counts = blocks.num_blocks(shape, block)
+  padded = tuple(n * b for n, b in zip(counts, block))
+  xp = x
+  if padded != shape:
+    xp = jnp.pad(x, [(0, p - d) for d, p in zip(shape, padded)])
+  split = [v for n, b in zip(counts, block) for v in (n, b)]
+  xs = xp.reshape(split)
+  amax = jnp.max(blocks.finite_abs(xs), axis=tuple(range(1, 2 * len(shape), 2)),
+                 keepdims=True, initial=0.0)
+  s, scale_inv = scales.compute_scale(amax, spec)
+  out = apply_scales(xs, s, scale_inv, spec.fmt, x.dtype).reshape(padded)
+  if padded != shape:
+    out = out[tuple(slice(0, d) for d in shape)]
+  return out
+
+
+__all__ = ["apply_scales", "quantize_dequantize_fused", "supports"]

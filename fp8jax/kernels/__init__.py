@@ -1,0 +1,1 @@
+"""Hand-written kernels (Pallas). Import the modules directly; nothing is imported here."""

@@ -1,0 +1,250 @@
+"""round_to_format and the fused fake-quant path, bit for bit.
+
+``round_to_format`` is checked against ml_dtypes casts in NumPy (independent of XLA) on
+a structured sweep of float32 bit patterns; the fused round trip against the payload
+path (``fp8jax.quantize_dequantize``) and against the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from hypothesis import given
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax import fast_quant, formats
+from tests import reference as ref
+from tests import strategies as hs
+from tests.helpers import ref_for_spec
+
+ALL_FORMATS = sorted(ref.FP8_DTYPES)
+
+
+def _ml_dtypes_round(x: np.ndarray, fmt: str) -> np.ndarray:
+  """Clip to ±max, cast with ml_dtypes, back to float32 (no XLA involved)."""
+  fmax = np.float32(ref.FP8_MAX[fmt])
+  with np.errstate(invalid="ignore", over="ignore"):
+    return np.clip(x, -fmax, fmax).astype(ref.FP8_DTYPES[fmt]).astype(np.float32)
+
+
+def _structured_bit_patterns() -> np.ndarray:
+  """Both signs x all 256 exponents x all top-11 mantissa bits x 4 low-12-bit patterns.
+
+  The low patterns (0, 1, 0x800, 0xFFF) with every top-11 pattern put values exactly on,
+  just above and just below every rounding tie of the four formats (they round at bit 20
+  or 21 of the mantissa, or higher below the normal range): 2**22 float32 values.
+  """
+  high = np.arange(1 << 20, dtype=np.uint32) << np.uint32(12)  # sign, exponent, top 11
+  low = np.array([0x000, 0x001, 0x800, 0xFFF], np.uint32)
+  return (high[:, None] | low[None, :]).reshape(-1)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _round_bits(bits, fmt):
+  return formats.round_to_format(jax.lax.bitcast_convert_type(bits, jnp.float32), fmt)
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_round_to_format_matches_ml_dtypes_on_structured_bit_patterns(fmt):
+  bits = _structured_bit_patterns()
+  got = np.asarray(_round_bits(jnp.asarray(bits), formats.get_format(fmt)))
+  want = _ml_dtypes_round(bits.view(np.float32), fmt)
+  assert got.dtype == np.float32
+  assert ref.same_bits(got, want)
+  # NaN stays NaN and the signed zeros are where the cast puts them.
+  assert np.array_equal(np.isnan(got), np.isnan(bits.view(np.float32)))
+  zeros = want == 0
+  assert np.array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_round_to_format_edges(fmt):
+  f = formats.get_format(fmt)
+  fmax, sub, nrm = np.float32(f.max), np.float32(f.min_subnormal), np.float32(f.min_normal)
+  edges = [0.0, np.inf, np.nan, fmax, np.nextafter(fmax, np.float32(np.inf)), 2 * fmax,
+           np.finfo(np.float32).max, sub, sub / 2, np.nextafter(sub / 2, np.float32(1)),
+           1.5 * sub, 2.5 * sub, nrm, np.nextafter(nrm, np.float32(0)), nrm - sub / 2,
+           nrm * (1 + 2.0**-f.mantissa_bits / 2), 1e-39, 1e-45, 1.0, 3.0, 1e30]
+  x = np.array(edges, np.float32)
+  x = np.concatenate([x, -x])
+  got = np.asarray(formats.round_to_format(jnp.asarray(x), f))
+  assert ref.same_bits(got, _ml_dtypes_round(x, fmt))
+  assert np.all(np.abs(got[np.isfinite(got)]) <= fmax)
+  assert np.asarray(formats.round_to_format(jnp.asarray(x, jnp.bfloat16), f)).dtype == np.float32
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast_and_round(x, fmt):
+  return formats.saturating_cast(x, fmt).astype(jnp.float32), formats.round_to_format(x, fmt)
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+@given(values=st.lists(st.floats(width=32), min_size=64, max_size=64))
+def test_round_to_format_equals_the_xla_cast(fmt, values):
+  cast, rounded = _cast_and_round(jnp.asarray(np.array(values, np.float32)),
+                                  formats.get_format(fmt))
+  assert ref.same_bits(np.asarray(rounded), np.asarray(cast))
+
+
+# --- the fused round trip ---------------------------------------------------------
+
+
+_fused_jit = jax.jit(fast_quant.quantize_dequantize_fused, static_argnums=1)
+_payload_path_jit = jax.jit(fp8jax.quantize_dequantize, static_argnums=1)
+
+
+def _check_fused(x: np.ndarray, spec: fp8jax.QuantSpec, eager: bool = False):
+  """Fused == payload path == NumPy reference, bit for bit (jitted; also eager)."""
+  xj = jnp.asarray(x)
+  fused = np.asarray(_fused_jit(xj, spec))
+  old = np.asarray(_payload_path_jit(xj, spec))
+  assert fused.dtype == x.dtype and fused.shape == x.shape
+  assert ref.same_bits(fused, old), f"fused differs from quantize_dequantize ({spec.describe()})"
+  assert ref.same_bits(fused, ref_for_spec(x, spec)[2]), "fused differs from the reference"
+  if eager:
+    assert ref.same_bits(np.asarray(fast_quant.quantize_dequantize_fused(xj, spec)), fused)
+
+
+@st.composite
+def _case(draw):
+  shape = draw(hs.shapes())
+  return draw(hs.arrays(shape)), draw(hs.specs(len(shape)))
+
+
+@given(_case())
+def test_fused_matches_payload_path_and_reference(case):
+  x, spec = case
+  _check_fused(x, spec)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("spec", [
+    fp8jax.preset("deepseek_v3"),
+    fp8jax.preset("deepseek_v3_ue8m0"),
+    fp8jax.preset("deepseek_v3_weight"),
+    fp8jax.preset("mxfp8"),
+    fp8jax.QuantSpec(format="e5m2", granularity=fp8jax.per_tensor()),
+    fp8jax.QuantSpec(format="e4m3fnuz", granularity=fp8jax.per_axis(0), margin=1),
+    fp8jax.QuantSpec(format="e5m2fnuz", granularity=fp8jax.tile(128, 0),
+                     scale_format="pow2", pow2_rounding="ceil", eps=0.0),
+], ids=lambda v: v.describe() if isinstance(v, fp8jax.QuantSpec) else np.dtype(v).name)
+def test_fused_with_outliers_zero_tiles_and_non_finite(spec, dtype):
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((64, 384)).astype(np.float32)
+  x[rng.random(x.shape) < 0.01] *= 1e4  # outliers
+  x[5, :] = 0.0  # all-zero tiles
+  x[6, :128] = 1e-30  # tiny tiles (FP32 scale clamped at 2**126)
+  x[7, 3:9] = [np.nan, np.inf, -np.inf, 1e38, -3e38, 1e-40]
+  x[8, :] = np.float32(ref.FP8_MAX[spec.format])
+  with np.errstate(over="ignore"):
+    _check_fused(x.astype(dtype), spec)
+
+
+def test_fused_shapes_scalars_and_empty():
+  spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())
+  _check_fused(np.array(3.3, np.float32), spec, eager=True)
+  empty = fast_quant.quantize_dequantize_fused(jnp.zeros((0, 5)), fp8jax.QuantSpec())
+  assert empty.shape == (0, 5)
+  x = np.random.default_rng(3).standard_normal((2, 3, 129, 257)).astype(np.float32)
+  _check_fused(x, fp8jax.QuantSpec(granularity=fp8jax.block((32, 128), (1, -1))), eager=True)
+
+
+def test_fused_refuses_delayed_scaling_and_int_inputs():
+  with pytest.raises(ValueError, match="current scaling"):
+    fast_quant.quantize_dequantize_fused(jnp.ones((4,)), fp8jax.preset("te_hybrid"))
+  with pytest.raises(TypeError, match="float input"):
+    fast_quant.quantize_dequantize_fused(jnp.ones((4,), jnp.int32), fp8jax.QuantSpec())
+
+
+def test_fake_quant_uses_the_fused_path_without_fp8_or_barrier():
+  spec = fp8jax.preset("deepseek_v3")
+  x = jnp.asarray(np.linspace(-1.7, 2.3, 512, dtype=np.float32).reshape(4, 128))
+  loss = lambda v: jnp.sum(fp8jax.fake_quant(v, spec) * v)
+  jaxpr = str(jax.make_jaxpr(jax.value_and_grad(loss))(x))
+  assert "optimization_barrier" not in jaxpr and "float8" not in jaxpr
+  hlo = jax.jit(lambda v: fp8jax.fake_quant(v, spec)).lower(x).compile().as_text()
+  assert "f8e4m3" not in hlo
+  y = jax.jit(lambda v: fp8jax.fake_quant(v, spec))(x)
+  assert not np.array_equal(np.asarray(y), np.asarray(x)), "round trip was removed"
+  np.testing.assert_array_equal(np.asarray(y), ref_for_spec(np.asarray(x), spec)[2])
+  # Telemetry and delayed scaling keep the payload path.
+  with_tel = str(jax.make_jaxpr(lambda v: fp8jax.fake_quant(v, spec, telemetry=True))(x))
+  assert "float8" in with_tel
+  hybrid = fp8jax.preset("te_hybrid")
+  state = fp8jax.delayed.init_state(hybrid)
+  assert "float8" in str(jax.make_jaxpr(lambda v: fp8jax.fake_quant(v, hybrid, state))(x))
+
+
+# --- the Pallas kernel (interpreted on CPU) ---------------------------------------
+
+
+@pytest.mark.parametrize("tiles_per_block,split", [(1, "loop"), (4, "loop"), (4, "reshape")])
+@pytest.mark.parametrize("spec,dtype,shape", [
+    (fp8jax.preset("deepseek_v3"), ml_dtypes.bfloat16, (24, 512)),
+    (fp8jax.preset("deepseek_v3_ue8m0"), np.float32, (2, 8, 512)),
+    (fp8jax.QuantSpec(format="e5m2fnuz", granularity=fp8jax.tile(32), eps=0.0),
+     ml_dtypes.bfloat16, (8, 256)),
+], ids=["e4m3-fp32-bf16", "e4m3-rceil-f32", "e5m2fnuz-1x32"])
+def test_pallas_kernel_matches_fused_in_interpret_mode(spec, dtype, shape, tiles_per_block,
+                                                       split):
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  rng = np.random.default_rng(11)
+  x = rng.standard_normal(shape).astype(np.float32)
+  flat = x.reshape(-1, shape[-1])
+  flat[0, :6] = [np.nan, np.inf, -np.inf, 3e4, 1e-30, -0.0]
+  flat[1, :] = 0.0
+  flat[2, 5] = 1e4
+  flat[3, -3:] = [2e3, -5e-3, np.inf]  # the last tile of a row: amax differs per tile
+  flat[4, : shape[-1] // 2] *= 1e-3  # tiles of one row at different scales
+  x = x.astype(dtype)
+  got = fqp.fake_quant_pallas(jnp.asarray(x), spec, block_rows=4,
+                              tiles_per_block=tiles_per_block, split=split, interpret=True)
+  assert got.dtype == x.dtype and got.shape == x.shape
+  want = fast_quant.quantize_dequantize_fused(jnp.asarray(x), spec)
+  assert ref.same_bits(np.asarray(got), np.asarray(want))
+  assert ref.same_bits(np.asarray(got), ref_for_spec(x, spec)[2])
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("tiles_per_block,split", [(1, "loop"), (4, "loop"), (4, "reshape")])
+def test_pallas_kernel_lowers_for_triton(tiles_per_block, split):
+  """Lowering to the Triton custom call for an H100 (no GPU needed)."""
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
+                                       platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  f = jax.jit(functools.partial(fqp.fake_quant_pallas, spec=fp8jax.preset("deepseek_v3"),
+                                block_rows=8, tiles_per_block=tiles_per_block, num_warps=4,
+                                split=split))
+  with jax.sharding.use_abstract_mesh(mesh):
+    exported = jax.export.export(
+        f, platforms=["cuda"],
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16))
+  assert "xla.gpu.triton" in exported.mlir_module()
+
+
+def test_pallas_kernel_refuses_what_it_cannot_tile():
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  assert fqp.supports((16, 256), fp8jax.preset("deepseek_v3"))
+  assert not fqp.supports((16, 200), fp8jax.preset("deepseek_v3"))
+  assert not fqp.supports((16, 256), fp8jax.preset("deepseek_v3_weight"))
+  assert not fqp.supports((16, 256), fp8jax.QuantSpec(granularity=fp8jax.tile(96)))
+  with pytest.raises(ValueError, match="1 x t tiles"):
+    fqp.fake_quant_pallas(jnp.ones((4, 200)), fp8jax.preset("deepseek_v3"), interpret=True)
+  assert fqp._rows_per_block(48, 32) == 16 and fqp._rows_per_block(7, 32) == 1
+  spec = fp8jax.preset("deepseek_v3")
+  assert fqp.block_shape((48, 768), spec, 32, 4) == (16, 2)
+  assert fqp.block_shape((4, 2, 2048), spec, 8, 16) == (8, 16)
+  assert fqp.block_shape((4, 2, 2048), spec, 8, 12) == (8, 8)
+  with pytest.raises(ValueError, match="split"):
+    fqp.fake_quant_pallas(jnp.ones((4, 256)), spec, split="other", interpret=True)
