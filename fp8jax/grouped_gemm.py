@@ -43,10 +43,6 @@ def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
   Returns:
     [N, f] in ``out_dtype`` (default x's dtype).
   """
-  return _tiled_matmul(x, w, group_sizes, tile, out_dtype)
-
-
-def _tiled_matmul(x, w, group_sizes, tile, out_dtype):
   n, d = x.shape
   e = w.shape[0]
   n_tiles = -(-(n + e * (tile - 1)) // tile)
