@@ -139,3 +139,10 @@ def test_resume_skips_a_torn_last_checkpoint(tmp_path):
   loop.train(c, part, resume=True)
   assert (part / "checkpoints" / "6.incomplete").exists()
   assert losses(part) == losses(tmp_path / "full")
+
+
+def test_tensorboard_scalars(tmp_path):
+  c = small_config(steps=2, save_every=2, tensorboard=True)
+  loop.train(c, tmp_path)
+  events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  assert events and events[0].stat().st_size > 100
