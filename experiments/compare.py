@@ -10,6 +10,8 @@ space-separated. The sweep resumes when rerun with the same ``--out``. The logic
 :func:`fp8jax.study.sweep.run`; ``python -m fp8jax.experiments.report`` writes the report.
 """
 
+import sys
+
 from absl import app, flags
 
 _TRAIN = flags.DEFINE_string("train_workdir", "out/train", "Training run folder.")
@@ -35,9 +37,14 @@ def main(argv):
                           batches=_BATCHES.value, batch_size=_BATCH_SIZE.value,
                           seq_len=_SEQ_LEN.value, seed=_SEED.value, split=_SPLIT.value)
   steps = [int(s) for s in _STEPS.value] or None
-  summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
-                      windows=windows, moe_impl=_MOE_IMPL.value)
+  try:
+    summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
+                        windows=windows, moe_impl=_MOE_IMPL.value)
+  except (ValueError, FileNotFoundError, KeyError, ImportError) as e:
+    print(f"error: {e}", file=sys.stderr)  # bad input, found before any compute
+    return 2
   print(f"done: {summary['rows_written']} new rows in {summary['out']}")
+  return 0
 
 
 if __name__ == "__main__":

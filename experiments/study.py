@@ -9,6 +9,7 @@ Writes ``<out>/train`` (checkpoints, metrics), ``<out>/compare`` (rows, details)
 """
 
 import pathlib
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -32,9 +33,14 @@ def main(argv):
 
   windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                           batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
-  report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
-                              windows=windows)
+  try:
+    report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
+                                windows=windows)
+  except (ValueError, FileNotFoundError, FileExistsError, KeyError, ImportError) as e:
+    print(f"error: {e}", file=sys.stderr)  # bad input, found before any compute
+    return 2
   print(f"report: {report}")
+  return 0
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ def main(argv):
   except loop.NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
     return 3
+  except (ValueError, FileNotFoundError, FileExistsError, KeyError, ImportError) as e:
+    print(f"error: {e}", file=sys.stderr)  # bad input, found before any compute
+    return 2
   print(f"done: step {summary['final_step']}, loss {summary['final_loss']}, "
         f"checkpoints in {summary['workdir']}")
   return 0

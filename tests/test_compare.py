@@ -123,3 +123,15 @@ def test_bad_input(train_run, tmp_path, kwargs, error):
 def test_missing_training_run(tmp_path):
   with pytest.raises(FileNotFoundError, match="config.json"):
     sweep.run(tmp_path / "nothing", tmp_path / "cmp")
+
+
+def test_binaries_report_bad_input_without_a_traceback(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  for args in (["fp8jax.experiments.compare", f"--train_workdir={tmp_path}/none"],
+               ["fp8jax.experiments.train", "--config.data.source=hf:c4",
+                f"--workdir={tmp_path}/run"]):
+    out = subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.startswith("error: "), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+  assert not (tmp_path / "run").exists()
