@@ -14,6 +14,7 @@ Parts:
             GEMM recipe) against two BF16 grads
   memory    the largest paired-evaluation batch per device (seq 2048) that fits
   compile_memory  XLA's temp/argument sizes of the compiled paired functions (no run)
+  scaling   paired evaluation on 1 device vs all devices at the same per-device batch
 
 Times are medians over repetitions after a warm-up (compilation excluded), synchronised
 with block_until_ready, rotating among 3 input sets where inputs are small.
@@ -214,8 +215,37 @@ def compile_memory(batches=(4, 8), seq=2048):
              args_gib=gib(m.argument_size_in_bytes), out_gib=gib(m.output_size_in_bytes))
 
 
+def scaling(batch=2, seq=2048):
+  """Paired evaluation (BF16 grad + one seed-grid variant) on 1 device vs all devices, at
+  ``batch`` sequences per device: scaling efficiency = throughput(N) / (N x throughput(1))."""
+  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
+  policy = pl.parse_policy("moe_l0-8_e4m3")
+  per_pair = {}
+  for devices in (jax.devices()[:1], jax.devices()):
+    n = len(devices)
+    mesh = mesh_lib.data_mesh(devices)
+    ev = paired.PairedEvaluator(cfg, [policy], mesh)
+    p = jax.device_put(params, mesh_lib.replicated(mesh))
+    toks = [jax.device_put(jax.random.randint(jax.random.key(i), (batch * n, seq), 0,
+                                              cfg.vocab_size), mesh_lib.batch_sharding(mesh))
+            for i in range(2)]
+
+    def pair(x, ev=ev, p=p):
+      return ev.variant(policy.name, p, x, ev.baseline(p, x))["compare"]["global"]["rel_err"]
+
+    t, ts = bench(pair, [(x,) for x in toks], reps=8)
+    per_pair[n] = t
+    record(f"scaling_paired_{n}dev", batch_per_device=batch, seq=seq, ms=t * 1e3,
+           tokens_per_s=batch * n * seq / t, times=ts)
+    del p, toks, ev
+  n = max(per_pair)
+  if n > 1:
+    record("scaling_efficiency", devices=n, efficiency=per_pair[1] / per_pair[n])
+
+
 PARTS = {"ceilings": ceilings, "moe": moe_layer, "train": train_step, "paired": paired_eval,
-         "memory": memory, "compile_memory": compile_memory}
+         "memory": memory, "compile_memory": compile_memory, "scaling": scaling}
 
 
 def main():
@@ -227,7 +257,8 @@ def main():
   ap.add_argument("--seq", type=int, default=2048)
   args = ap.parse_args()
   kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, "seq": args.seq},
-            "paired": {"batch": args.batch, "seq": args.seq}, "memory": {"seq": args.seq}}
+            "paired": {"batch": args.batch, "seq": args.seq}, "memory": {"seq": args.seq},
+            "scaling": {"batch": args.batch, "seq": args.seq}}
   print(f"devices: {jax.devices()} (jax {jax.__version__})", flush=True)
   for part in args.parts.split(","):
     t = time.perf_counter()
