@@ -122,8 +122,16 @@ class MoE(nnx.Module):
     self.shared_experts = (MLP(cfg, cfg.n_shared_experts * cfg.moe_intermediate_size, rngs)
                            if cfg.n_shared_experts else None)
 
-  def __call__(self, x, site, impl: str, policy):
-    """x [B, S, d] -> (output [B, S, d], routing dict, scores [T, E])."""
+  def __call__(self, x, site, impl: str, policy, groups: int = 1):
+    """x [B, S, d] -> (output [B, S, d], routing dict, scores [T, E]).
+
+    ``groups`` > 1 splits the batch into that many groups of whole sequences, each
+    dispatched on its own (vmapped): with the batch sharded over ``groups`` devices each
+    device sorts and multiplies only its own tokens (one global sort would make XLA
+    replicate the whole MoE on every device). The result is the same, except that with
+    an FP8 GEMM policy the routed experts' Wgrad tiles along the tokens follow the groups
+    (as on real data-parallel devices).
+    """
     b, s, d = x.shape
     flat = x.reshape(b * s, d)
     scores, weights, ids = moe.route(flat, self.gate[...], self.cfg.num_experts_per_tok,
@@ -140,7 +148,12 @@ class MoE(nnx.Module):
     elif impl == "dispatch":
       grouped = (grouped_gemm.tiled_matmul if policy.gemm is None else functools.partial(
           grouped_gemm.fp8_ragged_dot, config=policy.gemm))
-      routed = moe.experts_dispatch(*args, grouped_matmul=grouped)
+      if b % groups:
+        raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
+      split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
+      dispatch = functools.partial(moe.experts_dispatch, grouped_matmul=grouped)
+      routed = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))(
+          *map(split, args[:3]), *args[3:]).reshape(b * s, d)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use 'dispatch' or 'reference'")
     routed = site("moe_routed_out", routed.reshape(b, s, d))
@@ -175,7 +188,8 @@ class DeepseekMoE(nnx.Module):
     self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
-               train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False):
+               train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
+               moe_groups: int = 1):
     cfg = self.cfg
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     tel = {}
@@ -196,7 +210,7 @@ class DeepseekMoE(nnx.Module):
       h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), policy))
       x = layer.post_attention_layernorm(h)
       if layer.is_moe:
-        out, routing[i], scores = layer.mlp(x, site, moe_impl, policy)
+        out, routing[i], scores = layer.mlp(x, site, moe_impl, policy, moe_groups)
         if train and cfg.aux_loss_alpha > 0:
           aux_losses[i] = moe.balance_loss(scores, routing[i]["topk_ids"].reshape(
               scores.shape[0], -1), tokens.shape[0], cfg.aux_loss_alpha, cfg.seq_aux)
@@ -231,7 +245,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
-          moe_impl: str = "dispatch", telemetry: bool = False):
+          moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1):
   """Forward pass.
 
   Args:
@@ -242,6 +256,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     train: add the balance losses (they need the full router scores).
     moe_impl: "dispatch" (sorted dropless, default) or "reference" (every expert).
     telemetry: also return per-site quantization telemetry.
+    moe_groups: dispatch the MoE per group of B / moe_groups sequences (set it to the
+      number of data-parallel devices; see :class:`MoE`).
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -252,7 +268,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   state = jax.tree.map(lambda x: x, state)  # a fresh copy to fill
   nnx.replace_by_pure_dict(state, params)
   model = nnx.merge(graphdef, state)
-  return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry)
+  return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
+               moe_groups=moe_groups)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -36,9 +36,10 @@ class Baseline(NamedTuple):
   nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
 
 
-def _objective(cfg, policy, moe_impl):
+def _objective(cfg, policy, moe_impl, moe_groups):
   def loss_fn(params, tokens):
-    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl)
+    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
+                                     moe_groups=moe_groups)
     lm = deepseek_moe.lm_loss(logits, tokens)
     return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"])
   return loss_fn
@@ -57,7 +58,8 @@ class PairedEvaluator:
   Args:
     cfg: the model config.
     policies: the FP8 policies to compare (distinct names).
-    mesh: a ``data`` mesh (params replicated, batch sharded).
+    mesh: a ``data`` mesh (params replicated, batch sharded); the MoE dispatches per
+      device (``moe_groups`` = the mesh size).
     moe_impl: the MoE implementation of both passes.
   """
 
@@ -70,7 +72,9 @@ class PairedEvaluator:
     self.cfg, self.mesh = cfg, mesh
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
-    grad_bf16 = jax.value_and_grad(_objective(cfg, policy_lib.BF16, moe_impl), has_aux=True)
+    self.moe_groups = mesh.devices.size
+    grad_bf16 = jax.value_and_grad(_objective(cfg, policy_lib.BF16, moe_impl, self.moe_groups),
+                                   has_aux=True)
 
     def baseline(params, tokens):
       (loss, (lm, aux, routing)), grads = grad_bf16(params, tokens)
@@ -85,7 +89,8 @@ class PairedEvaluator:
           out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
-    grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl), has_aux=True)
+    grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl, self.moe_groups),
+                                  has_aux=True)
 
     def variant(params, tokens, base: Baseline):
       (loss, (lm, aux, routing)), grads = grad_fp8(params, tokens)

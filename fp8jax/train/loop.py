@@ -122,8 +122,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
   sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp
               else jax.tree.map(lambda _: mesh_lib.replicated(mesh), abstract))
   step_fn = mesh_lib.shard_step(
-      step_lib.make_train_step(model_cfg, tx, policy, moe_impl=cfg.train.moe_impl), mesh,
-      sharding)
+      step_lib.make_train_step(model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
+                               moe_groups=mesh.devices.size), mesh, sharding)
   ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
   writer = metrics_log.MetricsWriter(workdir, cfg.train.tensorboard)
   meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),

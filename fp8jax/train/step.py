@@ -32,11 +32,13 @@ def init_state(params, tx: optax.GradientTransformation) -> TrainState:
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     policy: policy_lib.PrecisionPolicy = policy_lib.BF16,
-                    moe_impl: str = "dispatch"):
-  """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it)."""
+                    moe_impl: str = "dispatch", moe_groups: int = 1):
+  """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
+  ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``)."""
 
   def objective(params, tokens):
-    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl)
+    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
+                                     moe_groups=moe_groups)
     lm = deepseek_moe.lm_loss(logits, tokens)
     return lm + aux["aux_loss"], (lm, aux["aux_loss"])
 
