@@ -143,7 +143,13 @@ def heatmap(result: Mapping[str, Any], metric: str = "diff_norm"
     layer has no such module.
   """
   column = jax.device_get(result["by_module_layer"]).column(metric)
-  cells = {paths_lib.split_module_layer_key(k): float(v) for k, v in column.items()}
+  return module_layer_grid({k: float(v) for k, v in column.items()})
+
+
+def module_layer_grid(values: Mapping[str, float]
+                      ) -> tuple[list[str], list[int], np.ndarray]:
+  """``{"<module>/<layer>": value}`` as ``(modules, layers, table)`` (see :func:`heatmap`)."""
+  cells = {paths_lib.split_module_layer_key(k): v for k, v in values.items()}
   modules = [m for m in paths_lib.MODULES if any(c[0] == m for c in cells)]
   layers = sorted({c[1] for c in cells})
   table = np.full((len(modules), len(layers)), math.nan)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.metrics import paths as paths_lib
+from fp8jax.metrics import rows as metrics_rows
 from fp8jax.study import report
 
 NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
@@ -152,14 +152,8 @@ def module_layer_table(res: report.Results, policy: str, step: int
                        ) -> tuple[list[str], list[int], np.ndarray]:
   """``(modules, layers, table)``: the mean diff_norm of each module x layer cell at one
   checkpoint (NaN where absent), modules in :data:`fp8jax.metrics.paths.MODULES` order."""
-  cells = {paths_lib.split_module_layer_key(k): v
-           for k, v in report.mean_details(res, policy, step, "module_layer").items()}
-  modules = [m for m in paths_lib.MODULES if any(c[0] == m for c in cells)]
-  layers = sorted({c[1] for c in cells})
-  table = np.full((len(modules), len(layers)), np.nan)
-  for (m, lay), v in cells.items():
-    table[modules.index(m), layers.index(lay)] = v
-  return modules, layers, table
+  return metrics_rows.module_layer_grid(
+      report.mean_details(res, policy, step, "module_layer"))
 
 
 def heatmaps(res: report.Results, out_dir) -> pathlib.Path:

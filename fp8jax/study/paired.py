@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fp8jax import metrics
 from fp8jax.models import deepseek_moe
@@ -31,6 +32,7 @@ class Baseline(NamedTuple):
   lm_loss: jax.Array
   aux_loss: jax.Array
   grads: Any            # params-shaped float32
+  grad_norm: jax.Array  # global L2 norm of grads
   routing: Any          # per MoE layer: topk_ids, topk_weights, expert_counts
   finite: jax.Array     # loss and every gradient finite
   nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
@@ -78,7 +80,8 @@ class PairedEvaluator:
 
     def baseline(params, tokens):
       (loss, (lm, aux, routing)), grads = grad_bf16(params, tokens)
-      return Baseline(loss, lm, aux, grads, routing, *_finiteness(loss, grads))
+      return Baseline(loss, lm, aux, grads, optax.tree.norm(grads), routing,
+                      *_finiteness(loss, grads))
 
     self._baseline = jax.jit(baseline, in_shardings=(rep, data), out_shardings=rep)
     self._variants = {}

@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 
+from fp8jax.train import metrics_log
+
 
 def append(path, row: dict) -> None:
   """Appends ``row`` as one line with a single write, flushed to disk."""
@@ -19,15 +21,7 @@ def append(path, row: dict) -> None:
 def read(path) -> list[dict]:
   """The complete rows of a JSONL file ([] if it does not exist)."""
   path = pathlib.Path(path)
-  if not path.exists():
-    return []
-  rows = []
-  for line in path.read_text().splitlines():
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
-  return rows
+  return metrics_log.read_rows(path) if path.exists() else []
 
 
 def rewrite(path, rows) -> None:

@@ -184,15 +184,9 @@ def _baseline_row(base: paired.Baseline, params) -> dict:
   b = jax.device_get(base._replace(grads=None, routing=None))
   first = int(b.nonfinite)
   return {"loss": float(b.loss), "lm_loss": float(b.lm_loss), "aux_loss": float(b.aux_loss),
-          "grad_norm": float(jax.device_get(_global_norm(base.grads))),
+          "grad_norm": float(b.grad_norm),
           "finite": bool(b.finite),
           "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
-
-
-@jax.jit
-def _global_norm(tree):
-  return jax.numpy.sqrt(sum(jax.numpy.sum(jax.numpy.square(g.astype(np.float32)))
-                            for g in jax.tree.leaves(tree)))
 
 
 def _result_rows(res: dict, base: paired.Baseline, params, ids: dict) -> tuple[dict, dict]:
