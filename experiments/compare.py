@@ -25,8 +25,9 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation ba
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (0: the training run's).")
 _SEED = flags.DEFINE_integer("seed", 1234, "Shuffle seed of the evaluation batches.")
 _SPLIT = flags.DEFINE_string("split", "", "Data split (default: the training run's).")
-_MOE_IMPL = flags.DEFINE_enum("moe_impl", "dispatch", ["dispatch", "reference"],
-                              "MoE implementation of both passes.")
+_MOE_IMPL = flags.DEFINE_enum("moe_impl", "dispatch", ["dispatch", "pallas", "reference"],
+                              "MoE implementation of both passes ('pallas': the grouped-GEMM "
+                              "kernel, GPU).")
 
 
 def main(argv):

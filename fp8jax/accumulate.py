@@ -11,7 +11,19 @@ Two accumulators (:class:`Accumulation`):
 
 ``fp32``
   Each interval's products are summed in float32 (the products of two FP8 values are
-  exact in float32). Intervals are as long as the scale blocks along K allow.
+  exact in float32). Intervals are as long as the scale blocks along K allow. The
+  intervals are promoted one after the other, in order of K, each as
+  ``acc32 = acc32 + partial * (sa * sb)`` with the product rounded to float32 before the
+  add (the Pallas kernel may fuse it into an FMA: at most one float32 ulp per promotion).
+  The order of the float32 additions *inside* an interval is the dot's (cuBLAS, Triton or
+  Eigen), so platforms and implementations agree to float32 rounding of the interval sums.
+  Two implementations (``impl`` of :func:`scaled_matmul`): ``"xla"`` loops over the
+  intervals with one ``bf16 x bf16 -> float32`` dot per interval (FP8 payloads are exact
+  in bfloat16, so the products are exact and summed in float32) and never holds more than
+  a few ``[B, M, N]`` float32 arrays; ``"pallas"`` is the same computation as one kernel
+  (:mod:`fp8jax.kernels.scaled_matmul_pallas`, Triton on GPU, interpreted elsewhere).
+  ``"auto"`` takes the kernel on GPU when the intervals suit it (see
+  :func:`fp32_impl`), else the loop.
 
 ``tensor_core``
   A model of Hopper FP8 tensor-core (wgmma) accumulation. Inside a promotion interval of
@@ -137,15 +149,48 @@ def aligned_block_sum(terms: jax.Array, fraction_bits: int) -> jax.Array:
   return jnp.ldexp(jnp.sum(ulps, axis=-1), shift[..., 0])
 
 
+def _dot_payload(data: jax.Array) -> jax.Array:
+  """A payload as the dot's operand: bfloat16 for 8-bit floats (exact: every FP8 format
+  has at most 3 fraction bits and an exponent range inside bfloat16's), else float32."""
+  dtype = jnp.dtype(data.dtype)
+  exact_bf16 = jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize <= 2 and \
+      jnp.finfo(dtype).nmant <= 7 and jnp.finfo(dtype).minexp >= -126 and \
+      jnp.finfo(dtype).maxexp <= 128
+  # The barrier keeps XLA from folding the convert into a neighbour (see payload_f32).
+  return lax.optimization_barrier(data).astype(jnp.bfloat16 if exact_bf16 else jnp.float32)
+
+
 def _fp32_products(a, bt, sa, sb, interval):
-  """sum_j (A_j . Bt_j) * (sa_j * sb_j) with float32 interval sums."""
+  """``sum_j (A_j . Bt_j) * (sa_j * sb_j)`` with float32 interval sums, j in order.
+
+  A loop over the ``J = K_pad / interval`` intervals: each takes one
+  ``[B, M, interval] x [B, N, interval] -> float32 [B, M, N]`` dot (bfloat16 payloads,
+  float32 accumulation; float32 payloads at HIGHEST precision), rounds
+  ``partial * (sa_j * sb_j)`` to float32 and adds it to the float32 accumulator. Memory:
+  the accumulator and one interval's partial products, never ``[B, M, N, J]``.
+
+  Args:
+    a: payload [B, M, K_pad] (bfloat16 or float32).
+    bt: payload [B, N, K_pad].
+    sa: float32 [B, M, J].
+    sb: float32 [B, N, J].
+    interval: elements of K per interval.
+  """
   b, m, k_pad = a.shape
   n = bt.shape[1]
-  j = k_pad // interval
-  parts = jnp.einsum("bmjc,bnjc->bmnj", a.reshape(b, m, j, interval),
-                     bt.reshape(b, n, j, interval), precision=lax.Precision.HIGHEST,
-                     preferred_element_type=jnp.float32)
-  return jnp.sum(parts * (sa[:, :, None, :] * sb[:, None, :, :]), axis=-1)
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else lax.Precision.DEFAULT
+
+  def step(j, acc32):
+    a_j = lax.dynamic_slice_in_dim(a, j * interval, interval, axis=2)
+    b_j = lax.dynamic_slice_in_dim(bt, j * interval, interval, axis=2)
+    part = jnp.einsum("bmc,bnc->bmn", a_j, b_j, precision=precision,
+                      preferred_element_type=jnp.float32)
+    scale = (lax.dynamic_index_in_dim(sa, j, axis=2, keepdims=False)[:, :, None] *
+             lax.dynamic_index_in_dim(sb, j, axis=2, keepdims=False)[:, None, :])
+    # Round the product before the add (no backend-dependent FMA contraction).
+    return acc32 + lax.optimization_barrier(part * scale)
+
+  return lax.fori_loop(0, k_pad // interval, step, jnp.zeros((b, m, n), jnp.float32))
 
 
 def _tensor_core_products(a, bt, sa, sb, interval, acc: Accumulation):
@@ -180,14 +225,63 @@ def _tensor_core_products(a, bt, sa, sb, interval, acc: Accumulation):
   return acc32
 
 
+IMPLS = ("auto", "xla", "pallas")
+_default_impl = "auto"
+
+
+def set_default_impl(impl: str) -> str:
+  """Sets the FP32-mode implementation that :func:`scaled_matmul` uses when called with
+  ``impl=None`` (as ``fp8jax.gemm`` does); returns the previous one. Read at trace time:
+  functions already jitted keep the implementation they were traced with."""
+  global _default_impl
+  if impl not in IMPLS:
+    raise ValueError(f"unknown scaled_matmul implementation {impl!r}; choose one of {IMPLS}")
+  previous, _default_impl = _default_impl, impl
+  return previous
+
+
+def fp32_impl(interval: int, payload_dtypes=(), impl: str | None = None,
+              backend: str | None = None) -> str:
+  """The implementation, ``"xla"`` or ``"pallas"``, of FP32 accumulation.
+
+  Args:
+    interval: promotion interval (elements of K).
+    payload_dtypes: dtypes of the payloads (the kernel takes 8-bit floats and bfloat16).
+    impl: ``"auto"`` (the Pallas kernel on GPU when it supports ``interval`` and the
+      payload and no multi-device context mesh is set, see
+      :mod:`fp8jax.kernels.placement`; else the XLA loop), ``"xla"``, ``"pallas"``, or
+      None for the default (:func:`set_default_impl`).
+    backend: the JAX backend; default ``jax.default_backend()``.
+
+  Raises:
+    ValueError: for ``"pallas"`` with an interval or payload the kernel does not handle.
+  """
+  from fp8jax.kernels import placement  # side-effect free
+  from fp8jax.kernels import scaled_matmul_pallas as kernel
+
+  impl = _default_impl if impl is None else impl
+  if impl not in IMPLS:
+    raise ValueError(f"unknown scaled_matmul implementation {impl!r}; choose one of {IMPLS}")
+  fits = kernel.supports_interval(interval) and all(
+      kernel.supports_payload(d) for d in payload_dtypes)
+  if impl == "auto":
+    return "pallas" if fits and placement.kernels_allowed(backend) else "xla"
+  if impl == "pallas" and not fits:
+    raise ValueError(f"the Pallas kernel does not handle promotion intervals of {interval} "
+                     f"elements or payloads of {[str(jnp.dtype(d)) for d in payload_dtypes]}")
+  return impl
+
+
 def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
-                  acc: Accumulation = FP32) -> jax.Array:
+                  acc: Accumulation = FP32, impl: str | None = None) -> jax.Array:
   """Blockwise-scaled FP8 product of contraction-last operands.
 
   Args:
     a: quantized [B, M, K].
     bt: quantized [B, N, K].
     acc: the accumulator model.
+    impl: FP32 mode only: ``"auto"``, ``"xla"`` or ``"pallas"`` (see :func:`fp32_impl`;
+      ``"pallas"`` runs interpreted off GPU); None for the default.
 
   Returns:
     float32 [B, M, N].
@@ -206,10 +300,22 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
   n_int = k_pad // interval
   sa = _interval_scales(a, interval, n_int)
   sb = _interval_scales(bt, interval, n_int)
-  # The barrier keeps XLA:GPU's GEMM rewriter from turning convert(fp8) -> dot into a
-  # real FP8 cuBLASLt GEMM, whose own accumulation would replace the simulated one.
+  if acc.mode == "fp32":
+    if fp32_impl(interval, (a.data.dtype, bt.data.dtype), impl) == "pallas":
+      from fp8jax.kernels import scaled_matmul_pallas as kernel
+
+      # The payloads go to the kernel as they are (a custom call: no GEMM rewriting).
+      return kernel.scaled_matmul_pallas(a.data, bt.data, sa, sb, interval=interval,
+                                         interpret=jax.default_backend() != "gpu")
+    # The barrier keeps XLA:GPU's GEMM rewriter from turning convert(fp8) -> dot into a
+    # real FP8 cuBLASLt GEMM, whose own accumulation would replace the simulated one.
+    a_p, b_p = _dot_payload(a.data), _dot_payload(bt.data)
+    dtype = jnp.promote_types(a_p.dtype, b_p.dtype)
+    a_p, b_p = lax.optimization_barrier((_pad_k(a_p.astype(dtype), k_pad),
+                                         _pad_k(b_p.astype(dtype), k_pad)))
+    return _fp32_products(a_p, b_p, sa, sb, interval)
+  if impl == "pallas":
+    raise ValueError("the Pallas kernel implements FP32 accumulation only")
   a_f, b_f = lax.optimization_barrier((_pad_k(qtensor.payload_f32(a.data), k_pad),
                                        _pad_k(qtensor.payload_f32(bt.data), k_pad)))
-  if acc.mode == "fp32":
-    return _fp32_products(a_f, b_f, sa, sb, interval)
   return _tensor_core_products(a_f, b_f, sa, sb, interval, acc)

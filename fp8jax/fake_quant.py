@@ -13,8 +13,10 @@ come back as the gradient with respect to that state (see ``fp8jax.delayed``).
 
 Without telemetry, current-scaled round trips (forward and cotangent) use the fused
 path of ``fp8jax.fast_quant``: no FP8 payload is materialized and the result is equal
-bit for bit to ``fp8jax.quantize_dequantize``. Telemetry and delayed scaling use the
-payload path of ``fp8jax.qtensor``.
+bit for bit to ``fp8jax.quantize_dequantize``; on Hopper GPUs, 1 x t tiles in E4M3/E5M2
+run as one Pallas kernel with the same bits (``fp8jax.kernels.fake_quant_pallas``, not
+under a multi-device context mesh: see ``fp8jax.kernels.placement``). Telemetry and
+delayed scaling use the payload path of ``fp8jax.qtensor``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from jax import lax
 
 from fp8jax import delayed, fast_quant, qtensor
 from fp8jax import spec as spec_lib
+from fp8jax.kernels import fake_quant_pallas as fqp
 
 
 def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
@@ -71,9 +74,17 @@ def _check_state(state, spec):
     raise ValueError("state.bwd is set but the backward spec is not delayed-scaled")
 
 
+def _fused(x, spec):
+  """The one-pass round trip: the Pallas kernel on Hopper GPUs (bit-identical, see
+  ``fp8jax.kernels.fake_quant_pallas``), else the fused XLA path."""
+  if fqp.auto_applies(x.shape, x.dtype, spec):
+    return fqp.fake_quant_pallas(x, spec, **fqp.AUTO)
+  return fast_quant.quantize_dequantize_fused(x, spec)
+
+
 def _round_trip(x, spec, history, telemetry):
   if not telemetry and history is None and fast_quant.supports(spec):
-    return fast_quant.quantize_dequantize_fused(x, spec), None
+    return _fused(x, spec), None
   out = qtensor.quantize_dequantize(x, spec, history, telemetry=telemetry)
   return out if telemetry else (out, None)
 
@@ -83,7 +94,7 @@ def _quantize_cotangent(g, spec):
   if spec.backward is None:
     return g
   if fast_quant.supports(spec.backward):
-    return fast_quant.quantize_dequantize_fused(g, spec.backward)
+    return _fused(g, spec.backward)
   return qtensor.quantize_dequantize(g, spec.backward)
 
 

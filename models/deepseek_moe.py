@@ -106,6 +106,43 @@ class MLP(nnx.Module):
     return linear(self.down_proj, hidden, policy)
 
 
+DISPATCH_IMPLS = ("dispatch", "pallas")
+MOE_IMPLS = (*DISPATCH_IMPLS, "reference")
+
+
+def _grouped_matmul(impl: str, policy):
+  """The routed experts' grouped GEMM: the FP8 GEMM simulation when the policy has one,
+  else XLA's tiled GEMM ("dispatch") or the Pallas kernel ("pallas", GPU)."""
+  if policy.gemm is not None:
+    return functools.partial(grouped_gemm.fp8_ragged_dot, config=policy.gemm)
+  if impl == "pallas":
+    from fp8jax.kernels import grouped_matmul_pallas  # noqa: PLC0415 (Pallas on demand)
+    return grouped_matmul_pallas.grouped_matmul
+  return grouped_gemm.tiled_matmul
+
+
+def _dispatch(args, groups: int, grouped, per_device: bool):
+  """Sorted dropless dispatch per group of sequences (vmapped over the groups).
+
+  With ``per_device`` (a Pallas GEMM) and ``groups`` > 1 under a context mesh
+  (``jax.set_mesh``) whose ``data`` axis has ``groups`` devices, each device runs its own
+  group in a ``shard_map``: XLA cannot partition a kernel's custom call and would
+  otherwise gather every group onto every device.
+
+  Returns:
+    [groups, T / groups, d].
+  """
+  split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
+  dispatch = functools.partial(moe.experts_dispatch, grouped_matmul=grouped)
+  per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
+  mesh = jax.sharding.get_abstract_mesh()
+  if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:
+    data, rep = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
+    per_group = jax.shard_map(per_group, in_specs=(data,) * 3 + (rep,) * 3, out_specs=data,
+                              check_vma=False)  # the kernel has no varying-axes rule
+  return per_group(*map(split, args[:3]), *args[3:])
+
+
 class MoE(nnx.Module):
   """Routed experts (stacked weights) plus fused shared experts."""
 
@@ -145,17 +182,13 @@ class MoE(nnx.Module):
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
                          "moe_impl='dispatch'")
       routed = moe.experts_reference(*args)
-    elif impl == "dispatch":
-      grouped = (grouped_gemm.tiled_matmul if policy.gemm is None else functools.partial(
-          grouped_gemm.fp8_ragged_dot, config=policy.gemm))
+    elif impl in DISPATCH_IMPLS:
       if b % groups:
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
-      split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
-      dispatch = functools.partial(moe.experts_dispatch, grouped_matmul=grouped)
-      routed = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))(
-          *map(split, args[:3]), *args[3:]).reshape(b * s, d)
+      kernel = impl == "pallas" and policy.gemm is None
+      routed = _dispatch(args, groups, _grouped_matmul(impl, policy), kernel).reshape(b * s, d)
     else:
-      raise ValueError(f"unknown MoE implementation {impl!r}; use 'dispatch' or 'reference'")
+      raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")
     routed = site("moe_routed_out", routed.reshape(b, s, d))
     out = routed
     if self.shared_experts is not None:
@@ -254,7 +287,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     cfg: the model config.
     policy: which quantization sites are fake-quantized.
     train: add the balance losses (they need the full router scores).
-    moe_impl: "dispatch" (sorted dropless, default) or "reference" (every expert).
+    moe_impl: "dispatch" (sorted dropless through XLA, default), "pallas" (sorted
+      dropless through the Pallas grouped GEMM: GPU) or "reference" (every expert).
     telemetry: also return per-site quantization telemetry.
     moe_groups: dispatch the MoE per group of B / moe_groups sequences (set it to the
       number of data-parallel devices; see :class:`MoE`).

@@ -1,6 +1,8 @@
 """Accumulation models: bit-exact tensor-core model, FP32 mode against float64."""
 
-from hypothesis import given
+import functools
+
+from hypothesis import given, settings
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
@@ -109,3 +111,120 @@ def test_promotion_reduces_error_and_never_needs_constant_scales():
 def test_invalid_accumulation(kwargs, match):
   with pytest.raises(ValueError, match=match):
     accumulate.Accumulation(**kwargs)
+
+
+# --- FP32 mode: the interval loop, the old [M, N, J] formula, float64 -----------------
+
+
+def _old_fp32_formula(qa, qb):
+  """The FP32 mode before the interval loop: [B, M, N, J] partial products (f32)."""
+  k = qa.shape[-1]
+  interval = np.gcd(min(qa.full_block[-1], k), min(qb.full_block[-1], k))
+  j = -(-k // interval)
+  sa = accumulate._interval_scales(qa, interval, j)
+  sb = accumulate._interval_scales(qb, interval, j)
+  pad = [(0, 0), (0, 0), (0, j * interval - k)]
+  a = jnp.pad(fp8jax.qtensor.payload_f32(qa.data), pad)
+  b = jnp.pad(fp8jax.qtensor.payload_f32(qb.data), pad)
+  nb, m, n = a.shape[0], a.shape[1], b.shape[1]
+  parts = jnp.einsum("bmjc,bnjc->bmnj", a.reshape(nb, m, j, interval),
+                     b.reshape(nb, n, j, interval), precision=jax.lax.Precision.HIGHEST,
+                     preferred_element_type=jnp.float32)
+  return jnp.sum(parts * (sa[:, :, None, :] * sb[:, None, :, :]), axis=-1)
+
+
+def _f64_reference(qa, qb):
+  """NumPy float64: sum_k (payload_a * scale_a) (payload_b * scale_b), exact products."""
+  def deq(qt):
+    data = np.asarray(qt.data.astype(jnp.float32), np.float64)
+    s = np.asarray(qt.scale_inv.astype(jnp.float32), np.float64)
+    for axis, size in enumerate(qt.full_block):
+      s = np.repeat(s, size, axis=axis)
+    return data * s[tuple(slice(0, d) for d in data.shape)]
+  da, db = deq(qa), deq(qb)
+  return np.einsum("bmk,bnk->bmn", da, db), np.einsum("bmk,bnk->bmn", np.abs(da), np.abs(db))
+
+
+_GRANS = {"tile128/block128": (fp8jax.tile(128), fp8jax.block((128, 128))),
+          "tensor/axis": (fp8jax.per_tensor(), fp8jax.per_axis(-1)),
+          "tile32/tile128": (fp8jax.tile(32), fp8jax.tile(128)),
+          "tile64/block64": (fp8jax.tile(64), fp8jax.block((64, 64)))}
+
+
+@st.composite
+def _fp32_case(draw):
+  return (draw(st.integers(0, 2**31 - 1)), draw(st.integers(1, 2)), draw(st.integers(1, 9)),
+          draw(st.integers(1, 9)), draw(st.sampled_from([1, 64, 128, 200, 384, 500])),
+          draw(st.sampled_from(sorted(_GRANS))), draw(st.sampled_from(["e4m3", "e5m2"])),
+          draw(st.sampled_from(["fp32", "pow2"])))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _fp32_loop_and_old(a, b, spec_a, spec_b):
+  qa, qb = fp8jax.quantize(a, spec_a), fp8jax.quantize(b, spec_b)
+  return (qa, qb, accumulate.scaled_matmul(qa, qb, accumulate.FP32, impl="xla"),
+          _old_fp32_formula(qa, qb))
+
+
+@settings(max_examples=max(settings.default.max_examples // 4, 1))
+@given(_fp32_case())
+def test_fp32_interval_loop_matches_old_formula_and_float64(case):
+  seed, nb, m, n, k, gran, fmt, scale_format = case
+  rng = np.random.default_rng(seed)
+  spec = fp8jax.QuantSpec(format=fmt, scale_format=scale_format)
+  a_gran, b_gran = _GRANS[gran]
+  a = rng.standard_normal((nb, m, k)) * 10.0 ** rng.uniform(-3, 3, (nb, m, 1))
+  b = rng.standard_normal((nb, n, k))
+  qa, qb, got, old = _fp32_loop_and_old(
+      jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32),
+      spec.replace(granularity=a_gran), spec.replace(granularity=b_gran))
+  got, old = np.asarray(got, np.float64), np.asarray(old, np.float64)
+  want, mag = _f64_reference(qa, qb)
+  # float32 sums of k exact products (each interval), then <= k / interval promotions.
+  bound = (k + 2) * 2.0**-24 * mag
+  assert np.all(np.abs(got - want) <= bound)
+  assert np.all(np.abs(got - old) <= 2 * bound)
+
+
+def test_fp32_interval_loop_holds_no_per_interval_partials():
+  """Compiled temporaries: no [B, M, N, J] float32 partial products (the old formula)."""
+  m, n, k = 256, 256, 4096  # J = 32: 8 MiB of partial products in the old formula
+  spec = fp8jax.QuantSpec()
+  qa = jax.eval_shape(lambda x: fp8jax.quantize(x, spec.replace(granularity=fp8jax.tile(128))),
+                      jax.ShapeDtypeStruct((1, m, k), jnp.float32))
+  qb = jax.eval_shape(
+      lambda x: fp8jax.quantize(x, spec.replace(granularity=fp8jax.block((128, 128)))),
+      jax.ShapeDtypeStruct((1, n, k), jnp.float32))
+
+  def temp_bytes(f):
+    mem = jax.jit(f).lower(qa, qb).compile().memory_analysis()
+    if mem is None:
+      pytest.skip("no memory analysis on this backend")
+    return mem.temp_size_in_bytes
+
+  new = temp_bytes(lambda x, y: accumulate.scaled_matmul(x, y, impl="xla"))
+  old = temp_bytes(_old_fp32_formula)
+  # bfloat16 payload copies (4 MiB) and a few [M, N] float32 arrays.
+  assert new < (m + n) * k * 2 + 6 * m * n * 4 and old > 3 * new, (new, old)
+
+
+def test_fp32_impl_selection():
+  e4m3, e5m2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+  assert accumulate.fp32_impl(128, (e4m3, e4m3), "auto", backend="cpu") == "xla"
+  assert accumulate.fp32_impl(128, (e4m3, e5m2), "auto", backend="gpu") == "pallas"
+  assert accumulate.fp32_impl(4096, (e4m3, e4m3), "auto", backend="gpu") == "pallas"
+  assert accumulate.fp32_impl(1000, (e4m3, e4m3), "auto", backend="gpu") == "xla"
+  assert accumulate.fp32_impl(128, (jnp.float32, e4m3), "auto", backend="gpu") == "xla"
+  assert accumulate.fp32_impl(1000, (e4m3, e4m3), "xla", backend="gpu") == "xla"
+  with pytest.raises(ValueError, match="does not handle promotion intervals of 1000"):
+    accumulate.fp32_impl(1000, (e4m3, e4m3), "pallas")
+  with pytest.raises(ValueError, match="unknown scaled_matmul implementation"):
+    accumulate.fp32_impl(128, (e4m3,), "triton")
+  previous = accumulate.set_default_impl("xla")
+  try:
+    assert accumulate.fp32_impl(128, (e4m3, e4m3), backend="gpu") == "xla"
+  finally:
+    accumulate.set_default_impl(previous)
+  qa, qb = _operands(np.random.default_rng(0), 2, 2, 128, fp8jax.tile(128), fp8jax.tile(128))
+  with pytest.raises(ValueError, match="FP32 accumulation only"):
+    accumulate.scaled_matmul(qa, qb, accumulate.HOPPER, impl="pallas")

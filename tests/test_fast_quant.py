@@ -8,8 +8,9 @@ path (``fp8jax.quantize_dequantize``) and against the NumPy reference.
 from __future__ import annotations
 
 import functools
+import types
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
@@ -212,24 +213,141 @@ def test_pallas_kernel_matches_fused_in_interpret_mode(spec, dtype, shape, tiles
   assert ref.same_bits(np.asarray(got), ref_for_spec(x, spec)[2])
 
 
+# rounding="cast" (the FP8 conversion instead of integer arithmetic). In interpret mode
+# on CPU the astype to float8 is XLA:CPU's conversion, not Triton's `cvt.rn.satfinite`
+# on the GPU, so these tests check the kernel's logic (clip, NaN, scales, splits) only;
+# the bit-identity check of every configuration in scripts/bench/fake_quant.py, run on
+# the device, is the real test of the hardware rounding.
+
+
+@st.composite
+def _cast_case(draw):
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  t = draw(st.sampled_from([32, 128]))
+  shape = draw(st.sampled_from([(8, 4 * t), (3, 2 * t), (2, 4, t)]))
+  x = draw(hs.arrays(shape)).copy()
+  flat = x.reshape(-1, shape[-1])
+  rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+  with np.errstate(over="ignore", invalid="ignore"):
+    if draw(st.booleans()):  # outliers
+      big = rng.random(flat.shape) < 0.02
+      flat[big] = (flat[big].astype(np.float32) * np.float32(1e3)).astype(flat.dtype)
+    if draw(st.booleans()):  # an all-zero row
+      flat[rng.integers(0, flat.shape[0])] = 0
+  scale_format = draw(st.sampled_from(["fp32", "pow2"]))
+  spec = fp8jax.QuantSpec(
+      format=draw(st.sampled_from(fqp.CAST_FORMATS)), granularity=fp8jax.tile(t),
+      scale_format=scale_format,
+      pow2_rounding=draw(st.sampled_from(["floor", "ceil", "rceil"]))
+      if scale_format == "pow2" else None,
+      eps=draw(st.sampled_from([0.0, 1e-12])), margin=draw(st.integers(-2, 1)))
+  split = draw(st.sampled_from(["loop", "reshape", "flat"]))
+  return x, spec, split, draw(st.sampled_from([1, 2, 4]))
+
+
+@settings(max_examples=min(settings().max_examples, 8))
+@given(_cast_case())
+def test_pallas_cast_rounding_matches_fused_in_interpret_mode(case):
+  """Margins < 0 push x * s past the format's max: the clip's saturation is exercised."""
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  x, spec, split, tiles = case
+  xj = jnp.asarray(x)
+  got = fqp.fake_quant_pallas(xj, spec, block_rows=4, tiles_per_block=tiles, split=split,
+                              rounding="cast", interpret=True)
+  want = _fused_jit(xj, spec)
+  assert got.dtype == x.dtype and got.shape == x.shape
+  assert ref.same_bits(np.asarray(got), np.asarray(want)), spec.describe()
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_apply_scales_cast_saturates_like_round_to_format(fmt):
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  f = formats.get_format(fmt)
+  fmax, ulp = np.float32(f.max), 2.0**-f.mantissa_bits
+  x = np.array([fmax * (1 + ulp / 8), fmax * (1 + ulp / 2), fmax * (1 + ulp), 2 * fmax, 3e38,
+                np.inf, np.nan, f.min_subnormal / 2, f.min_subnormal * 0.75, 1e-40, 0.0,
+                1.0 + ulp / 2, 1.0 + 1.5 * ulp, 3.3], np.float32)
+  x = np.concatenate([x, -x])
+  one = jnp.ones((), jnp.float32)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    args = (jnp.asarray(x), one * 2, one / 2, f, dtype)
+    got = jax.jit(fqp.apply_scales_cast, static_argnums=(3, 4))(*args)
+    want = jax.jit(fast_quant.apply_scales, static_argnums=(3, 4))(*args)
+    assert ref.same_bits(np.asarray(got), np.asarray(want))
+  got = np.asarray(fqp.apply_scales_cast(jnp.asarray(x), one, one, f, jnp.float32))
+  assert np.all(np.abs(got[np.isfinite(x)]) <= fmax) and np.isnan(got[6])
+  assert got[0] == fmax and got[5] == fmax and got[5 + x.size // 2] == -fmax  # ±inf -> ±max
+
+
+@pytest.mark.parametrize("split", ["loop", "reshape", "flat"])
+@pytest.mark.parametrize("spec", [
+    fp8jax.preset("deepseek_v3"),
+    fp8jax.preset("deepseek_v3_ue8m0"),
+    fp8jax.QuantSpec(format="e5m2", granularity=fp8jax.tile(128), margin=-1),
+], ids=["e4m3-fp32", "e4m3-rceil", "e5m2-fp32-margin-1"])
+def test_pallas_cast_rounding_edges_in_interpret_mode(spec, split):
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((8, 512)).astype(np.float32)
+  x[0, :6] = [np.nan, np.inf, -np.inf, 3e4, 1e-30, -0.0]
+  x[1, :] = 0.0
+  x[2, 130] = 1e4
+  x[3, :128] = 448.0  # a tile at the format's max
+  x[3, 128:256] = 6e4
+  x[4, 256:] = np.nan  # all-NaN tiles: amax 0, s = 1
+  x = x.astype(ml_dtypes.bfloat16)
+  got = fqp.fake_quant_pallas(jnp.asarray(x), spec, block_rows=4, tiles_per_block=2,
+                              split=split, rounding="cast", interpret=True)
+  want = _fused_jit(jnp.asarray(x), spec)
+  assert ref.same_bits(np.asarray(got), np.asarray(want))
+  assert ref.same_bits(np.asarray(got), ref_for_spec(x, spec)[2])
+
+
+def test_pallas_cast_rounding_refuses_what_it_cannot_round(monkeypatch):
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  x = jnp.ones((4, 256))
+  for fmt in ("e4m3fnuz", "e5m2fnuz"):
+    with pytest.raises(ValueError, match="rounding='cast' supports the formats"):
+      fqp.fake_quant_pallas(x, fp8jax.QuantSpec(format=fmt, granularity=fp8jax.tile(128)),
+                            rounding="cast", interpret=True)
+  with pytest.raises(ValueError, match="rounding must be one of"):
+    fqp.fake_quant_pallas(x, fp8jax.preset("deepseek_v3"), rounding="nearest", interpret=True)
+  # Below sm_90 Triton rounds f32 -> fp8 through f16 (not RNE): refused on such a GPU.
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(compute_capability="8.9")])
+  with pytest.raises(ValueError, match="compute capability >= 9.0"):
+    fqp.fake_quant_pallas(x, fp8jax.preset("deepseek_v3"), rounding="cast")
+
+
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("tiles_per_block,split", [(1, "loop"), (4, "loop"), (4, "reshape")])
-def test_pallas_kernel_lowers_for_triton(tiles_per_block, split):
+@pytest.mark.parametrize("tiles_per_block,split,rounding,fmt", [
+    (1, "loop", "integer", "e4m3"), (4, "loop", "integer", "e4m3"),
+    (4, "reshape", "integer", "e4m3"), (4, "loop", "cast", "e4m3"),
+    (4, "reshape", "cast", "e4m3"), (1, "flat", "cast", "e4m3"), (4, "loop", "cast", "e5m2"),
+])
+def test_pallas_kernel_lowers_for_triton(tiles_per_block, split, rounding, fmt):
   """Lowering to the Triton custom call for an H100 (no GPU needed)."""
   from fp8jax.kernels import fake_quant_pallas as fqp
 
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None,
                                        platform="cuda")
   mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-  f = jax.jit(functools.partial(fqp.fake_quant_pallas, spec=fp8jax.preset("deepseek_v3"),
-                                block_rows=8, tiles_per_block=tiles_per_block, num_warps=4,
-                                split=split))
+  spec = fp8jax.preset("deepseek_v3").replace(format=fmt)
+  f = jax.jit(functools.partial(fqp.fake_quant_pallas, spec=spec, block_rows=8,
+                                tiles_per_block=tiles_per_block, num_warps=4, split=split,
+                                rounding=rounding))
   with jax.sharding.use_abstract_mesh(mesh):
     exported = jax.export.export(
         f, platforms=["cuda"],
         disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
     )(jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16))
-  assert "xla.gpu.triton" in exported.mlir_module()
+  module = exported.mlir_module()
+  assert "xla.gpu.triton" in module
 
 
 def test_pallas_kernel_refuses_what_it_cannot_tile():
@@ -248,3 +366,5 @@ def test_pallas_kernel_refuses_what_it_cannot_tile():
   assert fqp.block_shape((4, 2, 2048), spec, 8, 12) == (8, 8)
   with pytest.raises(ValueError, match="split"):
     fqp.fake_quant_pallas(jnp.ones((4, 256)), spec, split="other", interpret=True)
+  assert fqp.block_shape((4, 2, 2048), spec, 64, 4, split="flat") == (64, 1)
+  assert fqp.block_shape((3, 384), spec, 64, 4, split="flat") == (1, 1)

@@ -3,17 +3,42 @@
 One program per ``[block_rows, tiles_per_block * t]`` block of a ``[rows, K]`` view of
 ``x``: it loads the block, takes the amax of every 1 x t tile of the block (``block_rows``
 rows times ``tiles_per_block`` tiles), computes the scales with
-:func:`fp8jax.scales.compute_scale`, rounds with :func:`fp8jax.formats.round_to_format`
-and stores ``x_hat`` in the dtype of ``x``: one read and one write of ``x``. The
-arithmetic is :func:`fp8jax.fast_quant.apply_scales`, so the result equals
+:func:`fp8jax.scales.compute_scale`, rounds to FP8 and stores ``x_hat`` in the dtype of
+``x``: one read and one write of ``x``. The result equals
 :func:`fp8jax.fast_quant.quantize_dequantize_fused` bit for bit wherever the backend's
 float32 division does (always with power-of-two scales).
 
-Two ways to split a block into its tiles (``split``): ``"loop"`` loads, rounds and stores
+Rounding (``rounding``):
+
+* ``"integer"`` (default): :func:`fp8jax.fast_quant.apply_scales`, i.e.
+  :func:`fp8jax.formats.round_to_format` (~40 integer ops per element), any format.
+* ``"cast"``: the hardware conversion, ``clip(x * s, -max, max).astype(fp8).astype(f32)``
+  (:func:`fp8jax.formats.saturating_cast`, which ``round_to_format`` equals bit for bit),
+  E4M3 and E5M2 only. The Pallas Triton lowering emits ``tt.fp_to_fp`` with rounding
+  RTNE, which Triton lowers on sm_90+ to ``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``
+  (round to nearest even; the way back, fp8 -> f16 -> f32, is exact). Below sm_90 Triton
+  goes through f16 rounded toward zero first (double rounding, not RNE), so the kernel
+  refuses ``"cast"`` on such a GPU; Pallas refuses the fnuz formats. The clip makes
+  values that would round above ``max`` (E4M3: above 464, which XLA's cast turns into
+  NaN; 448 * (1 + 2**-10) rounds to 448 either way) and +-inf saturate to +-max as in
+  ``saturating_cast`` on any backend (the hardware ``satfinite`` would too). NaN:
+  Triton's min/max drop NaN (``maxnumf``), so NaN is selected back from ``x * s`` at the
+  end, giving exactly the value ``apply_scales`` gives.
+
+Scale arithmetic: the divisions of :func:`fp8jax.scales.compute_scale` (``target / amax``,
+``1 / s``) run once per tile on the reduced ``[.., 1]`` amax; per element there are only
+the two multiplications by ``s`` and ``scale_inv`` that ``apply_scales`` also does, so
+there is no per-element division to replace and both roundings keep the fused path's
+arithmetic exactly.
+
+Three ways to split the work into blocks (``split``): ``"loop"`` loads, rounds and stores
 each ``[block_rows, t]`` sub-block in turn (a static loop, one load and one store per
 tile); ``"reshape"`` loads the whole block once, reshapes it to
-``[block_rows, tiles_per_block, t]`` for the per-tile amax and stores it once. Both lower
-for the Triton backend; with ``tiles_per_block=1`` they are the same kernel.
+``[block_rows, tiles_per_block, t]`` for the per-tile amax and stores it once (with
+``tiles_per_block=1`` the two are the same kernel); ``"flat"`` views ``x`` as
+``[size / t, t]`` (one tile per row, a free reshape) and gives each program
+``block_rows`` consecutive tiles: one contiguous ``block_rows * t``-element chunk of
+memory, so the widest loads and no strided rows (``tiles_per_block`` is ignored).
 
 Pallas is imported when the kernel is called, not when this module is imported. On
 CPU, pass ``interpret=True``.
@@ -27,7 +52,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp8jax import blocks, fast_quant, scales
+from fp8jax import blocks, fast_quant, formats, scales
 from fp8jax import spec as spec_lib
 
 
@@ -61,48 +86,122 @@ def _rows_per_block(rows: int, block_rows: int) -> int:
   return _pow2_divisor(rows, block_rows)
 
 
+def _view(x_shape: tuple[int, ...], t: int, split: str) -> tuple[int, int]:
+  """The 2-D ``(rows, K)`` view of ``x`` that the kernel tiles."""
+  size = math.prod(x_shape)
+  return (size // t, t) if split == "flat" else (size // x_shape[-1], x_shape[-1])
+
+
 def block_shape(x_shape: tuple[int, ...], spec: spec_lib.QuantSpec, block_rows: int = 32,
-                tiles_per_block: int = 1) -> tuple[int, int]:
+                tiles_per_block: int = 1, split: str = "loop") -> tuple[int, int]:
   """The ``(rows, tiles)`` per program that :func:`fake_quant_pallas` uses for an input
-  of ``x_shape``: each rounded down to a power of two dividing the number of rows
-  ``prod(x_shape[:-1])`` and the number of tiles per row ``K / t`` respectively."""
+  of ``x_shape``: each rounded down to a power of two dividing the number of rows and
+  the number of tiles per row of the 2-D view (``[prod(x_shape[:-1]), K]``, or
+  ``[size / t, t]`` with one tile per row for ``split="flat"``)."""
   t = tile_size(spec)
   if t is None:
     raise ValueError(f"not a 1 x t tile spec: {spec.describe()}")
-  rows = math.prod(x_shape[:-1])
-  return _rows_per_block(rows, block_rows), _pow2_divisor(x_shape[-1] // t, tiles_per_block)
+  rows, k = _view(tuple(x_shape), t, split)
+  return _rows_per_block(rows, block_rows), _pow2_divisor(k // t, tiles_per_block)
 
 
-def _round_tile(x, spec: spec_lib.QuantSpec, dtype, axis: int):
+ROUNDINGS = ("integer", "cast")
+CAST_FORMATS = ("e4m3", "e5m2")  # FP8 formats that rounding="cast" rounds exactly
+
+
+def apply_scales_cast(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
+                      fmt: formats.Fp8Format, dtype) -> jax.Array:
+  """:func:`fp8jax.fast_quant.apply_scales` with the rounding done by an FP8 cast.
+
+  Equal to it bit for bit where ``astype(fmt.dtype)`` rounds to nearest even (XLA, and
+  Triton on sm_90+): ``clip(v, -max, max)`` then the cast is
+  :func:`fp8jax.formats.saturating_cast`, which ``round_to_format`` equals, and the rest
+  is the same arithmetic. NaN in ``v = x * s`` gives ``v * scale_inv`` as there (selected
+  back at the end because Triton's clip turns NaN into -max); ±inf saturates to ±max.
+  """
+  dtype = jnp.dtype(dtype)
+  v = x.astype(jnp.float32) * s
+  q = jnp.clip(v, -fmt.max, fmt.max).astype(fmt.dtype).astype(jnp.float32)
+  top = float(jnp.finfo(dtype).max)
+  out = jnp.clip(q * scale_inv, -top, top)  # q is finite: no NaN to keep here
+  return jnp.where(jnp.isnan(v), v * scale_inv, out).astype(dtype)
+
+
+_APPLY = {"integer": fast_quant.apply_scales, "cast": apply_scales_cast}
+
+
+def _round_tile(x, spec: spec_lib.QuantSpec, dtype, axis: int, rounding: str):
   amax = jnp.max(blocks.finite_abs(x), axis=axis, keepdims=True)
-  s, scale_inv = scales.compute_scale(amax, spec)
-  return fast_quant.apply_scales(x, s, scale_inv, spec.fmt, dtype)
+  s, scale_inv = scales.compute_scale(amax, spec)  # per tile: [.., 1] along `axis`
+  return _APPLY[rounding](x, s, scale_inv, spec.fmt, dtype)
 
 
-def _kernel_loop(x_ref, o_ref, *, spec: spec_lib.QuantSpec, t: int, tiles: int):
+def _kernel_loop(x_ref, o_ref, *, spec: spec_lib.QuantSpec, t: int, tiles: int,
+                 rounding: str):
   if tiles == 1:
-    o_ref[...] = _round_tile(x_ref[...], spec, o_ref.dtype, 1)  # [bm, t]
+    o_ref[...] = _round_tile(x_ref[...], spec, o_ref.dtype, 1, rounding)  # [bm, t]
     return
   from jax.experimental import pallas as pl
 
   for j in range(tiles):  # static: one load and one store of [bm, t] per tile
     cols = pl.ds(j * t, t)
-    o_ref[:, cols] = _round_tile(x_ref[:, cols], spec, o_ref.dtype, 1)
+    o_ref[:, cols] = _round_tile(x_ref[:, cols], spec, o_ref.dtype, 1, rounding)
 
 
-def _kernel_reshape(x_ref, o_ref, *, spec: spec_lib.QuantSpec, t: int, tiles: int):
+def _kernel_reshape(x_ref, o_ref, *, spec: spec_lib.QuantSpec, t: int, tiles: int,
+                    rounding: str):
   x = x_ref[...]  # [bm, tiles * t]
   bm = x.shape[0]
-  y = _round_tile(x.reshape(bm, tiles, t), spec, o_ref.dtype, 2)
+  y = _round_tile(x.reshape(bm, tiles, t), spec, o_ref.dtype, 2, rounding)
   o_ref[...] = y.reshape(bm, tiles * t)
 
 
-_KERNELS = {"loop": _kernel_loop, "reshape": _kernel_reshape}
+# "flat" is the loop kernel with one tile per row, on the [size / t, t] view.
+_KERNELS = {"loop": _kernel_loop, "reshape": _kernel_reshape, "flat": _kernel_loop}
+
+
+def _check_cast(spec: spec_lib.QuantSpec, interpret: bool) -> None:
+  """Raises ValueError where rounding="cast" would not equal the integer rounding."""
+  if spec.fmt.name not in CAST_FORMATS:
+    raise ValueError(
+        f"rounding='cast' supports the formats {CAST_FORMATS} (the Pallas Triton lowering "
+        f"has no exact cast to {spec.fmt.name}); use rounding='integer'")
+  if interpret or jax.default_backend() != "gpu":
+    return
+  cc = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    major = int(str(cc).split(".")[0])
+  except ValueError:
+    major = None  # not a CUDA device: let the lowering decide
+  if major is not None and major < 9:
+    raise ValueError(
+        f"rounding='cast' needs compute capability >= 9.0 (Triton rounds f32 -> fp8 "
+        f"through f16 below it, not to nearest even); this GPU has {cc}")
+
+
+AUTO = dict(block_rows=32, split="flat", rounding="cast", num_warps=4)  # best on H100/H200
+
+
+def auto_applies(x_shape: tuple[int, ...], dtype, spec: spec_lib.QuantSpec) -> bool:
+  """Whether :func:`fp8jax.fake_quant` takes this kernel (with :data:`AUTO`) for an input
+  of ``x_shape``: a Hopper or newer GPU outside a multi-device context mesh
+  (:mod:`fp8jax.kernels.placement`), 1 x t tiles (:func:`supports`), an E4M3/E5M2 format
+  and a 16- or 32-bit float input."""
+  from fp8jax.kernels import placement
+
+  if not (supports(tuple(x_shape), spec) and spec.fmt.name in CAST_FORMATS
+          and jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize >= 2):
+    return False
+  if not placement.kernels_allowed():
+    return False
+  cc = placement.compute_capability()
+  return cc is not None and cc[0] >= 9
 
 
 def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int = 32,
                       tiles_per_block: int = 1, num_warps: int | None = None,
-                      split: str = "loop", interpret: bool = False) -> jax.Array:
+                      split: str = "loop", rounding: str = "integer",
+                      interpret: bool = False) -> jax.Array:
   """Fake-quantizes ``x`` with 1 x t tiles along its last axis in one Pallas kernel.
 
   Args:
@@ -110,12 +209,16 @@ def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int
     spec: current scaling, ``tile(t, -1)`` granularity with ``t`` a power of two, any
       format and scale rule.
     block_rows: rows per program (rounded down to a power of two dividing the number
-      of rows ``prod(x.shape[:-1])``).
+      of rows ``prod(x.shape[:-1])``; with ``split="flat"``, tiles per program, rounded
+      down to a power of two dividing ``x.size / t``).
     tiles_per_block: 1 x t tiles per row of a program's block, i.e. ``tiles_per_block * t``
-      columns per program (rounded down to a power of two dividing ``K / t``).
+      columns per program (rounded down to a power of two dividing ``K / t``; ignored
+      with ``split="flat"``).
     num_warps: Triton warps per program (None: the Pallas default).
-    split: how a program splits its block into tiles, ``"loop"`` or ``"reshape"`` (see
-      the module docstring); the same result either way.
+    split: how the work is cut into blocks and tiles, ``"loop"``, ``"reshape"`` or
+      ``"flat"`` (see the module docstring); the same result either way.
+    rounding: ``"integer"`` (any format) or ``"cast"`` (E4M3/E5M2 on sm_90+; see the
+      module docstring); the same result either way.
     interpret: run the kernel with the Pallas interpreter (CPU tests).
 
   Returns:
@@ -129,12 +232,15 @@ def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int
     raise TypeError(f"quantize needs a 16- or 32-bit float input, got dtype {x.dtype}")
   if split not in _KERNELS:
     raise ValueError(f"split must be one of {sorted(_KERNELS)}, got {split!r}")
+  if rounding not in ROUNDINGS:
+    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+  if rounding == "cast":
+    _check_cast(spec, interpret)
   from jax.experimental import pallas as pl  # lazy: no import-time cost
 
   t = tile_size(spec)
-  k = x.shape[-1]
-  rows = math.prod(x.shape[:-1])
-  bm, tiles = block_shape(tuple(x.shape), spec, block_rows, tiles_per_block)
+  rows, k = _view(tuple(x.shape), t, split)
+  bm, tiles = block_shape(tuple(x.shape), spec, block_rows, tiles_per_block, split)
   bn = tiles * t
   x2 = x.reshape(rows, k)
   compiler_params = None
@@ -143,7 +249,7 @@ def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int
     compiler_params = pl_triton.CompilerParams(num_warps=num_warps)
   spec_block = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
   out = pl.pallas_call(
-      functools.partial(_KERNELS[split], spec=spec, t=t, tiles=tiles),
+      functools.partial(_KERNELS[split], spec=spec, t=t, tiles=tiles, rounding=rounding),
       out_shape=jax.ShapeDtypeStruct((rows, k), x.dtype),
       grid=(rows // bm, k // bn),
       in_specs=[spec_block],
@@ -155,4 +261,5 @@ def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int
   return out.reshape(x.shape)
 
 
-__all__ = ["block_shape", "fake_quant_pallas", "supports", "tile_size"]
+__all__ = ["CAST_FORMATS", "ROUNDINGS", "apply_scales_cast", "block_shape", "fake_quant_pallas",
+           "supports", "tile_size"]

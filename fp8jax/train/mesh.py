@@ -64,10 +64,21 @@ def global_batch(local_batch, mesh):
   return jax.make_array_from_process_local_data(batch_sharding(mesh), local_batch)
 
 
+def under_mesh(fn, mesh):
+  """``fn`` called (and so traced) with ``mesh`` as the context mesh (``jax.set_mesh``):
+  the model then runs kernels per device in a ``shard_map`` (see
+  ``fp8jax.models.deepseek_moe``)."""
+  def call(*args, **kwargs):
+    with jax.set_mesh(mesh):
+      return fn(*args, **kwargs)
+  return call
+
+
 def shard_step(step, mesh, state_sharding=None):
   """jit ``step(state, tokens) -> (state, metrics)`` with the state laid out as
   ``state_sharding`` (default replicated), the batch sharded on ``data`` and replicated
-  metrics; the input state is donated."""
+  metrics; the input state is donated. Runs under ``mesh`` (:func:`under_mesh`)."""
   state_sharding = replicated(mesh) if state_sharding is None else state_sharding
-  return jax.jit(step, in_shardings=(state_sharding, batch_sharding(mesh)),
-                 out_shardings=(state_sharding, replicated(mesh)), donate_argnums=0)
+  return under_mesh(jax.jit(step, in_shardings=(state_sharding, batch_sharding(mesh)),
+                            out_shardings=(state_sharding, replicated(mesh)),
+                            donate_argnums=0), mesh)

@@ -14,6 +14,7 @@ import dataclasses
 import ml_collections
 
 from fp8jax.models import config as model_config_lib
+from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import optim
 
@@ -89,8 +90,9 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   for key in ("steps", "save_every", "log_every"):
     if int(t[key]) < 1:
       raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
-  if t.moe_impl not in ("dispatch", "reference"):
-    raise ValueError(f"train.moe_impl must be 'dispatch' or 'reference', got {t.moe_impl!r}")
+  if t.moe_impl not in deepseek_moe.MOE_IMPLS:
+    raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
+                     f"{t.moe_impl!r}")
   if cfg.data.seq_len > model_cfg.max_position_embeddings:
     raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's "
                      f"max_position_embeddings {model_cfg.max_position_embeddings}")

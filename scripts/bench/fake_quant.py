@@ -2,7 +2,7 @@
 
     python scripts/bench/fake_quant.py                 # bf16 [16384, 7168] on the default device
     python scripts/bench/fake_quant.py --rows 256 --cols 1024   # quick run (e.g. on CPU)
-    python scripts/bench/fake_quant.py --sweep 8x8x4,16x8x8r     # other Pallas configurations
+    python scripts/bench/fake_quant.py --sweep 8x8x4,16x8x8r,64x1x4fc  # other Pallas configs
 
 Every timed function is jitted and timed after a warm-up as the median over ``--runs``
 runs of ``--reps`` back-to-back calls (rotating among 3 input buffers, synchronised with
@@ -20,10 +20,14 @@ Checks made on the device, reported in the JSON and before the table:
   values (must be 0 differences), and an exhaustive sweep of all 2**32 float32 bit
   patterns ``round_to_format`` vs ``saturating_cast`` for the four formats;
 * Pallas kernel configurations (``--block-rows`` and ``--sweep``: rows per program x
-  tiles per program x num_warps, ``r`` for the reshape split), each checked against the
-  fused path on both inputs and for poison; they get a table of their own, printed
-  last. A configuration that fails to compile is reported and skipped; once the run
-  has taken ``--max-seconds``, the remaining ones are skipped;
+  tiles per program x num_warps, then suffixes: ``r`` for the reshape split, ``f`` for
+  the flat split (rows = consecutive 1 x 128 tiles per program), ``c`` for
+  ``rounding="cast"`` (hardware FP8 conversion instead of integer rounding)), each
+  checked against the fused path on both inputs and for poison; they get a table of
+  their own, printed last. The cast configurations come first in the default sweep (the
+  bit-identity check on the device is the real test of the hardware cast). A
+  configuration that fails to compile is reported and skipped; once the run has taken
+  ``--max-seconds``, the remaining ones are skipped;
 * poison: a NaN-filled buffer of the output's size is freed just before each kernel
   runs, so the allocator hands that memory out again; a NaN in the output (inputs are
   finite) means an element was never written.
@@ -53,21 +57,36 @@ import jax.numpy as jnp  # noqa: E402
 import fp8jax  # noqa: E402
 from fp8jax import fast_quant, formats, qtensor  # noqa: E402
 
-_SWEEP = "8x4x4,8x8x4,16x4x4,16x8x8,4x16x4,8x16x8,32x4x8,2x32x4,8x8x4r,16x8x8r,8x16x8r"
+# Cast rounding first (loop, reshape and flat splits, 4 and 8 warps), then the integer
+# rounding's best shape of the last H100 run and two more integer ones for comparison.
+_SWEEP = ("8x4x4c,8x8x4c,8x8x8c,16x8x8c,32x4x8c,8x8x4rc,16x8x8rc,"
+          "32x1x4fc,64x1x4fc,128x1x8fc,256x1x8fc,"
+          "8x4x4,64x1x4f,8x8x4r")
+_SPLITS = {"": "loop", "r": "reshape", "f": "flat"}
 
 
 def parse_configs(block_rows: str, num_warps, sweep: str):
-  """Pallas configurations ``(block_rows, tiles_per_block, num_warps, split)``: one per
-  ``--block-rows`` entry (one tile per program) then one per ``--sweep`` entry
-  (``BMxTILESxWARPS``, ``r`` suffix for the reshape split), in order."""
-  configs = [(int(v), 1, num_warps, "loop") for v in block_rows.split(",") if v]
+  """Pallas configurations ``(block_rows, tiles_per_block, num_warps, split, rounding)``:
+  one per ``--block-rows`` entry (one tile per program, integer rounding) then one per
+  ``--sweep`` entry (``BMxTILESxWARPS`` then ``r`` (reshape split) or ``f`` (flat split)
+  and ``c`` (cast rounding), e.g. ``16x8x8rc``), in order."""
+  configs = [(int(v), 1, num_warps, "loop", "integer") for v in block_rows.split(",") if v]
   for item in (v.strip() for v in sweep.split(",")):
     if not item:
       continue
-    split = "reshape" if item.endswith("r") else "loop"
-    bm, tiles, warps = (int(v) for v in item.rstrip("r").split("x"))
-    configs.append((bm, tiles, warps, split))
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)([rf]?)(c?)", item)
+    if not m:
+      raise ValueError(f"bad --sweep entry {item!r}: want BMxTILESxWARPS[r|f][c]")
+    bm, tiles, warps = (int(m.group(i)) for i in (1, 2, 3))
+    configs.append((bm, tiles, warps, _SPLITS[m.group(4)],
+                    "cast" if m.group(5) else "integer"))
   return configs
+
+
+def config_name(bm, tiles, warps, split, rounding):
+  """``BMxTILESxWARPS[r|f][c]``, the --sweep syntax."""
+  suffix = {v: k for k, v in _SPLITS.items()}[split] + ("c" if rounding == "cast" else "")
+  return f"{bm}x{tiles}x{warps or '-'}{suffix}"
 
 
 def _pallas():
@@ -192,13 +211,15 @@ def main():
   parser.add_argument("--cols", type=int, default=1024 if cpu else 7168)
   parser.add_argument("--runs", type=int, default=5 if cpu else 25)
   parser.add_argument("--reps", type=int, default=2 if cpu else 20)
-  parser.add_argument("--block-rows", default="16,32,64",
-                      help="Pallas rows per program, comma-separated (one row each)")
+  parser.add_argument("--block-rows", default="32",
+                      help="Pallas rows per program, comma-separated (one tile per row, "
+                      "integer rounding); '' for none")
   parser.add_argument("--num-warps", type=int, default=None,
                       help="Pallas num_warps of the --block-rows rows")
   parser.add_argument("--sweep", default=_SWEEP,
-                      help="more Pallas configurations BMxTILESxWARPS[r], comma-separated "
-                      "(r: reshape split); '' for none")
+                      help="more Pallas configurations BMxTILESxWARPS[r|f][c], "
+                      "comma-separated (r: reshape split, f: flat split, c: cast "
+                      "rounding); '' for none")
   parser.add_argument("--max-seconds", type=float, default=75.0,
                       help="skip the remaining Pallas configurations after this long")
   parser.add_argument("--exhaustive-log2", type=int, default=20 if cpu else 32,
@@ -251,12 +272,13 @@ def main():
              "payload path fwd+bwd": jax.jit(payload_fwd_bwd)}
   pallas_fns = {}  # name -> jitted kernel, one per distinct effective configuration
   if pallas is not None:
-    for bm, tiles, warps, split in parse_configs(args.block_rows, args.num_warps, args.sweep):
-      bm, tiles = pallas.block_shape(shape, spec, bm, tiles)
-      name = f"{bm}x{tiles}x{warps or '-'}" + ("r" if split == "reshape" else "")
+    configs = parse_configs(args.block_rows, args.num_warps, args.sweep)
+    for bm, tiles, warps, split, rounding in configs:
+      bm, tiles = pallas.block_shape(shape, spec, bm, tiles, split)
+      name = config_name(bm, tiles, warps, split, rounding)
       pallas_fns.setdefault(name, jax.jit(functools.partial(
           pallas.fake_quant_pallas, spec=spec, block_rows=bm, tiles_per_block=tiles,
-          num_warps=warps, split=split, interpret=interpret)))
+          num_warps=warps, split=split, rounding=rounding, interpret=interpret)))
 
   results: dict = {"device": dev.device_kind, "backend": jax.default_backend(),
                    "jax": jax.__version__, "shape": list(shape), "dtype": "bfloat16",
@@ -281,9 +303,15 @@ def main():
     checks[f"{data_name}: round_to_format vs payload, same x*s (pow2) n_diff"] = (
         core_rounding_mismatches(x, spec_pow2))
     if pallas is not None:
-      pf = jax.jit(lambda v: pallas.fake_quant_pallas(v, spec_pow2, interpret=interpret))
-      checks[f"{data_name}: pallas (pow2 scales) vs payload [n_diff, max_ulp]"] = compare(
-          pf(x), old_pow2(x))
+      for rounding in pallas.ROUNDINGS:
+        pf = jax.jit(functools.partial(pallas.fake_quant_pallas, spec=spec_pow2,
+                                       rounding=rounding, interpret=interpret))
+        try:
+          checks[f"{data_name}: pallas {rounding} (pow2 scales) vs payload [n_diff, max_ulp]"] = (
+              compare(pf(x), old_pow2(x)))
+        except Exception as e:  # noqa: BLE001 - reported, the sweep reports it again
+          checks[f"{data_name}: pallas {rounding} (pow2 scales)"] = (
+              f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
   for name in ("fused quantize_dequantize_fused", "fake_quant forward"):
     checks[f"poison: NaNs in output of {name}"] = poison_nans(fns[name][0], (outliers[1],))
   checks["poison: NaNs in output of fake_quant fwd+bwd"] = poison_nans(
@@ -386,7 +414,8 @@ def main():
           f"{gbps:8.1f} {100 * gbps / copy_gbps:7.1f}")
   if sweep_rows:
     print(f"\nPallas BMxTILESxWARPS (rows x 1x{pallas.tile_size(spec)} tiles per program, "
-          f"r: reshape split); diff = outputs vs fused on both inputs [n_diff, max_ulp]")
+          f"r: reshape split, f: flat split, c: cast rounding); diff = outputs vs fused on "
+          f"both inputs [n_diff, max_ulp]")
     print(f"{'config':10} {'ms med':>8} {'ms min':>8} {'GB/s':>8} {'% copy':>7} "
           f"{'outl ms':>8} {'diff':>10} {'NaNs':>5}")
   for name, status, med, best, med_out, diff, nans in sweep_rows:

@@ -7,8 +7,9 @@ Parts:
   ceilings  device copy bandwidth (bf16 [16384, 7168]) and the bf16 matmul rate (8192^3)
   moe       one MoE layer forward + backward at 2B shapes (d 1280, f 853 padded to 864,
             63 experts, top-7, 16K tokens, Zipf-skewed routing: max/mean load ~2.7): the
-            tiled dispatch,
+            tiled dispatch, the Pallas grouped GEMM,
             lax.ragged_dot, and a capacity-padded batched matmul as a reference
+  (--moe-impl=pallas runs the 2B model's routed experts through the Pallas grouped GEMM)
   train     the BF16 train step of deepseek_moe_2b (seq 2048), MFU as in fp8jax.train.flops
   paired    BF16 grad + FP8 grad on the same batch (seed-grid sites and the DeepSeek-V3
             GEMM recipe) against two BF16 grads
@@ -35,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fp8jax import grouped_gemm  # noqa: E402
+from fp8jax.kernels import grouped_matmul_pallas  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import moe  # noqa: E402
@@ -45,6 +47,7 @@ from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
 
 RESULTS = {}
+MOE_IMPL = {"value": "dispatch"}  # --moe-impl: the 2B model's MoE for train/paired/memory
 
 
 def bench(fn, args_list, reps=10, warmup=2):
@@ -115,6 +118,7 @@ def moe_layer(tokens=16384):
       "tiled": grouped_gemm.tiled_matmul,
       "ragged_dot": lambda a, b, s: jax.lax.ragged_dot(a, b, s),
       "capacity_padded": lambda a, b, s: _capacity_matmul(a, b, s, capacity),
+      "pallas": grouped_matmul_pallas.grouped_matmul,
   }
   for name, gm in impls.items():
     def loss(x, gate, up, down, gm=gm):
@@ -143,7 +147,7 @@ def train_step(batch=8, seq=2048):
   tx = optim.optimizer(optim.OptimConfig())
   mesh = mesh_lib.data_mesh()
   state = step_lib.init_state(params, tx)
-  fn = jax.jit(step_lib.make_train_step(cfg, tx), donate_argnums=0)
+  fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=MOE_IMPL["value"]), donate_argnums=0)
   holder = {"state": state}
 
   def run(tokens):
@@ -153,7 +157,8 @@ def train_step(batch=8, seq=2048):
   t, ts = bench(run, [(x,) for x in toks], reps=10)
   tps = batch * seq / t
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record("train_step_2b", batch=batch, seq=seq, ms=t * 1e3, tokens_per_s=tps,
+  record("train_step_2b", moe_impl=MOE_IMPL["value"], batch=batch, seq=seq, ms=t * 1e3,
+         tokens_per_s=tps,
          model_tflops=tps * flops.flops_per_token(cfg, seq) / 1e12,
          mfu=flops.mfu(tps, cfg, seq, peak, 1) or float("nan"), times=ts)
   del mesh
@@ -164,9 +169,10 @@ def paired_eval(batch=8, seq=2048):
   mesh = mesh_lib.data_mesh()
   policies = [pl.parse_policy(n) for n in ("attn_l0-8_e4m3", "moe_l0-8_e4m3",
                                            "gemm:fp32_blockwise")]
-  ev = paired.PairedEvaluator(cfg, policies, mesh)
+  ev = paired.PairedEvaluator(cfg, policies, mesh, MOE_IMPL["value"])
   t_base, ts = bench(ev.baseline, [(params, x) for x in toks], reps=8)
-  record("paired_bf16_grad", batch=batch, seq=seq, ms=t_base * 1e3, times=ts)
+  record("paired_bf16_grad", moe_impl=MOE_IMPL["value"], batch=batch, seq=seq,
+         ms=t_base * 1e3, times=ts)
   base = ev.baseline(params, toks[0])  # 8 GB of gradients: one batch, reused
   for p in policies:
     t, ts = bench(lambda params, x, b, p=p: ev.variant(p.name, params, x, b),
@@ -179,7 +185,7 @@ def memory(seq=2048):
   cfg = mc.deepseek_moe_2b(expert_pad_to=864)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   mesh = mesh_lib.data_mesh()
-  ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh)
+  ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh, MOE_IMPL["value"])
   fits = {}
   for batch in (1, 2, 4, 8, 16):
     tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, cfg.vocab_size)
@@ -203,14 +209,17 @@ def compile_memory(batches=(4, 8), seq=2048):
   params = jax.eval_shape(lambda: dm.init(cfg, jax.random.key(0)))
   gib = lambda b: b / 2**30  # noqa: E731
   names = ("moe_l0-8_e4m3", "gemm:fp32_blockwise")
-  ev = paired.PairedEvaluator(cfg, [pl.parse_policy(n) for n in names], mesh)
+  ev = paired.PairedEvaluator(cfg, [pl.parse_policy(n) for n in names], mesh,
+                              MOE_IMPL["value"])
   for batch in batches:
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    base = jax.eval_shape(ev.baseline, params, tokens)
-    fns = {"bf16_grad": (ev._baseline, (params, tokens))}  # pylint: disable=protected-access
-    fns.update({n: (ev._variants[n], (params, tokens, base)) for n in names})  # pylint: disable=protected-access
+    with jax.set_mesh(mesh):
+      base = jax.eval_shape(ev.baseline_jit, params, tokens)
+    fns = {"bf16_grad": (ev.baseline_jit, (params, tokens))}
+    fns.update({n: (ev.variant_jits[n], (params, tokens, base)) for n in names})
     for name, (fn, args) in fns.items():
-      m = fn.lower(*args).compile().memory_analysis()
+      with jax.set_mesh(mesh):
+        m = fn.lower(*args).compile().memory_analysis()
       record(f"memory_{name}_b{batch}", temp_gib=gib(m.temp_size_in_bytes),
              args_gib=gib(m.argument_size_in_bytes), out_gib=gib(m.output_size_in_bytes))
 
@@ -225,7 +234,7 @@ def scaling(batch=2, seq=2048):
   for devices in (jax.devices()[:1], jax.devices()):
     n = len(devices)
     mesh = mesh_lib.data_mesh(devices)
-    ev = paired.PairedEvaluator(cfg, [policy], mesh)
+    ev = paired.PairedEvaluator(cfg, [policy], mesh, MOE_IMPL["value"])
     p = jax.device_put(params, mesh_lib.replicated(mesh))
     toks = [jax.device_put(jax.random.randint(jax.random.key(i), (batch * n, seq), 0,
                                               cfg.vocab_size), mesh_lib.batch_sharding(mesh))
@@ -255,7 +264,10 @@ def main():
   ap.add_argument("--tokens", type=int, default=16384, help="MoE layer tokens")
   ap.add_argument("--batch", type=int, default=8, help="2B batch (sequences)")
   ap.add_argument("--seq", type=int, default=2048)
+  ap.add_argument("--moe-impl", default="dispatch", choices=["dispatch", "pallas"],
+                  help="the 2B model's MoE GEMMs (train, paired, memory, scaling)")
   args = ap.parse_args()
+  MOE_IMPL["value"] = args.moe_impl
   kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, "seq": args.seq},
             "paired": {"batch": args.batch, "seq": args.seq}, "memory": {"seq": args.seq},
             "scaling": {"batch": args.batch, "seq": args.seq}}

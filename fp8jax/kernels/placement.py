@@ -1,0 +1,30 @@
+"""When the ``"auto"`` implementations may pick a Pallas GPU kernel.
+
+XLA cannot partition a kernel's custom call: under a multi-device mesh it would gather
+the operands onto every device and repeat the work there. So ``"auto"`` takes a kernel
+only on a GPU backend and outside a multi-device context mesh (``jax.set_mesh``; the
+trainer and the paired evaluator set theirs, see ``fp8jax.train.mesh.under_mesh``).
+Code that shards by other means on several GPUs should pick the XLA implementations.
+"""
+
+from __future__ import annotations
+
+import jax
+
+
+def kernels_allowed(backend: str | None = None) -> bool:
+  """Whether ``"auto"`` may use a Pallas GPU kernel here (at trace time)."""
+  if (jax.default_backend() if backend is None else backend) != "gpu":
+    return False
+  mesh = jax.sharding.get_abstract_mesh()
+  return mesh.empty or mesh.size == 1
+
+
+def compute_capability() -> tuple[int, int] | None:
+  """(major, minor) of the first device when it is a CUDA GPU, else None."""
+  cc = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    major, minor = str(cc).split(".")[:2]
+    return int(major), int(minor)
+  except ValueError:
+    return None
