@@ -13,8 +13,9 @@ Recipe (DeepSeekMoE paper, section 4.1, and the seed study): AdamW (0.9, 0.95), 
 decay 0.1, clip 1.0, peak LR 1.08e-3 with 2000 warmup steps and x0.316 at 80% and 90%
 of the schedule, sequences of 2048 tokens. The seed study trained to step 10000 with a
 batch the 4 GPUs hold and kept checkpoints every 500 steps from step 0. Here 16 x 2048
-tokens per step: 4 sequences per device, the most an H100 holds for this model with the
-tiled MoE dispatch (docs/performance.md). BF16 compute, FP32 master weights and optimizer state.
+tokens per step: 4 sequences per device (an H100 holds 8 with the Pallas grouped GEMM,
+``moe_impl="pallas"``, used here; docs/performance.md). BF16 compute, FP32 master weights
+and optimizer state.
 """
 
 from fp8jax.train import run_config
@@ -32,4 +33,5 @@ def get_config():
   c.train.steps = 10000
   c.train.save_every = 500
   c.train.log_every = 10
+  c.train.moe_impl = "pallas"  # the grouped-GEMM kernel (GPU); "dispatch" for XLA's
   return c
