@@ -1,4 +1,7 @@
-"""Run by tests/test_multidevice.py in a fresh process with 4 simulated CPU devices."""
+"""Run by tests/test_multidevice.py in a fresh process with 4 simulated CPU devices.
+
+``pallas`` runs take the MoE through the Pallas grouped GEMM (interpreted on CPU) in a
+per-device ``shard_map``, as on GPUs."""
 
 import json
 import os
@@ -46,16 +49,19 @@ def run_loop_and_sweep():
   c.train.steps, c.train.save_every, c.train.log_every = 3, 3, 1
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for name, devices, fsdp in (("one", jax.devices()[:1], False), ("four", None, False),
-                                ("fsdp", None, True)):
-      c.train.fsdp = fsdp
+    for name, devices, fsdp, impl in (("one", jax.devices()[:1], False, "dispatch"),
+                                      ("four", None, False, "dispatch"),
+                                      ("fsdp", None, True, "dispatch"),
+                                      ("pallas", None, False, "pallas")):
+      c.train.fsdp, c.train.moe_impl = fsdp, impl
       loop.train(c, f"{tmp}/{name}", devices=devices)
       rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
       out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
     windows = sweep.Windows(batches=1, batch_size=8)
-    for name, devices in (("one", jax.devices()[:1]), ("four", None)):
+    for name, devices, impl in (("one", jax.devices()[:1], "dispatch"),
+                                ("four", None, "dispatch"), ("pallas", None, "pallas")):
       sweep.run(f"{tmp}/one", f"{tmp}/cmp_{name}", policies=["attn@0-2:e4m3"], steps=[3],
-                windows=windows, devices=devices)
+                windows=windows, devices=devices, moe_impl=impl)
       row = json.loads(open(f"{tmp}/cmp_{name}/rows.jsonl").readline())
       out[f"sweep_{name}"] = [row["loss_fp8"], row["diff_norm"], row["norm_bf16"]]
     c.data.global_batch = 6
