@@ -1,18 +1,18 @@
 """Grouped-GEMM benchmark at the 2B MoE shapes: the Pallas kernels against XLA.
 
     python scripts/bench/grouped_gemm.py                  # GPU: checks, kernel sweep, MoE layer
-    python scripts/bench/grouped_gemm.py --tokens 512     # quick CPU smoke run (interpreter)
+    python scripts/bench/grouped_gemm.py --tokens 256 --parts=checks   # CPU smoke run (interpreter)
 
 Shapes: d = 1280, f = 864 (853 true), 63 experts, top-7 of T tokens (16384 by default),
 Zipf-skewed routing (max/mean expert load ~2.7) as in ``study_perf.py --parts=moe``.
 
+0. Ceiling: a bf16 [8192, 8192] x [8192, 8192] matmul, timed like the kernels.
 1. Checks: each Pallas kernel (forward, Dgrad, Wgrad, and the forward under ``vmap``) against
    ``tiled_matmul`` in float32 on the same bf16 inputs, as ||out - ref|| / ||ref|| (bf16
    operands: expect ~1e-3), after filling the output memory with NaN (a NaN means an
    element was never written).
 2. Kernel sweep: each kernel alone for several block shapes, median ms and TFLOP/s over
    the routed rows (2 * N * d * f).
-0. Ceiling: a bf16 [8192, 8192] x [8192, 8192] matmul, timed the same way.
 3. The MoE layer forward + backward (``moe.experts_dispatch``, gradients of x and the three
    expert weights) with the tiled XLA GEMM and with the Pallas GEMM, routed TFLOP/s
    counting 3 x 2 x T x k x 3 x d x 853, and its fraction of the ceiling.
@@ -34,6 +34,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
+from _results import RESULTS, record  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -42,7 +43,6 @@ from fp8jax import grouped_gemm  # noqa: E402
 from fp8jax.kernels import grouped_matmul_pallas as gmp  # noqa: E402
 from fp8jax.models import moe  # noqa: E402
 
-RESULTS: dict = {}
 _FWD_SWEEP = "128x128x64w8s3,128x256x64w8s3,128x256x64w8s4,256x128x64w8s3,128x256x32w8s4," \
              "256x128x64w8s4,128x128x64w4s4,64x256x64w4s4,128x256x64w4s3"
 _WGRAD_SWEEP = "128x128x32w4s4,256x128x32w8s3,128x256x32w8s3,128x128x64w4s4,256x128x64w8s3," \
@@ -74,13 +74,6 @@ def bench(fn, args, reps: int, warmup: int = 2, calls: int = 5):
     jax.block_until_ready([fn(*args) for _ in range(calls)])
     times.append((time.perf_counter() - t) / calls)
   return statistics.median(times), times
-
-
-def record(name, **values):
-  RESULTS[name] = values
-  shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in values.items() if k != "times")
-  print(f"{name}: {shown}", flush=True)
 
 
 def problem(tokens: int, seed: int = 1):

@@ -31,6 +31,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
+from _results import RESULTS, record  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -46,7 +47,6 @@ from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
 
-RESULTS = {}
 MOE_IMPL = {"value": "dispatch"}  # --moe-impl: the 2B model's MoE for train/paired/memory
 
 
@@ -61,13 +61,6 @@ def bench(fn, args_list, reps=10, warmup=2):
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - t)
   return statistics.median(times), times
-
-
-def record(name, **values):
-  RESULTS[name] = values
-  shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in values.items() if k != "times")
-  print(f"{name}: {shown}", flush=True)
 
 
 def ceilings():
