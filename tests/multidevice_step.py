@@ -1,7 +1,8 @@
 """Run by tests/test_multidevice.py in a fresh process with 4 simulated CPU devices.
 
-``pallas`` runs take the MoE through the Pallas grouped GEMM (interpreted on CPU) in a
-per-device ``shard_map``, as on GPUs."""
+The ``pallas`` sweep takes the MoE through the Pallas grouped GEMM (interpreted on CPU)
+in a per-device ``shard_map``, as on GPUs (the trainer runs the same model code under the
+same mesh context)."""
 
 import json
 import os
@@ -49,11 +50,9 @@ def run_loop_and_sweep():
   c.train.steps, c.train.save_every, c.train.log_every = 3, 3, 1
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for name, devices, fsdp, impl in (("one", jax.devices()[:1], False, "dispatch"),
-                                      ("four", None, False, "dispatch"),
-                                      ("fsdp", None, True, "dispatch"),
-                                      ("pallas", None, False, "pallas")):
-      c.train.fsdp, c.train.moe_impl = fsdp, impl
+    for name, devices, fsdp in (("one", jax.devices()[:1], False), ("four", None, False),
+                                ("fsdp", None, True)):
+      c.train.fsdp = fsdp
       loop.train(c, f"{tmp}/{name}", devices=devices)
       rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
       out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
