@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 import fp8jax
 from fp8jax import grouped_gemm
+from fp8jax.kernels import grouped_matmul_pallas
 from fp8jax.models import moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
@@ -116,7 +117,6 @@ def _grouped_matmul(impl: str, policy):
   if policy.gemm is not None:
     return functools.partial(grouped_gemm.fp8_ragged_dot, config=policy.gemm)
   if impl == "pallas":
-    from fp8jax.kernels import grouped_matmul_pallas  # noqa: PLC0415 (Pallas on demand)
     return grouped_matmul_pallas.grouped_matmul
   return grouped_gemm.tiled_matmul
 
