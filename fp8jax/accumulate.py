@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import qtensor
+from fp8jax.kernels import placement, scaled_matmul_pallas  # no import-time side effects
 
 MODES = ("fp32", "tensor_core")
 
@@ -150,12 +151,10 @@ def aligned_block_sum(terms: jax.Array, fraction_bits: int) -> jax.Array:
 
 
 def _dot_payload(data: jax.Array) -> jax.Array:
-  """A payload as the dot's operand: bfloat16 for 8-bit floats (exact: every FP8 format
-  has at most 3 fraction bits and an exponent range inside bfloat16's), else float32."""
-  dtype = jnp.dtype(data.dtype)
-  exact_bf16 = jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize <= 2 and \
-      jnp.finfo(dtype).nmant <= 7 and jnp.finfo(dtype).minexp >= -126 and \
-      jnp.finfo(dtype).maxexp <= 128
+  """A payload as the dot's operand: bfloat16 where that is exact (8-bit floats: every FP8
+  format has at most 3 fraction bits and an exponent range inside bfloat16's), else
+  float32."""
+  exact_bf16 = scaled_matmul_pallas.supports_payload(data.dtype)
   # The barrier keeps XLA from folding the convert into a neighbour (see payload_f32).
   return lax.optimization_barrier(data).astype(jnp.bfloat16 if exact_bf16 else jnp.float32)
 
@@ -256,14 +255,12 @@ def fp32_impl(interval: int, payload_dtypes=(), impl: str | None = None,
   Raises:
     ValueError: for ``"pallas"`` with an interval or payload the kernel does not handle.
   """
-  from fp8jax.kernels import placement  # side-effect free
-  from fp8jax.kernels import scaled_matmul_pallas as kernel
 
   impl = _default_impl if impl is None else impl
   if impl not in IMPLS:
     raise ValueError(f"unknown scaled_matmul implementation {impl!r}; choose one of {IMPLS}")
-  fits = kernel.supports_interval(interval) and all(
-      kernel.supports_payload(d) for d in payload_dtypes)
+  fits = scaled_matmul_pallas.supports_interval(interval) and all(
+      scaled_matmul_pallas.supports_payload(d) for d in payload_dtypes)
   if impl == "auto":
     return "pallas" if fits and placement.kernels_allowed(backend) else "xla"
   if impl == "pallas" and not fits:
@@ -302,11 +299,9 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
   sb = _interval_scales(bt, interval, n_int)
   if acc.mode == "fp32":
     if fp32_impl(interval, (a.data.dtype, bt.data.dtype), impl) == "pallas":
-      from fp8jax.kernels import scaled_matmul_pallas as kernel
-
       # The payloads go to the kernel as they are (a custom call: no GEMM rewriting).
-      return kernel.scaled_matmul_pallas(a.data, bt.data, sa, sb, interval=interval,
-                                         interpret=jax.default_backend() != "gpu")
+      return scaled_matmul_pallas.scaled_matmul_pallas(
+          a.data, bt.data, sa, sb, interval=interval, interpret=jax.default_backend() != "gpu")
     # The barrier keeps XLA:GPU's GEMM rewriter from turning convert(fp8) -> dot into a
     # real FP8 cuBLASLt GEMM, whose own accumulation would replace the simulated one.
     a_p, b_p = _dot_payload(a.data), _dot_payload(bt.data)

@@ -168,15 +168,13 @@ def _check_cast(spec: spec_lib.QuantSpec, interpret: bool) -> None:
         f"has no exact cast to {spec.fmt.name}); use rounding='integer'")
   if interpret or jax.default_backend() != "gpu":
     return
-  cc = getattr(jax.devices()[0], "compute_capability", None)
-  try:
-    major = int(str(cc).split(".")[0])
-  except ValueError:
-    major = None  # not a CUDA device: let the lowering decide
-  if major is not None and major < 9:
+  from fp8jax.kernels import placement
+
+  cc = placement.compute_capability()  # None: not a CUDA device, the lowering decides
+  if cc is not None and cc[0] < 9:
     raise ValueError(
         f"rounding='cast' needs compute capability >= 9.0 (Triton rounds f32 -> fp8 "
-        f"through f16 below it, not to nearest even); this GPU has {cc}")
+        f"through f16 below it, not to nearest even); this GPU has {cc[0]}.{cc[1]}")
 
 
 AUTO = dict(block_rows=32, split="flat", rounding="cast", num_warps=4)  # best on H100/H200

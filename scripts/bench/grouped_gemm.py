@@ -1,7 +1,7 @@
 """Grouped-GEMM benchmark at the 2B MoE shapes: the Pallas kernels against XLA.
 
     python scripts/bench/grouped_gemm.py                  # GPU: checks, kernel sweep, MoE layer
-    python scripts/bench/grouped_gemm.py --tokens 256 --parts=checks   # CPU smoke run (interpreter)
+    python scripts/bench/grouped_gemm.py     # on CPU: the checks only, 64 tokens (interpreter)
 
 Shapes: d = 1280, f = 864 (853 true), 63 experts, top-7 of T tokens (16384 by default),
 Zipf-skewed routing (max/mean expert load ~2.7) as in ``study_perf.py --parts=moe``.
@@ -33,6 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _moe_problem import F_TRUE, moe_problem  # noqa: E402
 import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
 import jax  # noqa: E402
@@ -74,22 +75,6 @@ def bench(fn, args, reps: int, warmup: int = 2, calls: int = 5):
     jax.block_until_ready([fn(*args) for _ in range(calls)])
     times.append((time.perf_counter() - t) / calls)
   return statistics.median(times), times
-
-
-def problem(tokens: int, seed: int = 1):
-  """Inputs at the 2B shapes with Zipf-skewed routing (see study_perf.moe_layer)."""
-  key = jax.random.key(seed)
-  d, f, e, k = 1280, 864, 63, 7
-  x = jax.random.normal(key, (tokens, d), jnp.bfloat16).at[:, 0].set(1.0)
-  router = jax.random.normal(jax.random.fold_in(key, 1), (d, e), jnp.float32) * 0.02
-  zipf = 1.0 / np.arange(1, e + 1) ** 0.8
-  router = router.at[0].set(jnp.asarray(np.log(zipf / zipf.sum()) * 0.2, jnp.float32))
-  gate, up = (jax.random.normal(jax.random.fold_in(key, i), (e, d, f), jnp.bfloat16) * 0.02
-              for i in (2, 3))
-  down = jax.random.normal(jax.random.fold_in(key, 4), (e, f, d), jnp.bfloat16) * 0.02
-  _, weights, ids = moe.route(x, router, k, False)
-  dy = jax.random.normal(jax.random.fold_in(key, 5), (tokens, d), jnp.bfloat16)
-  return dict(x=x, weights=weights, ids=ids, gate=gate, up=up, down=down, dy=dy)
 
 
 def rel_err(out, ref):
@@ -167,8 +152,7 @@ def sweep(xs, sizes, dys, w, fwd_blocks, wgrad_blocks, reps, interpret):
 
 def moe_layer(p, reps, interpret, fwd_blocks, wgrad_blocks):
   t, k = p["ids"].shape
-  d, f_true = p["x"].shape[1], 853
-  routed_flops = 3 * 2 * t * k * 3 * d * f_true
+  routed_flops = 3 * 2 * t * k * 3 * p["x"].shape[1] * F_TRUE
   counts = np.asarray(jnp.bincount(p["ids"].reshape(-1), length=p["gate"].shape[0]))
   pallas = lambda a, w, s: gmp.grouped_matmul(  # noqa: E731
       a, w, s, fwd_blocks=fwd_blocks, wgrad_blocks=wgrad_blocks, interpret=interpret)
@@ -213,15 +197,16 @@ def ceiling(reps, n=8192):
 def main():
   gpu = jax.default_backend() == "gpu"
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--tokens", type=int, default=16384 if gpu else 512)
+  parser.add_argument("--tokens", type=int, default=16384 if gpu else 64)
   parser.add_argument("--reps", type=int, default=20 if gpu else 2)
   parser.add_argument("--fwd-sweep", default=_FWD_SWEEP if gpu else "16x16x16w4s3")
   parser.add_argument("--wgrad-sweep", default=_WGRAD_SWEEP if gpu else "16x16x16w4s3")
-  parser.add_argument("--parts", default="ceiling,checks,sweep,moe")
+  # The interpreter runs every program in turn: on CPU only the checks, at a small size.
+  parser.add_argument("--parts", default="ceiling,checks,sweep,moe" if gpu else "checks")
   args = parser.parse_args()
   interpret = not gpu
   parts = args.parts.split(",")
-  p = problem(args.tokens)
+  p = moe_problem(args.tokens)
   fwd_blocks, wgrad_blocks = parse_blocks(args.fwd_sweep), parse_blocks(args.wgrad_sweep)
   print(f"device: {jax.devices()[0].device_kind}, tokens {args.tokens}", flush=True)
   if "ceiling" in parts:

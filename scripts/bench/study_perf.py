@@ -30,6 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _moe_problem import F_TRUE, D, E, K, moe_problem  # noqa: E402
 import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
 import jax  # noqa: E402
@@ -46,8 +47,6 @@ from fp8jax.study import paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
-
-MOE_IMPL = {"value": "dispatch"}  # --moe-impl: the 2B model's MoE for train/paired/memory
 
 
 def bench(fn, args_list, reps=10, warmup=2):
@@ -91,22 +90,13 @@ def _capacity_matmul(x, w, sizes, capacity):
 
 
 def moe_layer(tokens=16384):
-  d, f_true, f, e, k = 1280, 853, 864, 63, 7
-  key = jax.random.key(1)
-  x = jax.random.normal(key, (tokens, d), jnp.bfloat16)
-  x = x.at[:, 0].set(1.0)  # a constant feature: the router's row 0 sets the popularity
-  router = jax.random.normal(jax.random.fold_in(key, 1), (d, e), jnp.float32) * 0.02
-  zipf = 1.0 / np.arange(1, e + 1) ** 0.8
-  router = router.at[0].set(jnp.asarray(np.log(zipf / zipf.sum()) * 0.2, jnp.float32))
-  gate, up = (jax.random.normal(jax.random.fold_in(key, i), (e, d, f), jnp.bfloat16) * 0.02
-              for i in (2, 3))
-  down = jax.random.normal(jax.random.fold_in(key, 4), (e, f, d), jnp.bfloat16) * 0.02
-  _, weights, ids = moe.route(x, router, k, False)
-  counts = np.asarray(jnp.bincount(ids.reshape(-1), length=e))
+  p = moe_problem(tokens)
+  x, weights, ids, gate, up, down, dy = (p[n] for n in ("x", "weights", "ids", "gate", "up",
+                                                       "down", "dy"))
+  counts = np.asarray(jnp.bincount(ids.reshape(-1), length=E))
   capacity = int(-(-counts.max() // 128) * 128)
   imbalance = float(counts.max() / counts.mean())
-  routed_flops = 3 * 2 * tokens * k * 3 * d * f_true
-  dy = jax.random.normal(jax.random.fold_in(key, 5), (tokens, d), jnp.bfloat16)
+  routed_flops = 3 * 2 * tokens * K * 3 * D * F_TRUE
   impls = {
       "tiled": grouped_gemm.tiled_matmul,
       "ragged_dot": lambda a, b, s: jax.lax.ragged_dot(a, b, s),
@@ -135,12 +125,12 @@ def _setup_2b(batch, seq):
   return cfg, params, toks
 
 
-def train_step(batch=8, seq=2048):
+def train_step(batch=8, seq=2048, moe_impl="dispatch"):
   cfg, params, toks = _setup_2b(batch, seq)
   tx = optim.optimizer(optim.OptimConfig())
   mesh = mesh_lib.data_mesh()
   state = step_lib.init_state(params, tx)
-  fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=MOE_IMPL["value"]), donate_argnums=0)
+  fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=moe_impl), donate_argnums=0)
   holder = {"state": state}
 
   def run(tokens):
@@ -150,21 +140,21 @@ def train_step(batch=8, seq=2048):
   t, ts = bench(run, [(x,) for x in toks], reps=10)
   tps = batch * seq / t
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record("train_step_2b", moe_impl=MOE_IMPL["value"], batch=batch, seq=seq, ms=t * 1e3,
+  record("train_step_2b", moe_impl=moe_impl, batch=batch, seq=seq, ms=t * 1e3,
          tokens_per_s=tps,
          model_tflops=tps * flops.flops_per_token(cfg, seq) / 1e12,
          mfu=flops.mfu(tps, cfg, seq, peak, 1) or float("nan"), times=ts)
   del mesh
 
 
-def paired_eval(batch=8, seq=2048):
+def paired_eval(batch=8, seq=2048, moe_impl="dispatch"):
   cfg, params, toks = _setup_2b(batch, seq)
   mesh = mesh_lib.data_mesh()
   policies = [pl.parse_policy(n) for n in ("attn_l0-8_e4m3", "moe_l0-8_e4m3",
                                            "gemm:fp32_blockwise")]
-  ev = paired.PairedEvaluator(cfg, policies, mesh, MOE_IMPL["value"])
+  ev = paired.PairedEvaluator(cfg, policies, mesh, moe_impl)
   t_base, ts = bench(ev.baseline, [(params, x) for x in toks], reps=8)
-  record("paired_bf16_grad", moe_impl=MOE_IMPL["value"], batch=batch, seq=seq,
+  record("paired_bf16_grad", moe_impl=moe_impl, batch=batch, seq=seq,
          ms=t_base * 1e3, times=ts)
   base = ev.baseline(params, toks[0])  # 8 GB of gradients: one batch, reused
   for p in policies:
@@ -174,11 +164,11 @@ def paired_eval(batch=8, seq=2048):
            ratio_to_two_bf16=(t_base + t) / (2 * t_base), times=ts)
 
 
-def memory(seq=2048):
+def memory(seq=2048, moe_impl="dispatch"):
   cfg = mc.deepseek_moe_2b(expert_pad_to=864)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   mesh = mesh_lib.data_mesh()
-  ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh, MOE_IMPL["value"])
+  ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh, moe_impl)
   fits = {}
   for batch in (1, 2, 4, 8, 16):
     tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, cfg.vocab_size)
@@ -195,7 +185,7 @@ def memory(seq=2048):
   record("paired_memory_2b", seq=seq, peak_gib_by_batch=json.dumps(fits))
 
 
-def compile_memory(batches=(4, 8), seq=2048):
+def compile_memory(batches=(4, 8), seq=2048, moe_impl="dispatch"):
   """XLA's buffer sizes of the compiled paired-evaluation functions (no execution)."""
   cfg = mc.deepseek_moe_2b(expert_pad_to=864)
   mesh = mesh_lib.data_mesh()
@@ -203,7 +193,7 @@ def compile_memory(batches=(4, 8), seq=2048):
   gib = lambda b: b / 2**30  # noqa: E731
   names = ("moe_l0-8_e4m3", "gemm:fp32_blockwise")
   ev = paired.PairedEvaluator(cfg, [pl.parse_policy(n) for n in names], mesh,
-                              MOE_IMPL["value"])
+                              moe_impl)
   for batch in batches:
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     with jax.set_mesh(mesh):
@@ -217,7 +207,7 @@ def compile_memory(batches=(4, 8), seq=2048):
              args_gib=gib(m.argument_size_in_bytes), out_gib=gib(m.output_size_in_bytes))
 
 
-def scaling(batch=2, seq=2048):
+def scaling(batch=2, seq=2048, moe_impl="dispatch"):
   """Paired evaluation (BF16 grad + one seed-grid variant) on 1 device vs all devices, at
   ``batch`` sequences per device: scaling efficiency = throughput(N) / (N x throughput(1))."""
   cfg = mc.deepseek_moe_2b(expert_pad_to=864)
@@ -227,7 +217,7 @@ def scaling(batch=2, seq=2048):
   for devices in (jax.devices()[:1], jax.devices()):
     n = len(devices)
     mesh = mesh_lib.data_mesh(devices)
-    ev = paired.PairedEvaluator(cfg, [policy], mesh, MOE_IMPL["value"])
+    ev = paired.PairedEvaluator(cfg, [policy], mesh, moe_impl)
     p = jax.device_put(params, mesh_lib.replicated(mesh))
     toks = [jax.device_put(jax.random.randint(jax.random.key(i), (batch * n, seq), 0,
                                               cfg.vocab_size), mesh_lib.batch_sharding(mesh))
@@ -260,10 +250,10 @@ def main():
   ap.add_argument("--moe-impl", default="dispatch", choices=["dispatch", "pallas"],
                   help="the 2B model's MoE GEMMs (train, paired, memory, scaling)")
   args = ap.parse_args()
-  MOE_IMPL["value"] = args.moe_impl
-  kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, "seq": args.seq},
-            "paired": {"batch": args.batch, "seq": args.seq}, "memory": {"seq": args.seq},
-            "scaling": {"batch": args.batch, "seq": args.seq}}
+  two_b = {"seq": args.seq, "moe_impl": args.moe_impl}
+  kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, **two_b},
+            "paired": {"batch": args.batch, **two_b}, "memory": two_b,
+            "compile_memory": two_b, "scaling": {"batch": args.batch, **two_b}}
   print(f"devices: {jax.devices()} (jax {jax.__version__})", flush=True)
   for part in args.parts.split(","):
     t = time.perf_counter()
