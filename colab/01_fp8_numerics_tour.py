@@ -69,8 +69,8 @@ import ml_dtypes
 import numpy as np
 
 import fp8jax
-from fp8jax import accumulate
 from fp8jax.experiments import numerics_study
+from fp8jax.gemm import accumulate
 
 SMOKE = os.environ.get("FP8JAX_SMOKE", "0") == "1"
 START = time.time()
@@ -396,12 +396,12 @@ a, b = (jnp.asarray(t, jnp.float32)
         for t in numerics_study.gemm_operands("outliers", GEMM_ROWS * 2, K_RECIPE, rng))
 ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
 RECIPES = {
-    "bf16": fp8jax.gemm.BF16,
+    "bf16": fp8jax.gemm.dense.BF16,
     "per-tensor, tc, no promotion": fp8jax.GemmConfig(
         roles=PER_TENSOR_ROLES, accumulation=accumulate.HOPPER_NO_PROMOTION),
     "per-tensor, fp32 acc": fp8jax.GemmConfig(roles=PER_TENSOR_ROLES),
-    "deepseek-v3 blocks, tc, promote every 128": fp8jax.gemm.DEEPSEEK_V3,
-    "deepseek-v3 blocks, fp32 acc": fp8jax.gemm.FP32_BLOCKWISE,
+    "deepseek-v3 blocks, tc, promote every 128": fp8jax.gemm.dense.DEEPSEEK_V3,
+    "deepseek-v3 blocks, fp32 acc": fp8jax.gemm.dense.FP32_BLOCKWISE,
 }
 recipe_rows = []
 for name, cfg in RECIPES.items():
@@ -417,7 +417,7 @@ print_table(recipe_rows, title=f"[{a.shape[0]}, {K_RECIPE}] x [{K_RECIPE}, {b.sh
 #
 # The backward GEMMs need the transposes of tensors quantized for the forward GEMM: the
 # weight gradient contracts X and dY over the tokens, so their 1x128 tiles must run along
-# the tokens instead of the channels. Three ways to produce them (`fp8jax.transpose`):
+# the tokens instead of the channels. Three ways to produce them (`fp8jax.gemm.transpose`):
 #
 # * `requant`: quantize the saved high-precision tensor again, transposed (one rounding);
 # * `double`: dequantize the FP8 tensor and quantize its transpose (two roundings);
@@ -436,7 +436,7 @@ print_table(dq_rows, ["scale_format", "policy", "snr_db", "changed_vs_requant",
                       "changed_vs_forward_values"])
 
 fig, ax = plt.subplots(figsize=(6, 3.5))
-policies = list(fp8jax.transpose.POLICIES)
+policies = list(fp8jax.gemm.transpose.POLICIES)
 for i, scale_format in enumerate(("fp32", "pow2")):
   snrs = [next(r["snr_db"] for r in dq_rows
                if r["scale_format"] == scale_format and r["policy"] == p) for p in policies]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp8jax
-from fp8jax import accumulate, transpose
+from fp8jax.gemm import accumulate, transpose
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +235,7 @@ def delayed_vs_current(sizes: StudySizes, history_len: int = 16) -> list[dict]:
   delayed_spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor(), scaling="delayed",
                                   history_len=history_len)
   current_spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())
-  history = fp8jax.delayed.init_history(delayed_spec)
+  history = fp8jax.quant.delayed.init_history(delayed_spec)
   rows = []
   for step, peak in enumerate(range_schedule(sizes.steps)):
     x = rng.uniform(-1, 1, 4096)

@@ -10,31 +10,54 @@ The quantization core::
 
 and the simulated blockwise FP8 GEMM (``fp8jax.fp8_dot_general``, ``GemmConfig``).
 
+The package is layered; each layer imports only the ones above it in this list:
+
+* :mod:`fp8jax.numerics`: element formats, granularities, specs, scales, presets;
+* :mod:`fp8jax.kernels`: GPU kernels (Pallas) that the ops choose on GPUs;
+* :mod:`fp8jax.quant`: quantize / dequantize / fake-quant ops, delayed scaling, telemetry;
+* :mod:`fp8jax.gemm`: the simulated FP8 GEMM (dense and grouped), accumulation, transposes;
+* this module: the public API (re-exported names only);
+* :mod:`fp8jax.models`: DeepSeek-MoE with precision policies and named sites;
+* :mod:`fp8jax.data`, :mod:`fp8jax.metrics` (side layers with no fp8jax imports above);
+* :mod:`fp8jax.train`, then :mod:`fp8jax.study`, then the binaries in
+  :mod:`fp8jax.experiments`.
+
 Importing fp8jax has no side effects: it defines functions and types only.
 """
 
-from fp8jax import accumulate, delayed, gemm, grouped_gemm, transpose
-from fp8jax.accumulate import Accumulation
-from fp8jax.delayed import DelayedState
-from fp8jax.fake_quant import fake_quant
-from fp8jax.formats import FORMATS, Fp8Format, get_format, saturating_cast
-from fp8jax.gemm import GemmConfig, dot_general_fn, fp8_dot_general, fp8_einsum
-from fp8jax.granularity import Granularity, block, per_axis, per_tensor, tile
-from fp8jax.presets import PRESETS, preset
-from fp8jax.qtensor import QTensor, dequantize, quantize, quantize_and_update, quantize_dequantize
-from fp8jax.roles import RoleSpecs, deepseek_v3_roles
-from fp8jax.scales import compute_scale, round_pow2
-from fp8jax.spec import QuantSpec
-from fp8jax.telemetry import QuantTelemetry
+from fp8jax.gemm import accumulate, transpose
+from fp8jax.gemm import grouped as grouped_gemm
+from fp8jax.gemm.accumulate import Accumulation
+from fp8jax.gemm.dense import GemmConfig, dot_general_fn, fp8_dot_general, fp8_einsum
+from fp8jax.numerics.formats import FORMATS, Fp8Format, get_format, saturating_cast
+from fp8jax.numerics.granularity import Granularity, block, per_axis, per_tensor, tile
+from fp8jax.numerics.presets import PRESETS, preset
+from fp8jax.numerics.roles import RoleSpecs, deepseek_v3_roles
+from fp8jax.numerics.scales import compute_scale, round_pow2
+from fp8jax.numerics.spec import QuantSpec
+from fp8jax.quant import delayed
+from fp8jax.quant.delayed import DelayedState
+from fp8jax.quant.fake_quant import fake_quant
+from fp8jax.quant.qtensor import (
+    QTensor,
+    dequantize,
+    quantize,
+    quantize_and_update,
+    quantize_dequantize,
+)
+from fp8jax.quant.telemetry import QuantTelemetry
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # GEMM simulation (fp8jax.gemm): the subpackage and the modules users configure it with.
     "Accumulation", "GemmConfig", "accumulate", "dot_general_fn", "fp8_dot_general",
     "fp8_einsum", "gemm", "grouped_gemm", "transpose",
-    "FORMATS", "PRESETS", "DelayedState", "Fp8Format", "Granularity", "QTensor",
-    "QuantSpec", "QuantTelemetry", "RoleSpecs", "block", "compute_scale", "deepseek_v3_roles",
-    "delayed", "dequantize", "fake_quant", "get_format", "per_axis", "per_tensor", "preset",
-    "quantize", "quantize_and_update", "quantize_dequantize", "round_pow2",
-    "saturating_cast", "tile",
+    # Formats, granularities, specs and scales (fp8jax.numerics).
+    "FORMATS", "PRESETS", "Fp8Format", "Granularity", "QuantSpec", "RoleSpecs", "block",
+    "compute_scale", "deepseek_v3_roles", "get_format", "per_axis", "per_tensor", "preset",
+    "round_pow2", "saturating_cast", "tile",
+    # Quantize ops (fp8jax.quant).
+    "DelayedState", "QTensor", "QuantTelemetry", "delayed", "dequantize", "fake_quant",
+    "quantize", "quantize_and_update", "quantize_dequantize",
 ]

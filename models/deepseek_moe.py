@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import fp8jax
-from fp8jax import grouped_gemm
+from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.kernels import grouped_matmul_pallas
 from fp8jax.models import moe
 from fp8jax.models import policy as policy_lib

@@ -10,7 +10,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax import grouped_gemm
+from fp8jax.gemm import grouped as grouped_gemm
 
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):

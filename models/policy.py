@@ -17,7 +17,7 @@ straight-through). Every policy works on the same params tree.
 
 ``gemm`` (a :class:`fp8jax.GemmConfig`) routes the FP8 linear layers of the DeepSeek-V3
 precision map through the simulated FP8 GEMM: the attention projections, the dense MLPs,
-the shared experts and the routed experts (``fp8jax.grouped_gemm``, FP32 accumulation).
+the shared experts and the routed experts (``fp8jax.gemm.grouped``, FP32 accumulation).
 The embedding, head, router, norms and the attention core stay in high precision.
 """
 
@@ -27,7 +27,7 @@ import dataclasses
 import re
 
 import fp8jax
-from fp8jax import gemm as gemm_lib
+from fp8jax.gemm import dense as gemm_lib
 
 SITES = ("attn_out", "mlp_out", "moe_out", "moe_routed_out", "moe_shared_out", "expert_in")
 
@@ -64,7 +64,7 @@ class SiteRule:
       raise ValueError(f"unknown quantization site {self.site!r}; sites: {SITES}")
     if not isinstance(self.spec, fp8jax.QuantSpec):
       raise TypeError(f"site {self.site}: spec must be a QuantSpec, got {self.spec!r}")
-    if fp8jax.delayed.needs_state(self.spec):
+    if fp8jax.quant.delayed.needs_state(self.spec):
       raise ValueError(f"site {self.site}: delayed scaling needs per-site state, which "
                        "model sites do not carry; use current scaling")
 

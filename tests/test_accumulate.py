@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import accumulate
+from fp8jax.gemm import accumulate
 from tests import reference_gemm as rg
 
 
@@ -124,8 +124,8 @@ def _old_fp32_formula(qa, qb):
   sa = accumulate._interval_scales(qa, interval, j)
   sb = accumulate._interval_scales(qb, interval, j)
   pad = [(0, 0), (0, 0), (0, j * interval - k)]
-  a = jnp.pad(fp8jax.qtensor.payload_f32(qa.data), pad)
-  b = jnp.pad(fp8jax.qtensor.payload_f32(qb.data), pad)
+  a = jnp.pad(fp8jax.quant.qtensor.payload_f32(qa.data), pad)
+  b = jnp.pad(fp8jax.quant.qtensor.payload_f32(qb.data), pad)
   nb, m, n = a.shape[0], a.shape[1], b.shape[1]
   parts = jnp.einsum("bmjc,bnjc->bmnj", a.reshape(nb, m, j, interval),
                      b.reshape(nb, n, j, interval), precision=jax.lax.Precision.HIGHEST,

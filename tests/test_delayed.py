@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import delayed
+from fp8jax.quant import delayed
 from tests import reference as ref
 
 

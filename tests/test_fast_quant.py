@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import fast_quant, formats
+from fp8jax.numerics import formats, scales
+from fp8jax.quant import fast_quant
 from tests import reference as ref
 from tests import strategies as hs
 from tests.helpers import ref_for_spec
@@ -178,7 +179,7 @@ def test_fake_quant_uses_the_fused_path_without_fp8_or_barrier():
   with_tel = str(jax.make_jaxpr(lambda v: fp8jax.fake_quant(v, spec, telemetry=True))(x))
   assert "float8" in with_tel
   hybrid = fp8jax.preset("te_hybrid")
-  state = fp8jax.delayed.init_state(hybrid)
+  state = fp8jax.quant.delayed.init_state(hybrid)
   assert "float8" in str(jax.make_jaxpr(lambda v: fp8jax.fake_quant(v, hybrid, state))(x))
 
 
@@ -275,7 +276,7 @@ def test_apply_scales_cast_saturates_like_round_to_format(fmt):
   for dtype in (jnp.float32, jnp.bfloat16):
     args = (jnp.asarray(x), one * 2, one / 2, f, dtype)
     got = jax.jit(fqp.apply_scales_cast, static_argnums=(3, 4))(*args)
-    want = jax.jit(fast_quant.apply_scales, static_argnums=(3, 4))(*args)
+    want = jax.jit(scales.apply_scales, static_argnums=(3, 4))(*args)
     assert ref.same_bits(np.asarray(got), np.asarray(want))
   got = np.asarray(fqp.apply_scales_cast(jnp.asarray(x), one, one, f, jnp.float32))
   assert np.all(np.abs(got[np.isfinite(x)]) <= fmax) and np.isnan(got[6])

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import accumulate, gemm
+from fp8jax.gemm import accumulate
+from fp8jax.gemm import dense as gemm
 from tests.helpers import assert_close
 
 DN = (((2,), (0,)), ((), ()))  # x [B, T, K] . w [K, N]
@@ -47,9 +48,9 @@ def test_custom_vjp_matches_grad_on_dequantized_operands(transpose_policy):
   dx_ref = jax.grad(lambda a: jnp.sum(dy_d * _hi(a, w_d, "mk,kn->mn")))(x.reshape(-1, 300))
   assert_close(dx.reshape(-1, 300), dx_ref)
   # Wgrad: X^T and dY^T quantized along M (tiles along the contraction), by the policy.
-  xt_q = fp8jax.transpose.transposed(x.reshape(-1, 300), fp8jax.quantize(x.reshape(-1, 300),
+  xt_q = fp8jax.gemm.transpose.transposed(x.reshape(-1, 300), fp8jax.quantize(x.reshape(-1, 300),
                                      r.input), r.input, transpose_policy)
-  dyt_q = fp8jax.transpose.transposed(dy2, fp8jax.quantize(dy2, r.grad), r.grad,
+  dyt_q = fp8jax.gemm.transpose.transposed(dy2, fp8jax.quantize(dy2, r.grad), r.grad,
                                       transpose_policy)
   x_t = fp8jax.dequantize(xt_q, jnp.float32).T
   dy_t = fp8jax.dequantize(dyt_q, jnp.float32).T

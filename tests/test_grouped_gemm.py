@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import grouped_gemm
+from fp8jax.gemm import grouped as grouped_gemm
 from tests.helpers import assert_close
 
 
@@ -44,11 +44,11 @@ def test_matches_per_expert_dot_general(policy):
 
 def test_bf16_mode_and_errors():
   x, w, dy, sizes = _case(sizes=(50, 70, 8), seed=1)
-  y = grouped_gemm.fp8_ragged_dot(x, w, sizes, fp8jax.gemm.BF16)
+  y = grouped_gemm.fp8_ragged_dot(x, w, sizes, fp8jax.gemm.dense.BF16)
   ref = jax.lax.ragged_dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), sizes,
                            preferred_element_type=jnp.float32)
   assert_close(y, ref)
   g = jax.grad(lambda b: jnp.sum(grouped_gemm.fp8_ragged_dot(x, b, sizes) ** 2))(w)
   assert np.all(np.isfinite(g))
   with pytest.raises(ValueError, match="FP32 accumulation only"):
-    grouped_gemm.fp8_ragged_dot(x, w, sizes, fp8jax.gemm.DEEPSEEK_V3)
+    grouped_gemm.fp8_ragged_dot(x, w, sizes, fp8jax.gemm.dense.DEEPSEEK_V3)

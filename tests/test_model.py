@@ -121,7 +121,7 @@ def test_gemm_hook_routes_linear_layers_through_fp8():
   cfg, params, tokens = _setup(6)
   apply = jax.jit(dm.apply, static_argnums=(2, 3))
   base, _ = apply(params, tokens, cfg, pl.BF16)
-  bf16_gemm, _ = apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.BF16))
+  bf16_gemm, _ = apply(params, tokens, cfg, pl.PrecisionPolicy(gemm=fp8jax.gemm.dense.BF16))
   fp8_policy = pl.PrecisionPolicy(gemm=fp8jax.GemmConfig())
   fp8, _ = apply(params, tokens, cfg, fp8_policy)
   assert not np.array_equal(fp8, base)
@@ -139,7 +139,7 @@ def test_gemm_hook_routes_linear_layers_through_fp8():
   with pytest.raises(TypeError, match="gemm must be an fp8jax GemmConfig"):
     pl.PrecisionPolicy(gemm="deepseek_v3")
   with pytest.raises(ValueError, match="needs FP32 accumulation"):
-    pl.PrecisionPolicy(gemm=fp8jax.gemm.DEEPSEEK_V3)
+    pl.PrecisionPolicy(gemm=fp8jax.gemm.dense.DEEPSEEK_V3)
   with pytest.raises(ValueError, match="no FP8 GEMM hook"):
     dm.apply(params, tokens, cfg, fp8_policy, moe_impl="reference")
 
@@ -147,7 +147,7 @@ def test_gemm_hook_routes_linear_layers_through_fp8():
 @pytest.mark.parametrize("sizes", [(5, 0, 130, 1), (0, 0, 0, 9), (128, 128, 0, 0),
                                    (2, 0, 1, 0)])
 def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
-  from fp8jax.grouped_gemm import tiled_matmul
+  from fp8jax.gemm.grouped import tiled_matmul
 
   rng = np.random.default_rng(7)
   n = max(sum(sizes), 6)  # rows past the groups' sum must come out as zeros
@@ -162,7 +162,7 @@ def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gemm", [None, fp8jax.gemm.FP32_BLOCKWISE])
+@pytest.mark.parametrize("gemm", [None, fp8jax.gemm.dense.FP32_BLOCKWISE])
 def test_moe_groups_give_the_same_result(gemm):
   """Dispatching per group of sequences (one group per data-parallel device) changes
   nothing: the same tokens meet the same experts. Only with the FP8 GEMM do the routed

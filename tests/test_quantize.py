@@ -256,5 +256,5 @@ def test_zero_size_tensors(shape):
     y, tel = fp8jax.fake_quant(x, spec, telemetry=True)
     assert y.shape == shape and float(tel.saturated_frac) == 0.0
   delayed = fp8jax.QuantSpec(granularity=fp8jax.per_tensor(), scaling="delayed", history_len=2)
-  _, history = fp8jax.quantize_and_update(x, delayed, fp8jax.delayed.init_history(delayed))
+  _, history = fp8jax.quantize_and_update(x, delayed, fp8jax.quant.delayed.init_history(delayed))
   np.testing.assert_array_equal(history, [0.0, 0.0])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import roles
+from fp8jax.numerics import roles
 
 
 def test_per_role_eps_changes_only_that_role():

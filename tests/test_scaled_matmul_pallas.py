@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import accumulate
+from fp8jax.gemm import accumulate
 from fp8jax.kernels import scaled_matmul_pallas as kernel
 
 _GRANS = {"tile128/block128": (fp8jax.tile(128), fp8jax.block((128, 128))),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import transpose
+from fp8jax.gemm import transpose
 
 
 def _x(seed=0, shape=(256, 384)):

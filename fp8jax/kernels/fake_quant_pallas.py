@@ -3,17 +3,17 @@
 One program per ``[block_rows, tiles_per_block * t]`` block of a ``[rows, K]`` view of
 ``x``: it loads the block, takes the amax of every 1 x t tile of the block (``block_rows``
 rows times ``tiles_per_block`` tiles), computes the scales with
-:func:`fp8jax.scales.compute_scale`, rounds to FP8 and stores ``x_hat`` in the dtype of
+:func:`fp8jax.numerics.scales.compute_scale`, rounds to FP8 and stores ``x_hat`` in the dtype of
 ``x``: one read and one write of ``x``. The result equals
-:func:`fp8jax.fast_quant.quantize_dequantize_fused` bit for bit wherever the backend's
+:func:`fp8jax.quant.fast_quant.quantize_dequantize_fused` bit for bit wherever the backend's
 float32 division does (always with power-of-two scales).
 
 Rounding (``rounding``):
 
-* ``"integer"`` (default): :func:`fp8jax.fast_quant.apply_scales`, i.e.
-  :func:`fp8jax.formats.round_to_format` (~40 integer ops per element), any format.
+* ``"integer"`` (default): :func:`fp8jax.numerics.scales.apply_scales`, i.e.
+  :func:`fp8jax.numerics.formats.round_to_format` (~40 integer ops per element), any format.
 * ``"cast"``: the hardware conversion, ``clip(x * s, -max, max).astype(fp8).astype(f32)``
-  (:func:`fp8jax.formats.saturating_cast`, which ``round_to_format`` equals bit for bit),
+  (:func:`fp8jax.numerics.formats.saturating_cast`, which ``round_to_format`` equals bit for bit),
   E4M3 and E5M2 only. The Pallas Triton lowering emits ``tt.fp_to_fp`` with rounding
   RTNE, which Triton lowers on sm_90+ to ``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``
   (round to nearest even; the way back, fp8 -> f16 -> f32, is exact). Below sm_90 Triton
@@ -25,7 +25,7 @@ Rounding (``rounding``):
   Triton's min/max drop NaN (``maxnumf``), so NaN is selected back from ``x * s`` at the
   end, giving exactly the value ``apply_scales`` gives.
 
-Scale arithmetic: the divisions of :func:`fp8jax.scales.compute_scale` (``target / amax``,
+Scale arithmetic: the divisions of :func:`fp8jax.numerics.scales.compute_scale` (``target / amax``,
 ``1 / s``) run once per tile on the reduced ``[.., 1]`` amax; per element there are only
 the two multiplications by ``s`` and ``scale_inv`` that ``apply_scales`` also does, so
 there is no per-element division to replace and both roundings keep the fused path's
@@ -52,8 +52,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp8jax import blocks, fast_quant, formats, scales
-from fp8jax import spec as spec_lib
+from fp8jax.numerics import blocks, formats, scales
+from fp8jax.numerics import spec as spec_lib
 
 
 def tile_size(spec: spec_lib.QuantSpec) -> int | None:
@@ -111,11 +111,11 @@ CAST_FORMATS = ("e4m3", "e5m2")  # FP8 formats that rounding="cast" rounds exact
 
 def apply_scales_cast(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
                       fmt: formats.Fp8Format, dtype) -> jax.Array:
-  """:func:`fp8jax.fast_quant.apply_scales` with the rounding done by an FP8 cast.
+  """:func:`fp8jax.numerics.scales.apply_scales` with the rounding done by an FP8 cast.
 
   Equal to it bit for bit where ``astype(fmt.dtype)`` rounds to nearest even (XLA, and
   Triton on sm_90+): ``clip(v, -max, max)`` then the cast is
-  :func:`fp8jax.formats.saturating_cast`, which ``round_to_format`` equals, and the rest
+  :func:`fp8jax.numerics.formats.saturating_cast`, which ``round_to_format`` equals, and the rest
   is the same arithmetic. NaN in ``v = x * s`` gives ``v * scale_inv`` as there (selected
   back at the end because Triton's clip turns NaN into -max); ±inf saturates to ±max.
   """
@@ -127,7 +127,7 @@ def apply_scales_cast(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
   return jnp.where(jnp.isnan(v), v * scale_inv, out).astype(dtype)
 
 
-_APPLY = {"integer": fast_quant.apply_scales, "cast": apply_scales_cast}
+_APPLY = {"integer": scales.apply_scales, "cast": apply_scales_cast}
 
 
 def _round_tile(x, spec: spec_lib.QuantSpec, dtype, axis: int, rounding: str):

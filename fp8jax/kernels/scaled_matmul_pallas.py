@@ -1,6 +1,6 @@
 """Pallas (GPU Triton backend) kernel for the blockwise-scaled FP8 GEMM, FP32 mode.
 
-The same computation as ``fp8jax.accumulate.scaled_matmul`` with FP32 accumulation, in
+The same computation as ``fp8jax.gemm.accumulate.scaled_matmul`` with FP32 accumulation, in
 one pass over the operands (as DeepGEMM does it): one program per ``[block_m, block_n]``
 tile of the output ``Y [B, M, N]``. It walks K in promotion intervals, in order; for each
 interval it multiplies the payload tiles ``A [block_m, chunk]`` and ``Bt [block_n, chunk]``

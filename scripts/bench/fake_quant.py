@@ -55,7 +55,8 @@ from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import fp8jax  # noqa: E402
-from fp8jax import fast_quant, formats, qtensor  # noqa: E402
+from fp8jax.numerics import formats  # noqa: E402
+from fp8jax.quant import fast_quant, qtensor  # noqa: E402
 
 # Cast rounding first (loop, reshape and flat splits, 4 and 8 warps), then the integer
 # rounding's best shape of the last H100 run and two more integer ones for comparison.

@@ -4,7 +4,7 @@
     python scripts/bench/scaled_matmul.py --configs 128x128x128x8x3,64x128x64x4x4b
 
 A: E4M3 1x128 tiles, Bt: E4M3 128x128 blocks (the input and weight roles of
-``fp8jax.gemm``). Checks the Pallas kernel against the XLA interval loop and both against
+``fp8jax.gemm.dense``). Checks the Pallas kernel against the XLA interval loop and both against
 the old formula (``[M, N, J]`` partial products, float32 HIGHEST einsum): max |diff| /
 max |y|. Times (median over ``--runs`` of 10 back-to-back calls after warm-up, synchronised
 with ``block_until_ready``) the old formula, the XLA loop, the Pallas kernel per
@@ -31,9 +31,10 @@ from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import fp8jax  # noqa: E402
-from fp8jax import accumulate, qtensor  # noqa: E402
-from fp8jax import roles as roles_lib  # noqa: E402
+from fp8jax.gemm import accumulate  # noqa: E402
 from fp8jax.kernels import scaled_matmul_pallas as kernel  # noqa: E402
+from fp8jax.numerics import roles as roles_lib  # noqa: E402
+from fp8jax.quant import qtensor  # noqa: E402
 
 
 def old_einsum(qa, qb):

@@ -37,7 +37,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fp8jax import grouped_gemm  # noqa: E402
+from fp8jax.gemm import grouped as grouped_gemm  # noqa: E402
 from fp8jax.kernels import grouped_matmul_pallas  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402

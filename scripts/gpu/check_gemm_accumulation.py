@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp8jax
-from fp8jax import accumulate
+from fp8jax.gemm import accumulate
 
 
 def main():

@@ -32,7 +32,7 @@ def main():
   tokens = jax.random.randint(jax.random.key(1), (2, 1024), 0, cfg.vocab_size)
   policies = {"bf16": pl.BF16,
               "moe_out e4m3 0-8": pl.site_policy("moe_out", "0-8", fp8jax.preset("deepseek_v3")),
-              "fp8 gemm": pl.PrecisionPolicy(gemm=fp8jax.gemm.FP32_BLOCKWISE)}
+              "fp8 gemm": pl.PrecisionPolicy(gemm=fp8jax.gemm.dense.FP32_BLOCKWISE)}
   for name, policy in policies.items():
     def loss(p, policy=policy):
       logits, aux = dm.apply(p, tokens, cfg, policy)

@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 
-from fp8jax import blocks, formats, qtensor
-from fp8jax import spec as spec_lib
+from fp8jax.numerics import blocks, formats
+from fp8jax.numerics import spec as spec_lib
+from fp8jax.quant import qtensor
 
 POLICIES = ("requant", "double", "scaling_aware")
 

@@ -3,10 +3,11 @@
 :func:`fp8jax.quantize_dequantize` builds the FP8 payload and passes it through
 ``lax.optimization_barrier`` so that XLA cannot delete the f32 -> fp8 -> f32 converts;
 the payload is then written to memory and ``x`` is read twice. When only ``x_hat`` is
-needed, :func:`quantize_dequantize_fused` rounds with :func:`fp8jax.formats.round_to_format`
-(integer arithmetic on the float32 bits, which XLA cannot remove), so the block amax,
-the scales and the elementwise round trip can fuse into as little as one pass over
-``x``. The result is equal bit for bit to ``quantize_dequantize(x, spec)``.
+needed, :func:`quantize_dequantize_fused` rounds with
+:func:`fp8jax.numerics.formats.round_to_format` (integer arithmetic on the float32 bits,
+which XLA cannot remove), so the block amax, the scales and the elementwise round trip can
+fuse into as little as one pass over ``x``. The result is equal bit for bit to
+``quantize_dequantize(x, spec)``.
 
 The tensor is viewed as ``[n_0, b_0, n_1, b_1, ...]`` (``n_i`` blocks of size ``b_i``
 along axis ``i``) and reduced over the ``b`` axes with ``keepdims``, so the scales
@@ -19,39 +20,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp8jax import blocks, formats, scales
-from fp8jax import spec as spec_lib
+from fp8jax.numerics import blocks, scales
+from fp8jax.numerics import spec as spec_lib
 
 
 def supports(spec: spec_lib.QuantSpec) -> bool:
   """Whether :func:`quantize_dequantize_fused` handles ``spec``: current scaling, any
   granularity, format and scale rule (delayed scaling needs an amax history)."""
   return spec.scaling == "current"
-
-
-def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array, fmt: formats.Fp8Format,
-                 dtype) -> jax.Array:
-  """The elementwise round trip for given scales.
-
-  ``round_to_format(float32(x) * s) * scale_inv``, clipped to the largest finite value
-  of ``dtype`` (NaN kept, also on backends whose min/max drop NaN) and cast to ``dtype``.
-
-  Args:
-    x: float array, any shape.
-    s: float32 quantization multipliers broadcastable to ``x``.
-    scale_inv: float32 dequantization multipliers (``1 / s``) broadcastable to ``x``.
-    fmt: the FP8 element format.
-    dtype: output dtype.
-
-  Returns:
-    ``x_hat`` of ``dtype`` with the broadcast shape of ``x`` and the scales.
-  """
-  dtype = jnp.dtype(dtype)
-  q = formats.round_to_format(x.astype(jnp.float32) * s, fmt)
-  out = q * scale_inv
-  top = float(jnp.finfo(dtype).max)
-  out = jnp.where(jnp.isnan(out), out, jnp.clip(out, -top, top))
-  return out.astype(dtype)
 
 
 def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec) -> jax.Array:
@@ -84,10 +60,10 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec) -> jax.Arr
   amax = jnp.max(blocks.finite_abs(xs), axis=tuple(range(1, 2 * len(shape), 2)),
                  keepdims=True, initial=0.0)
   s, scale_inv = scales.compute_scale(amax, spec)
-  out = apply_scales(xs, s, scale_inv, spec.fmt, x.dtype).reshape(padded)
+  out = scales.apply_scales(xs, s, scale_inv, spec.fmt, x.dtype).reshape(padded)
   if padded != shape:
     out = out[tuple(slice(0, d) for d in shape)]
   return out
 
 
-__all__ = ["apply_scales", "quantize_dequantize_fused", "supports"]
+__all__ = ["quantize_dequantize_fused", "supports"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fp8jax import formats
-from fp8jax import granularity as gran
+from fp8jax.numerics import formats
+from fp8jax.numerics import granularity as gran
 
 SCALINGS = ("current", "delayed")
 HISTORY_REDUCTIONS = ("max", "most_recent")
@@ -33,10 +33,10 @@ class QuantSpec:
 
   Attributes:
     format: FP8 element format ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz").
-    granularity: which elements share a scale (see ``fp8jax.granularity``).
+    granularity: which elements share a scale (see ``fp8jax.numerics.granularity``).
     scaling: "current" (amax of the tensor being quantized, per block) or "delayed"
       (per-tensor scale from an amax history of previous steps; see
-      ``fp8jax.delayed``).
+      ``fp8jax.quant.delayed``).
     history_len: length of the amax history (delayed scaling only).
     history_reduce: "max" over the history or its "most_recent" entry.
     scale_format: "fp32" scales, or "pow2" scales rounded by ``pow2_rounding``.

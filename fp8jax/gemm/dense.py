@@ -14,8 +14,8 @@ Operands are brought to *contraction-last* layout [B, rows, K] (batch dims first
 dims flattened) and every role's spec is applied in that layout, so ``tile(128)`` means
 1x128 tiles along each GEMM's contraction axis and ``block((128, 128))`` blocks of the
 weight matrix. The transposed operands of the backward GEMMs (W^T for Dgrad, X^T and dY^T
-for Wgrad) come from ``config.transpose`` (see ``fp8jax.transpose``). Accumulation and
-the per-interval application of scales are in ``fp8jax.accumulate``.
+for Wgrad) come from ``config.transpose`` (see ``fp8jax.gemm.transpose``). Accumulation and
+the per-interval application of scales are in ``fp8jax.gemm.accumulate``.
 
 Memory: the high-precision X and W are saved for the backward pass and re-quantized
 there (the same bits as in the forward pass).
@@ -30,8 +30,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp8jax import accumulate, qtensor, transpose
-from fp8jax import roles as roles_lib
+from fp8jax.gemm import accumulate, transpose
+from fp8jax.numerics import roles as roles_lib
+from fp8jax.quant import qtensor
 
 PRECISIONS = ("bf16", "fp8", "fp8_native")
 _OPERAND_ROLES = {"fprop": ("input", "weight"), "dgrad": ("grad", "weight"),

@@ -8,15 +8,15 @@ differentiates the casts), so the gradient is defined by hand with ``jax.custom_
   E5M2 per-tensor as in Transformer Engine's HYBRID recipe, or E4M3 1x128 as in
   DeepSeek-V3).
 
-Delayed scaling takes a :class:`fp8jax.delayed.DelayedState`; its updated histories
-come back as the gradient with respect to that state (see ``fp8jax.delayed``).
+Delayed scaling takes a :class:`fp8jax.quant.delayed.DelayedState`; its updated histories
+come back as the gradient with respect to that state (see ``fp8jax.quant.delayed``).
 
 Without telemetry, current-scaled round trips (forward and cotangent) use the fused
-path of ``fp8jax.fast_quant``: no FP8 payload is materialized and the result is equal
+path of ``fp8jax.quant.fast_quant``: no FP8 payload is materialized and the result is equal
 bit for bit to ``fp8jax.quantize_dequantize``; on Hopper GPUs, 1 x t tiles in E4M3/E5M2
 run as one Pallas kernel with the same bits (``fp8jax.kernels.fake_quant_pallas``, not
 under a multi-device context mesh: see ``fp8jax.kernels.placement``). Telemetry and
-delayed scaling use the payload path of ``fp8jax.qtensor``.
+delayed scaling use the payload path of ``fp8jax.quant.qtensor``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import functools
 import jax
 from jax import lax
 
-from fp8jax import delayed, fast_quant, qtensor
-from fp8jax import spec as spec_lib
 from fp8jax.kernels import fake_quant_pallas as fqp
+from fp8jax.numerics import spec as spec_lib
+from fp8jax.quant import delayed, fast_quant, qtensor
 
 
 def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
@@ -39,7 +39,7 @@ def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
     x: float array of any shape.
     spec: the forward spec; ``spec.backward`` quantizes the cotangent.
     state: a :class:`DelayedState` when ``spec`` or ``spec.backward`` uses delayed
-      scaling (build it with ``fp8jax.delayed.init_state(spec)``), otherwise None.
+      scaling (build it with ``fp8jax.quant.delayed.init_state(spec)``), otherwise None.
     telemetry: also return a :class:`QuantTelemetry` of the forward quantization.
 
   Returns:
@@ -62,7 +62,7 @@ def _check_state(state, spec):
   if not isinstance(state, delayed.DelayedState):
     raise TypeError(
         f"spec {spec.describe()} uses delayed scaling: pass a DelayedState built by "
-        f"fp8jax.delayed.init_state(spec), got {type(state).__name__}")
+        f"fp8jax.quant.delayed.init_state(spec), got {type(state).__name__}")
   if spec.scaling == "delayed":
     delayed.check_history(state.fwd, spec, "forward")
   elif state.fwd is not None:

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fp8jax import blocks, delayed, formats, scales
-from fp8jax import spec as spec_lib
-from fp8jax import telemetry as telemetry_lib
+from fp8jax.numerics import blocks, formats, scales
+from fp8jax.numerics import spec as spec_lib
+from fp8jax.quant import delayed
+from fp8jax.quant import telemetry as telemetry_lib
 
 
 @functools.partial(

@@ -1,4 +1,5 @@
-"""Scale computation: amax -> quantization multiplier ``s`` and ``scale_inv = 1/s``.
+"""Scales: amax -> quantization multiplier ``s`` and ``scale_inv = 1/s``, and their
+application (:func:`apply_scales`, the elementwise round trip for given scales).
 
 Power-of-two scales are built with exponent-bit arithmetic on the float32 bit
 pattern. Every scale and its reciprocal is a normal float32 in [2**-126, 2**126]:
@@ -9,10 +10,12 @@ maps 0 to NaN. It is only used to *store* values that are already powers of two.
 
 from __future__ import annotations
 
+import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax import spec as spec_lib
+from fp8jax.numerics import formats
+from fp8jax.numerics import spec as spec_lib
 
 _MANTISSA_MASK = 0x007FFFFF
 _FP32_SCALE_MIN = 2.0**-126
@@ -67,3 +70,28 @@ def compute_scale(amax: jnp.ndarray,
     s = jnp.clip(target / amax, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
   s = jnp.where(amax > 0, s, jnp.float32(1.0))
   return s, 1.0 / s
+
+
+def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array, fmt: formats.Fp8Format,
+                 dtype) -> jax.Array:
+  """The elementwise round trip for given scales.
+
+  ``round_to_format(float32(x) * s) * scale_inv``, clipped to the largest finite value
+  of ``dtype`` (NaN kept, also on backends whose min/max drop NaN) and cast to ``dtype``.
+
+  Args:
+    x: float array, any shape.
+    s: float32 quantization multipliers broadcastable to ``x``.
+    scale_inv: float32 dequantization multipliers (``1 / s``) broadcastable to ``x``.
+    fmt: the FP8 element format.
+    dtype: output dtype.
+
+  Returns:
+    ``x_hat`` of ``dtype`` with the broadcast shape of ``x`` and the scales.
+  """
+  dtype = jnp.dtype(dtype)
+  q = formats.round_to_format(x.astype(jnp.float32) * s, fmt)
+  out = q * scale_inv
+  top = float(jnp.finfo(dtype).max)
+  out = jnp.where(jnp.isnan(out), out, jnp.clip(out, -top, top))
+  return out.astype(dtype)

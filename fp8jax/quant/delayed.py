@@ -46,8 +46,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax import blocks, scales
-from fp8jax import spec as spec_lib
+from fp8jax.numerics import blocks, scales
+from fp8jax.numerics import spec as spec_lib
 
 
 @jax.tree_util.register_dataclass
@@ -88,7 +88,7 @@ def check_history(history: jax.Array, spec: spec_lib.QuantSpec, role: str) -> No
   if history is None:
     raise ValueError(
         f"the {role} spec ({spec.describe()}) uses delayed scaling and needs an amax "
-        "history; build one with fp8jax.delayed.init_history(spec) or init_state(spec)")
+        "history; build one with fp8jax.quant.delayed.init_history(spec) or init_state(spec)")
   if tuple(history.shape) != (spec.history_len,):
     raise ValueError(
         f"the {role} amax history has shape {tuple(history.shape)}, but the spec asks "

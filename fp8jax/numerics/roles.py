@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp8jax import granularity as gran
-from fp8jax.spec import QuantSpec
+from fp8jax.numerics import granularity as gran
+from fp8jax.numerics.spec import QuantSpec
 
 ROLES = ("input", "weight", "grad")
 

@@ -21,8 +21,8 @@ name                       recipe
 
 from __future__ import annotations
 
-from fp8jax import granularity as gran
-from fp8jax.spec import QuantSpec
+from fp8jax.numerics import granularity as gran
+from fp8jax.numerics.spec import QuantSpec
 
 _TILE = QuantSpec(format="e4m3", granularity=gran.tile(128, axis=-1))
 _MX = QuantSpec(format="e4m3", granularity=gran.tile(32, axis=-1),

@@ -50,8 +50,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import qtensor
 from fp8jax.kernels import placement, scaled_matmul_pallas  # no import-time side effects
+from fp8jax.quant import qtensor
 
 MODES = ("fp32", "tensor_core")
 
@@ -230,7 +230,7 @@ _default_impl = "auto"
 
 def set_default_impl(impl: str) -> str:
   """Sets the FP32-mode implementation that :func:`scaled_matmul` uses when called with
-  ``impl=None`` (as ``fp8jax.gemm`` does); returns the previous one. Read at trace time:
+  ``impl=None`` (as ``fp8jax.gemm.dense`` does); returns the previous one. Read at trace time:
   functions already jitted keep the implementation they were traced with."""
   global _default_impl
   if impl not in IMPLS:

@@ -24,8 +24,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp8jax import gemm as gemm_lib
-from fp8jax import qtensor, transpose
+from fp8jax.gemm import dense as gemm_lib
+from fp8jax.gemm import transpose
+from fp8jax.quant import qtensor
 
 
 def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):

@@ -1,0 +1,17 @@
+"""Element formats and scales: what a low-precision number is and how blocks share a scale.
+
+The bottom layer of fp8jax; it imports nothing else from the package.
+
+* :mod:`~fp8jax.numerics.formats`: the element formats, their grids, the saturating cast
+  and rounding by integer arithmetic;
+* :mod:`~fp8jax.numerics.granularity` and :mod:`~fp8jax.numerics.blocks`: which elements
+  share a scale (per tensor, per axis, 1 x N tiles, N x M blocks) and the block amax;
+* :mod:`~fp8jax.numerics.spec`: :class:`QuantSpec`, a static, hashable description of one
+  quantization;
+* :mod:`~fp8jax.numerics.scales`: amax -> scale (FP32 or power of two / E8M0) and the
+  elementwise round trip for given scales;
+* :mod:`~fp8jax.numerics.presets` and :mod:`~fp8jax.numerics.roles`: named specs and the
+  per-GEMM-role specs of a recipe.
+
+Import the modules directly; nothing is imported here.
+"""

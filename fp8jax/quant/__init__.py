@@ -1,0 +1,12 @@
+"""Quantize ops over arrays, built on :mod:`fp8jax.numerics` (and the kernels on GPU).
+
+* :mod:`~fp8jax.quant.qtensor`: ``quantize`` / ``dequantize`` with an explicit payload and
+  scales (:class:`QTensor`);
+* :mod:`~fp8jax.quant.fake_quant`: the differentiable round trip (``jax.custom_vjp``:
+  straight-through or a cotangent spec), with telemetry;
+* :mod:`~fp8jax.quant.fast_quant`: the fused round trip without a payload;
+* :mod:`~fp8jax.quant.delayed`: delayed scaling (amax histories as explicit state);
+* :mod:`~fp8jax.quant.telemetry`: per-quantization statistics.
+
+Import the modules directly; nothing is imported here.
+"""
