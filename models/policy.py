@@ -196,4 +196,9 @@ def seed_grid(num_layers: int = 9) -> dict[str, str]:
 
 
 SEED_GRID = seed_grid(9)
+
+GRIDS = {"seed": seed_grid}
+"""Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
+``--policies=NAME`` expands to the grid of the model's depth."""
+
 _GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)$")

@@ -47,11 +47,12 @@ class Windows:
 
 
 def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
-  """Policies from names/expressions; ``"seed"`` expands to the seed study's grid
-  (:func:`fp8jax.models.policy.seed_grid` of the model's depth)."""
+  """Policies from names/expressions; a grid name of :data:`fp8jax.models.policy.GRIDS`
+  (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth."""
   out = []
   for spec in specs:
-    names = list(policy_lib.seed_grid(num_layers)) if spec == "seed" else [spec]
+    grid = policy_lib.GRIDS.get(spec)
+    names = list(grid(num_layers)) if grid else [spec]
     out.extend(policy_lib.parse_policy(n) for n in names)
   if not out:
     raise ValueError("no policies to compare")

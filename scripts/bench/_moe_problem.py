@@ -1,5 +1,6 @@
 """The MoE benchmark problem shared by ``study_perf.py --parts=moe`` and ``grouped_gemm.py``."""
 
+import _repo  # noqa: F401  (puts the repository on the path before fp8jax is imported)
 import jax
 import jax.numpy as jnp
 import numpy as np

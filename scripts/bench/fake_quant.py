@@ -44,19 +44,19 @@ import json
 import os
 import pathlib
 import re
-import statistics
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _fake_quant_checks import compare, core_rounding_mismatches, exhaustive_mismatches  # noqa: E402,E501
 import _repo  # noqa: E402,F401
+from _timing import count_nans, median_time, poisoned  # noqa: E402
 import jax  # noqa: E402
-from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import fp8jax  # noqa: E402
 from fp8jax.numerics import formats  # noqa: E402
-from fp8jax.quant import fast_quant, qtensor  # noqa: E402
+from fp8jax.quant import fast_quant  # noqa: E402
 
 # Cast rounding first (loop, reshape and flat splits, 4 and 8 warps), then the integer
 # rounding's best shape of the last H100 run and two more integer ones for comparison.
@@ -100,87 +100,10 @@ def _pallas():
   return fake_quant_pallas
 
 
-# --- timing -----------------------------------------------------------------------
-
-
-def time_fn(fn, args_list, runs, reps, warmup=3):
-  """Median and min seconds per call of ``fn``, rotating through ``args_list``."""
-  for i in range(warmup):
-    jax.block_until_ready(fn(*args_list[i % len(args_list)]))
-  per_call = []
-  for _ in range(runs):
-    t = time.perf_counter()
-    out = None
-    for i in range(reps):
-      out = fn(*args_list[i % len(args_list)])
-    jax.block_until_ready(out)
-    per_call.append((time.perf_counter() - t) / reps)
-    del out
-  return statistics.median(per_call), min(per_call)
-
-
-# --- checks -----------------------------------------------------------------------
-
-
-def _bf16_ulps(a, b):
-  """(count of differing elements, max |a - b| in bf16 ulps), NaNs equal to NaNs."""
-  def ordered(v):
-    bits = lax.bitcast_convert_type(v.astype(jnp.bfloat16), jnp.int16).astype(jnp.int32)
-    return jnp.where(bits < 0, -(bits & 0x7FFF), bits)
-  both_nan = jnp.isnan(a) & jnp.isnan(b)
-  diff = jnp.where(both_nan, 0, jnp.abs(ordered(a) - ordered(b)))
-  return jnp.sum(diff != 0), jnp.max(diff)
-
-
-_compare = jax.jit(_bf16_ulps)
-
-
-def compare(a, b):
-  n, mx = _compare(a, b)
-  return int(n), int(mx)
-
-
-def poison_nans(fn, args):
-  """NaNs in ``fn(*args)`` computed right after freeing a NaN-filled buffer of its size."""
-  out_struct = jax.eval_shape(fn, *args)
-  leaves = jax.tree_util.tree_leaves(out_struct)
-  poison = [jnp.full(s.shape, jnp.nan, s.dtype) for s in leaves]
-  jax.block_until_ready(poison)
-  del poison
-  out = jax.block_until_ready(fn(*args))
-  return int(sum(int(jnp.sum(jnp.isnan(o))) for o in jax.tree_util.tree_leaves(out)))
-
-
-def core_rounding_mismatches(x, spec):
-  """round_to_format(x * s) vs the quantize payload from the same scaled values."""
-  def f(v):
-    qt, scaled, _ = qtensor.quantize_with_scaled(v, spec)
-    a = formats.round_to_format(scaled, spec.fmt)
-    b = qtensor.payload_f32(qt.data)
-    same = (lax.bitcast_convert_type(a, jnp.uint32) == lax.bitcast_convert_type(b, jnp.uint32))
-    return jnp.sum(~(same | (jnp.isnan(a) & jnp.isnan(b))))
-  return int(jax.jit(f)(x))
-
-
-def exhaustive_mismatches(fmt_name, log2_total, log2_chunk=28):
-  """Bit patterns ``0 .. 2**log2_total - 1`` (all float32 at 32) where round_to_format
-  differs from saturating_cast (NaN payloads ignored)."""
-  fmt = formats.get_format(fmt_name)
-  chunk = 1 << min(log2_chunk, log2_total)
-
-  @jax.jit
-  def count(base):
-    bits = lax.iota(jnp.uint32, chunk) + base
-    x = lax.bitcast_convert_type(bits, jnp.float32)
-    a = formats.round_to_format(x, fmt)
-    b = qtensor.payload_f32(formats.saturating_cast(x, fmt))
-    same = lax.bitcast_convert_type(a, jnp.uint32) == lax.bitcast_convert_type(b, jnp.uint32)
-    return jnp.sum(~(same | (jnp.isnan(a) & jnp.isnan(b))))
-
-  total = 0
-  for start in range(0, 1 << log2_total, chunk):
-    total += int(count(jnp.uint32(start)))
-  return total
+def med_min(fn, args_list, runs, reps):
+  """Median and min seconds per call (:func:`_timing.median_time`, 3 warm-up calls)."""
+  med, times = median_time(fn, args_list, runs, calls=reps, warmup=3)
+  return med, min(times)
 
 
 # --- HLO --------------------------------------------------------------------------
@@ -314,9 +237,9 @@ def main():
           checks[f"{data_name}: pallas {rounding} (pow2 scales)"] = (
               f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
   for name in ("fused quantize_dequantize_fused", "fake_quant forward"):
-    checks[f"poison: NaNs in output of {name}"] = poison_nans(fns[name][0], (outliers[1],))
-  checks["poison: NaNs in output of fake_quant fwd+bwd"] = poison_nans(
-      two_arg["fake_quant fwd+bwd (vjp)"], (outliers[1], outliers[2]))
+    checks[f"poison: NaNs in output of {name}"] = count_nans(poisoned(fns[name][0], outliers[1]))
+  checks["poison: NaNs in output of fake_quant fwd+bwd"] = count_nans(poisoned(
+      two_arg["fake_quant fwd+bwd (vjp)"], outliers[1], outliers[2]))
   t0 = time.perf_counter()
   for fmt_name in formats.FORMATS:
     checks[f"exhaustive 2**{args.exhaustive_log2} bit patterns {fmt_name}: n_diff"] = (
@@ -345,11 +268,11 @@ def main():
     for name, (f, bytes_per_elt) in fns.items():
       if data_name == "outliers" and name.startswith("copy"):
         continue
-      med, best = time_fn(f, [(x,) for x in xs], args.runs, args.reps)
+      med, best = med_min(f, [(x,) for x in xs], args.runs, args.reps)
       rows.append((data_name, name, med, best, bytes_per_elt))
     for name, f in two_arg.items():
       pairs = [(xs[i], xs[(i + 1) % 3]) for i in range(3)]
-      med, best = time_fn(f, pairs, args.runs, args.reps)
+      med, best = med_min(f, pairs, args.runs, args.reps)
       rows.append((data_name, name, med, best, 8))
   copy_gbps = max(4 * n / med / 1e9 for d, name, med, _, _ in rows if name.startswith("copy"))
   for data_name, name, med, best, bpe in rows:
@@ -381,8 +304,8 @@ def main():
       sweep_rows.append((name, entry["status"], None, None, None, None, None))
       continue
     entry["status"] = "ok"
-    entry["poison NaNs"] = poison_nans(f, (outliers[1],))
-    times = {d: time_fn(f, [(x,) for x in xs], args.runs, args.reps)
+    entry["poison NaNs"] = count_nans(poisoned(f, outliers[1]))
+    times = {d: med_min(f, [(x,) for x in xs], args.runs, args.reps)
              for d, xs in (("normal", normal), ("outliers", outliers))}
     for d, (med, best) in times.items():
       entry[f"{d} ms_median"], entry[f"{d} ms_min"] = med * 1e3, best * 1e3

@@ -36,6 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _moe_problem import F_TRUE, moe_problem  # noqa: E402
 import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
+from _timing import median_time, poisoned  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -65,30 +66,11 @@ def tag(b: gmp.Blocks) -> str:
   return f"{b.m}x{b.n}x{b.k}w{b.num_warps}s{b.num_stages}"
 
 
-def bench(fn, args, reps: int, warmup: int = 2, calls: int = 5):
-  """Median seconds per call over ``reps`` runs of ``calls`` back-to-back calls."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready([fn(*args) for _ in range(calls)])
-    times.append((time.perf_counter() - t) / calls)
-  return statistics.median(times), times
-
-
 def rel_err(out, ref):
   out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
   if not np.all(np.isfinite(out)):
     return float("nan")
   return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-
-
-def poisoned(fn, *args):
-  """Runs ``fn`` after freeing a NaN buffer of its output's size (reused by the allocator)."""
-  shape = jax.eval_shape(fn, *args)
-  jax.block_until_ready(jnp.full(shape.shape, jnp.nan, shape.dtype)).delete()
-  return fn(*args)
 
 
 def checks(p, interpret: bool):
@@ -134,19 +116,19 @@ def sweep(xs, sizes, dys, w, fwd_blocks, wgrad_blocks, reps, interpret):
                                                        interpret=interpret),
          (dys, w, sizes))):
       try:
-        t, ts = bench(jax.jit(fn), args, reps)
+        t, ts = median_time(jax.jit(fn), [args], reps, calls=5)
         record(f"kernel_{name}_{tag(b)}", ms=t * 1e3, tflops=flop / t / 1e12, times=ts)
       except Exception as err:  # pylint: disable=broad-except
         record(f"kernel_{name}_{tag(b)}", error=str(err).splitlines()[0][:200])
   for b in wgrad_blocks:
     fn = jax.jit(lambda a, g, s, b=b: gmp.wgrad(a, g, s, blocks=b, interpret=interpret))
     try:
-      t, ts = bench(fn, (xs, dys, sizes), reps)
+      t, ts = median_time(fn, [(xs, dys, sizes)], reps, calls=5)
       record(f"kernel_wgrad_{tag(b)}", ms=t * 1e3, tflops=flop / t / 1e12, times=ts)
     except Exception as err:  # pylint: disable=broad-except
       record(f"kernel_wgrad_{tag(b)}", error=str(err).splitlines()[0][:200])
   dense = jax.jit(lambda a, b: a @ b)
-  t, ts = bench(dense, (xs, w[0]), reps)
+  t, ts = median_time(dense, [(xs, w[0])], reps, calls=5)
   record("dense_same_rows", ms=t * 1e3, tflops=flop / t / 1e12, times=ts)
 
 
@@ -164,7 +146,7 @@ def moe_layer(p, reps, interpret, fwd_blocks, wgrad_blocks):
       return jnp.sum(y.astype(jnp.float32) * p["dy"])
     fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
     args = (p["x"], p["gate"], p["up"], p["down"])
-    tm, ts = bench(fn, args, reps)
+    tm, ts = median_time(fn, [args], reps, calls=5)
     grads[name] = fn(*args)
     record(f"moe_fwd_bwd_{name}", ms=tm * 1e3, routed_tflops=routed_flops / tm / 1e12,
            imbalance_max_over_mean=float(counts.max() / counts.mean()), times=ts)

@@ -20,12 +20,11 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
+from _timing import median_time  # noqa: E402
 import jax  # noqa: E402
 from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -80,20 +79,6 @@ def pallas_fn(cfg, interpret, interval=128):
   return jax.jit(f)
 
 
-def time_fn(fn, args, runs, reps=10, warmup=3):
-  """Median over ``runs`` of the time per call of ``reps`` back-to-back calls."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(runs):
-    t = time.perf_counter()
-    outs = [fn(*args) for _ in range(reps)]
-    jax.block_until_ready(outs)
-    times.append((time.perf_counter() - t) / reps)
-    del outs
-  return statistics.median(times)
-
-
 def main():
   gpu = jax.default_backend() == "gpu"
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -143,7 +128,7 @@ def main():
       r["max_rel_diff_vs_xla_loop"] = float(jnp.max(jnp.abs(y - ref))) / scale
       mem = f.lower(*fargs).compile().memory_analysis()
       r["temp_mib"] = None if mem is None else mem.temp_size_in_bytes / 2**20
-      r["ms"] = 1e3 * time_fn(f, fargs, args.runs)
+      r["ms"] = 1e3 * median_time(f, [fargs], args.runs, calls=10, warmup=3)[0]
     except Exception as e:  # noqa: BLE001 - a configuration that fails to compile
       r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     print(name, r, flush=True)

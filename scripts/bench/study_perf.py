@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -33,6 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _moe_problem import F_TRUE, D, E, K, moe_problem  # noqa: E402
 import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
+from _timing import median_time  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -49,30 +49,17 @@ from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
 
 
-def bench(fn, args_list, reps=10, warmup=2):
-  """Median seconds of ``fn(*args)`` over ``reps`` runs cycling through ``args_list``."""
-  for i in range(warmup):
-    jax.block_until_ready(fn(*args_list[i % len(args_list)]))
-  times = []
-  for i in range(reps):
-    args = args_list[i % len(args_list)]
-    t = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t)
-  return statistics.median(times), times
-
-
 def ceilings():
   keys = jax.random.split(jax.random.key(0), 3)
   xs = [(jax.random.normal(k, (16384, 7168), jnp.bfloat16),) for k in keys]
   copy = jax.jit(lambda x: x.copy())
-  t, ts = bench(copy, xs, reps=20)
+  t, ts = median_time(copy, xs, runs=20)
   record("copy_bf16_16384x7168", ms=t * 1e3, gbps=4 * 16384 * 7168 / t / 1e9, times=ts)
   n = 8192
   ab = [(jax.random.normal(k, (n, n), jnp.bfloat16),
          jax.random.normal(jax.random.fold_in(k, 1), (n, n), jnp.bfloat16)) for k in keys]
   mm = jax.jit(lambda a, b: a @ b)
-  t, ts = bench(mm, ab, reps=20)
+  t, ts = median_time(mm, ab, runs=20)
   record("matmul_bf16_8192", ms=t * 1e3, tflops=2 * n**3 / t / 1e12, times=ts)
 
 
@@ -109,7 +96,7 @@ def moe_layer(tokens=16384):
       return jnp.sum(y.astype(jnp.float32) * dy)
     fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
     try:
-      t, ts = bench(fn, [(x, gate, up, down)], reps=10)
+      t, ts = median_time(fn, [(x, gate, up, down)], runs=10)
     except Exception as err:  # pylint: disable=broad-except
       record(f"moe_fwd_bwd_{name}", error=str(err).splitlines()[0][:200])
       continue
@@ -137,7 +124,7 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch"):
     holder["state"], m = fn(holder["state"], tokens)
     return m["loss"]
 
-  t, ts = bench(run, [(x,) for x in toks], reps=10)
+  t, ts = median_time(run, [(x,) for x in toks], runs=10)
   tps = batch * seq / t
   peak = flops.peak_flops(jax.devices()[0].device_kind)
   record("train_step_2b", moe_impl=moe_impl, batch=batch, seq=seq, ms=t * 1e3,
@@ -153,13 +140,13 @@ def paired_eval(batch=8, seq=2048, moe_impl="dispatch"):
   policies = [pl.parse_policy(n) for n in ("attn_l0-8_e4m3", "moe_l0-8_e4m3",
                                            "gemm:fp32_blockwise")]
   ev = paired.PairedEvaluator(cfg, policies, mesh, moe_impl)
-  t_base, ts = bench(ev.baseline, [(params, x) for x in toks], reps=8)
+  t_base, ts = median_time(ev.baseline, [(params, x) for x in toks], runs=8)
   record("paired_bf16_grad", moe_impl=moe_impl, batch=batch, seq=seq,
          ms=t_base * 1e3, times=ts)
   base = ev.baseline(params, toks[0])  # 8 GB of gradients: one batch, reused
   for p in policies:
-    t, ts = bench(lambda params, x, b, p=p: ev.variant(p.name, params, x, b),
-                  [(params, toks[0], base)], reps=8)
+    t, ts = median_time(lambda params, x, b, p=p: ev.variant(p.name, params, x, b),
+                  [(params, toks[0], base)], runs=8)
     record(f"paired_{p.name}", ms=t * 1e3,
            ratio_to_two_bf16=(t_base + t) / (2 * t_base), times=ts)
 
@@ -226,7 +213,7 @@ def scaling(batch=2, seq=2048, moe_impl="dispatch"):
     def pair(x, ev=ev, p=p):
       return ev.variant(policy.name, p, x, ev.baseline(p, x))["compare"]["global"]["rel_err"]
 
-    t, ts = bench(pair, [(x,) for x in toks], reps=8)
+    t, ts = median_time(pair, [(x,) for x in toks], runs=8)
     per_pair[n] = t
     record(f"scaling_paired_{n}dev", batch_per_device=batch, seq=seq, ms=t * 1e3,
            tokens_per_s=batch * n * seq / t, times=ts)
