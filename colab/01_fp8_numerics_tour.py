@@ -69,8 +69,8 @@ import ml_dtypes
 import numpy as np
 
 import fp8jax
-from fp8jax.experiments import numerics_study
 from fp8jax.gemm import accumulate
+from fp8jax.study import numerics_study
 
 SMOKE = os.environ.get("FP8JAX_SMOKE", "0") == "1"
 START = time.time()
@@ -326,13 +326,49 @@ print_table([{"v": float(a), "astype(e8m0)": float(b), "round_pow2 floor": float
 # fraction bits, truncation). DeepSeek-V3 keeps that error in check by *promoting* the
 # partial sum to an FP32 register every 128 elements of K.
 #
-# Here `fp8jax.fp8_dot_general` runs A [M, K] · Bᵀ with E4M3 per-tensor scales (constant
-# along K, so every accumulator applies). The reference is the float64 product of the same
-# dequantized operands, so the error is that of the accumulation alone. "positive" operands
-# are U(0, 1) (all products of one sign, the worst case for truncation), "gaussian" ones
-# N(0, 1). For comparison, DeepSeek-V3 quotes a maximum relative error of nearly 2% at
-# K = 4096 without promotion; how close the model comes depends on the operands' signs and
-# on the error measure (normwise, solid lines; largest elementwise, dashed).
+# Here `numerics_study.accumulation_error` (the function behind the repository's numerics
+# report) quantizes A [M, K] and B [N, K] to E4M3 with per-tensor scales (constant along K,
+# so every accumulator applies) and multiplies them with each accumulator
+# (`accumulate.scaled_matmul`, the product inside `fp8jax.fp8_dot_general`). The reference
+# is the float64 product of the same dequantized operands, so the error is that of the
+# accumulation alone. "positive" operands are U(0, 1) (all products of one sign, the worst
+# case for truncation), "gaussian" ones N(0, 1), "outliers" N(0, 1) with 1% of the
+# K-channels 100 times larger. For comparison, DeepSeek-V3 quotes a maximum relative error
+# of nearly 2% at K = 4096 without promotion; how close the model comes depends on the
+# operands' signs and on the error measure (normwise, solid lines; largest elementwise,
+# dashed).
+
+# %%
+KS = (256, 1024) if SMOKE else (256, 512, 1024, 2048, 4096, 8192, 16384)
+GEMM_ROWS = 16 if SMOKE else 64
+acc_rows = numerics_study.accumulation_error(
+    numerics_study.StudySizes(ks=KS, gemm_rows=GEMM_ROWS))
+dists = list(numerics_study.DISTRIBUTIONS)
+acc_names = list(numerics_study.ACCUMULATORS)
+print_table([{"distribution": d, "K": k,
+              **{n: r["norm_rel"] for n in acc_names for r in acc_rows
+                 if (r["distribution"], r["k"], r["accumulator"]) == (d, k, n)}}
+             for d in dists for k in KS],
+            title="normwise relative error ||Y - Y_ref|| / ||Y_ref||")
+
+fig, axes = plt.subplots(1, len(dists), figsize=(5 * len(dists), 4), sharey=True)
+for ax, dist in zip(axes, dists):
+  for name in acc_names:
+    rows = [r for r in acc_rows if r["distribution"] == dist and r["accumulator"] == name]
+    line, = ax.plot(KS, [r["norm_rel"] for r in rows], marker="o", label=f"{name}, norm")
+    ax.plot(KS, [r["max_rel"] for r in rows], ls="--", color=line.get_color(),
+            label=f"{name}, max elementwise")
+  ax.set(xscale="log", yscale="log", xlabel="K", title=f"{dist} operands")
+axes[0].set_ylabel("relative error vs float64")
+axes[-1].legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The whole DeepSeek-V3 forward GEMM (1x128 input tiles, 128x128 weight blocks) against the
+# float64 product of the *unquantized* operands, so quantization and accumulation together,
+# next to BF16 and to per-tensor scaling without promotion, for operands with a few outlier
+# channels along K.
 
 # %%
 PER_TENSOR = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.per_tensor())
@@ -345,53 +381,8 @@ def fp8_gemm(a, b, config):
   return fp8jax.fp8_dot_general(a, b, A_BT, config=config, preferred_element_type=jnp.float32)
 
 
-def dequantized_f64(x, spec):
-  return np.asarray(fp8jax.dequantize(fp8jax.quantize(x, spec), jnp.float32), np.float64)
-
-
-KS = (256, 1024) if SMOKE else (256, 512, 1024, 2048, 4096, 8192, 16384)
-GEMM_ROWS = 16 if SMOKE else 64
-acc_rows = []
-rng = np.random.default_rng(1)
-for dist in ("positive", "gaussian"):
-  for k in KS:
-    a, b = (jnp.asarray(t, jnp.float32)
-            for t in numerics_study.gemm_operands(dist, GEMM_ROWS, k, rng))
-    ref = dequantized_f64(a, PER_TENSOR) @ dequantized_f64(b, PER_TENSOR).T
-    for name, acc in numerics_study.ACCUMULATORS.items():
-      cfg = fp8jax.GemmConfig(roles=PER_TENSOR_ROLES, accumulation=acc)
-      y = np.asarray(fp8_gemm(a, b, cfg), np.float64)
-      acc_rows.append({"distribution": dist, "K": k, "accumulator": name,
-                       **numerics_study.error_metrics(y, ref)})
-
-acc_names = list(numerics_study.ACCUMULATORS)
-print_table([{"distribution": d, "K": k,
-              **{n: r["norm_rel"] for n in acc_names for r in acc_rows
-                 if (r["distribution"], r["K"], r["accumulator"]) == (d, k, n)}}
-             for d in ("positive", "gaussian") for k in KS],
-            title="normwise relative error ||Y - Y_ref|| / ||Y_ref||")
-
-fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-for ax, dist in zip(axes, ("positive", "gaussian")):
-  for name in acc_names:
-    rows = [r for r in acc_rows if r["distribution"] == dist and r["accumulator"] == name]
-    line, = ax.plot(KS, [r["norm_rel"] for r in rows], marker="o", label=f"{name}, norm")
-    ax.plot(KS, [r["max_rel"] for r in rows], ls="--", color=line.get_color(),
-            label=f"{name}, max elementwise")
-  ax.set(xscale="log", yscale="log", xlabel="K", title=f"{dist} operands")
-axes[0].set_ylabel("relative error vs float64")
-axes[1].legend(fontsize=8)
-fig.tight_layout()
-plt.show()
-
-# %% [markdown]
-# The whole DeepSeek-V3 forward GEMM (1x128 input tiles, 128x128 weight blocks) against the
-# float64 product of the *unquantized* operands, so quantization and accumulation together,
-# next to BF16 and to per-tensor scaling without promotion, for operands with a few outlier
-# channels along K.
-
-# %%
 K_RECIPE = KS[-1] if SMOKE else 4096
+rng = np.random.default_rng(1)
 a, b = (jnp.asarray(t, jnp.float32)
         for t in numerics_study.gemm_operands("outliers", GEMM_ROWS * 2, K_RECIPE, rng))
 ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
@@ -572,14 +563,14 @@ assert row(scale_rows, **{"scale rule": "pow2 rceil, E8M0"})["bytes per scale"] 
 
 # Accumulation.
 for dist in ("positive", "gaussian"):
-  fp32, never, every128 = ([row(acc_rows, distribution=dist, K=k, accumulator=n)["norm_rel"]
+  fp32, never, every128 = ([row(acc_rows, distribution=dist, k=k, accumulator=n)["norm_rel"]
                             for k in KS] for n in acc_names)
   assert max(fp32) < 1e-6 and min(every128) > 100 * max(fp32)
   assert never[-1] > 2 * never[0] and never[-1] > 2 * every128[-1]
   assert max(every128) < 1.5 * min(every128)
-positive_never = [row(acc_rows, distribution="positive", K=k, accumulator="tc, no promotion")
+positive_never = [row(acc_rows, distribution="positive", k=k, accumulator="tc, no promotion")
                   for k in KS]
-gaussian_never = [row(acc_rows, distribution="gaussian", K=k, accumulator="tc, no promotion")
+gaussian_never = [row(acc_rows, distribution="gaussian", k=k, accumulator="tc, no promotion")
                   for k in KS]
 assert (positive_never[-1]["norm_rel"] / positive_never[0]["norm_rel"]
         > gaussian_never[-1]["norm_rel"] / gaussian_never[0]["norm_rel"])

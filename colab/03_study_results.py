@@ -70,7 +70,7 @@ import numpy as np
 
 import fp8jax
 from fp8jax.experiments.configs import train_tiny
-from fp8jax.study import figures, questions, report, sweep
+from fp8jax.study import figures, questions, report, results, stats, sweep
 from fp8jax.train import loop
 
 try:
@@ -145,19 +145,19 @@ else:
   folder = pathlib.Path(RESULTS_DIR)
   sweep_dir = folder / "compare" if (folder / "compare" / "meta.json").exists() else folder
 
-res = report.load(sweep_dir)
+res = results.load(sweep_dir)
 print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}, "
       f"{len(res.rows)} rows ({len(res.nonfinite())} non-finite)")
 
 # %% [markdown]
 # ## 2. Grid and summary
 #
-# `report.load` reads the sweep; `report.grid_markdown` and `report.summary_markdown` are the
-# first sections of `report.md`: the model, the checkpoints, the evaluation windows, the
-# policies with their directly quantized modules, the rows that were not finite (excluded
-# from every mean), and per policy the mean of each metric over all finite (checkpoint,
-# batch) rows with its 95% Student-t interval, followed by the relative gradient error per
-# checkpoint.
+# `results.load` reads the sweep into a `Results` object (`fp8jax.study.results`);
+# `report.grid_markdown` and `report.summary_markdown` are the first sections of `report.md`:
+# the model, the checkpoints, the evaluation windows, the policies with their directly
+# quantized modules, the rows that were not finite (excluded from every mean), and per policy
+# the mean of each metric over all finite (checkpoint, batch) rows with its 95% Student-t
+# interval, followed by the relative gradient error per checkpoint.
 #
 # The metrics: `rel_err` = ‖g_fp8 − g_bf16‖ / ‖g_bf16‖, `diff_norm` = ‖g_fp8 − g_bf16‖,
 # `cosine` between the two gradients, `loss_rel_err` = |loss_fp8 − loss_bf16| / loss_bf16,
@@ -168,19 +168,21 @@ print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}
 show_markdown(report.grid_markdown(res)[2:] + report.summary_markdown(res))
 
 # %% [markdown]
-# `report.summary(res, metric)` gives the same statistics as data, `{(policy, step): Stat}`
-# with the mean, the interval and the number of batches, e.g. for the last checkpoint:
+# `stats.summary(res, metric)` (`fp8jax.study.stats`) gives the same statistics as data,
+# `{(policy, step): Stat}` with the mean, the interval and the number of batches, e.g. for the
+# last checkpoint:
 
 # %%
 last = res.steps[-1]
-for (p, s), st in report.summary(res, "rel_err").items():
+for (p, s), st in stats.summary(res, "rel_err").items():
   if s == last:
-    print(f"{p:16s} step {s}: rel_err {report.fmt_stat(st)}")
+    print(f"{p:16s} step {s}: rel_err {stats.fmt_stat(st)}")
 
 # %% [markdown]
 # ## 3. The four questions
 #
-# `report.answers(res)` answers the study's questions from the rows (`fp8jax.study.questions`):
+# `questions.answers(res)` (`fp8jax.study.questions`) answers the study's questions from the
+# rows:
 #
 # 1. **module**: attention vs MoE output at the same depth and format, and the shape of each
 #    trajectory over the checkpoints (decaying, persistent or growing);
@@ -194,7 +196,7 @@ for (p, s), st in report.summary(res, "rel_err").items():
 # `report.md`.
 
 # %%
-answers = report.answers(res)
+answers = questions.answers(res)
 for key, answer in answers.items():
   print(f"{key}: {answer['summary']}\n")
 
@@ -319,19 +321,19 @@ else:
 #
 # `report.write_report(folder)` writes `report.md` and its figures into a sweep folder (the
 # demo study above already did); `fp8jax.study.figures` draws each figure of the report
-# separately, and `report.compare(res, a, b, metric)` compares any two policies, per
+# separately, and `stats.compare(res, a, b, metric)` compares any two policies, per
 # checkpoint and pooled, with paired differences over the batches they share.
 
 # %%
 if len(res.policies) >= 2:
   a, b = res.policies[:2]
-  c = report.compare(res, a, b, "rel_err")
-  print(f"{a} vs {b}: pooled rel_err {report.fmt_stat(c['pooled_a'])} vs "
-        f"{report.fmt_stat(c['pooled_b'])}, ratio {report.fmt(c['ratio'])}, paired "
-        f"difference {report.fmt_stat(c['diff'])}")
+  c = stats.compare(res, a, b, "rel_err")
+  print(f"{a} vs {b}: pooled rel_err {stats.fmt_stat(c['pooled_a'])} vs "
+        f"{stats.fmt_stat(c['pooled_b'])}, ratio {stats.fmt(c['ratio'])}, paired "
+        f"difference {stats.fmt_stat(c['diff'])}")
   for s in c["per_step"]:
-    print(f"  step {s['step']}: {report.fmt(s['a'].mean)} vs {report.fmt(s['b'].mean)}, "
-          f"difference {report.fmt_stat(s['diff'], n=False)}")
+    print(f"  step {s['step']}: {stats.fmt(s['a'].mean)} vs {stats.fmt(s['b'].mean)}, "
+          f"difference {stats.fmt_stat(s['diff'], n=False)}")
 
 # %% [markdown]
 # ## Checks
@@ -344,7 +346,7 @@ per_step = len(windows["offsets"]) * windows["batches"]
 for p in res.policies:
   for s in res.steps:
     rows = res.rows_of(p, [s])
-    st = report.stat(res, "rel_err", p, [s])
+    st = stats.stat(res, "rel_err", p, [s])
     assert len(rows) <= per_step, (p, s)
     assert st.n + st.n_nonfinite + st.n_undefined == len(rows), (p, s, st)
     if st.has_ci:

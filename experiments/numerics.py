@@ -1,6 +1,8 @@
 r"""FP8 numerics study: accumulation, granularity, double quantization, delayed scaling.
 
-Writes ``numerics.json``, ``report.md`` and four PNG figures to ``--out``::
+Flags and ``main`` only, over :mod:`fp8jax.study.numerics_study` (the studies) and
+:mod:`fp8jax.study.numerics_report` (figures, markdown, verdict). Writes ``numerics.json``,
+``report.md`` and four PNG figures to ``--out``::
 
   python -m fp8jax.experiments.numerics --out=out/numerics
   python -m fp8jax.experiments.numerics --quick --out=/tmp/numerics   # smoke size
@@ -14,7 +16,7 @@ import time
 
 from absl import app, flags
 
-from fp8jax.experiments import numerics_report, numerics_study
+from fp8jax.study import numerics_report, numerics_study
 
 _OUT = flags.DEFINE_string("out", "out/numerics", "Output folder.")
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes (seconds), for smoke tests.")

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from fp8jax.experiments import numerics_report, numerics_study
+from fp8jax.study import numerics_report, numerics_study
 
 
 def test_numerics_study_quick(tmp_path):

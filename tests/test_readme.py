@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+import subprocess
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -15,3 +16,15 @@ def test_readme_python_blocks_run():
   qt = namespace["qt"]
   assert str(qt.data.dtype) == "float8_e4m3fn" and qt.scale_inv.shape == (4, 8)
   assert namespace["state"].fwd.shape == (1024,)
+
+
+def test_readme_map_lists_every_folder():
+  """Every folder that holds tracked files appears in the README's map of the design."""
+  repo = README.parent
+  files = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True,
+                         check=True).stdout.split()
+  folders = {str(pathlib.PurePosixPath(f).parent) for f in files} - {"."}
+  section = README.read_text().split("## Map of the design", 1)[1].split("\n## ", 1)[0]
+  listed = set(re.findall(r"^\| `([^`]+?)/?`", section, flags=re.M))
+  missing = sorted(f for f in folders if f not in listed)
+  assert not missing, f"folders missing from the README's map: {missing}"

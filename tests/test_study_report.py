@@ -14,7 +14,7 @@ import pytest
 
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import ranking
-from fp8jax.study import figures, questions, report
+from fp8jax.study import figures, questions, report, results, stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SEED = [f"{m}_{d}_{f}" for m in ("attn", "moe") for d in ("l0", "l0-8") for f in ("e4m3", "e5m2")]
@@ -41,7 +41,7 @@ def param_paths() -> list[str]:
 
 
 def direct_pairs(policy: str) -> list[list]:
-  module, depth, _ = report.parse_seed_name(policy) or ("attn", "l0", "")
+  module, depth, _ = results.parse_seed_name(policy) or ("attn", "l0", "")
   layers = [0] if depth == "l0" else list(range(LAYERS))
   mods = ["attn_o"] if module == "attn" else ["routed_experts", "shared_experts"]
   return [[m, i] for m in mods for i in layers]
@@ -50,7 +50,7 @@ def direct_pairs(policy: str) -> list[list]:
 def rel_err(policy: str, i: int, j: int, flip: bool) -> float:
   """E4M3 half of E5M2; one module decays, the other persists; its depths differ 3x, the
   other's 1.05x (flip swaps the modules' roles and the formats)."""
-  module, depth, fmt = report.parse_seed_name(policy) or ("attn", "l0", "e4m3")
+  module, depth, fmt = results.parse_seed_name(policy) or ("attn", "l0", "e4m3")
   decaying = (module == "attn") != flip
   base = 0.2 * 0.3 ** i if decaying else 0.03
   base *= (3.0 if decaying else 1.05) if depth != "l0" else 1.0
@@ -95,7 +95,7 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
       base.append({**ids, "loss": loss, "lm_loss": loss, "aux_loss": 0.0, "grad_norm": 2.0,
                    "finite": True})
       for p in policies:
-        module, _, fmt = report.parse_seed_name(p) or ("attn", "l0", "e4m3")
+        module, _, fmt = results.parse_seed_name(p) or ("attn", "l0", "e4m3")
         r = rel_err(p, i, j, flip)
         lre = 1e-3 * NOISE[j] * (1.0 if (fmt == "e4m3") != flip else 3.0)
         row = {**ids, "policy": p, "finite": True, "nonfinite": None, "loss_bf16": loss,
@@ -128,7 +128,7 @@ def sweep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def res(sweep):
-  return report.load(sweep)
+  return results.load(sweep)
 
 
 def test_load_round_trip(sweep, res):
@@ -144,44 +144,44 @@ def test_load_round_trip(sweep, res):
 
 def test_load_torn_lines_and_errors(tmp_path):
   folder = build(tmp_path / "s", policies=("attn_l0_e4m3",), steps=(0, 100))
-  n = len(report.load(folder).rows)
+  n = len(results.load(folder).rows)
   good = (folder / "rows.jsonl").read_text()
   for name in ("rows", "details", "baseline", "weights"):
     with open(folder / f"{name}.jsonl", "a") as f:
       f.write('{"step": 0, "offset"')  # a killed writer's torn last line
-  assert len(report.load(folder).rows) == n
+  assert len(results.load(folder).rows) == n
   lines = (folder / "details.jsonl").read_text().splitlines()
   (folder / "details.jsonl").write_text("\n".join([lines[0], "{torn", *lines[1:]]) + "\n")
   with pytest.raises(ValueError, match="details.jsonl:2"):
-    report.load(folder)
+    results.load(folder)
   (folder / "details.jsonl").write_text("\n".join(lines) + "\n")
   for bad, match in (({"policy": "nope"}, "policy 'nope'"), ({"step": 7}, "step 7")):
     row = {**json.loads(good.splitlines()[0]), **bad}
     (folder / "rows.jsonl").write_text(good + json.dumps(row) + "\n")
     with pytest.raises(ValueError, match=match):
-      report.load(folder)
+      results.load(folder)
   (folder / "rows.jsonl").write_text(good)
   (folder / "weights.jsonl").unlink()
   with pytest.raises(FileNotFoundError, match="weights.jsonl"):
-    report.load(folder)
+    results.load(folder)
 
 
 def test_t_quantile_and_mean_ci():
-  assert report.t_quantile(1) == 12.706 and report.t_quantile(30) == 2.042
-  assert report.t_quantile(31) == report.t_quantile(1000) == 1.96
+  assert stats.t_quantile(1) == 12.706 and stats.t_quantile(30) == 2.042
+  assert stats.t_quantile(31) == stats.t_quantile(1000) == 1.96
   x = np.array([1.0, 2.0, 4.0])
-  s = report.mean_ci(list(x) + [math.nan], n_nonfinite=2)
+  s = stats.mean_ci(list(x) + [math.nan], n_nonfinite=2)
   half = 4.303 * x.std(ddof=1) / math.sqrt(3)
   assert s.mean == pytest.approx(7 / 3) and s.n == 3
   assert (s.lo, s.hi) == pytest.approx((7 / 3 - half, 7 / 3 + half))
   assert (s.n_undefined, s.n_nonfinite) == (1, 2)
-  one = report.mean_ci([0.5])
+  one = stats.mean_ci([0.5])
   assert one.mean == 0.5 and not one.has_ci and math.isnan(one.lo)
-  assert report.mean_ci([]).n == 0 and math.isnan(report.mean_ci([]).mean)
+  assert stats.mean_ci([]).n == 0 and math.isnan(stats.mean_ci([]).mean)
 
 
 def test_summary_matches_hand_computation_and_excludes_nonfinite(res):
-  table = report.summary(res, "rel_err")
+  table = stats.summary(res, "rel_err")
   assert set(table) == {(p, s) for p in SEED for s in STEPS}
   x = np.array([rel_err("attn_l0_e5m2", 2, j, False) for j in range(4)])
   st = table[("attn_l0_e5m2", 200)]
@@ -193,22 +193,22 @@ def test_summary_matches_hand_computation_and_excludes_nonfinite(res):
   half = 4.303 * x.std(ddof=1) / math.sqrt(3)
   assert (bad.n, bad.n_nonfinite) == (3, 1)
   assert (bad.mean, bad.hi) == pytest.approx((x.mean(), x.mean() + half))
-  pooled = report.stat(res, "rel_err", "moe_l0-8_e5m2")
+  pooled = stats.stat(res, "rel_err", "moe_l0-8_e5m2")
   assert pooled.n == 15 and pooled.n_nonfinite == 1 and math.isfinite(pooled.mean)
 
 
 def test_parse_seed_name():
-  assert report.parse_seed_name("attn_l0_e4m3") == ("attn", "l0", "e4m3")
-  assert report.parse_seed_name("moe_l0-8_e5m2") == ("moe", "l0-8", "e5m2")
+  assert results.parse_seed_name("attn_l0_e4m3") == ("attn", "l0", "e4m3")
+  assert results.parse_seed_name("moe_l0-8_e5m2") == ("moe", "l0-8", "e5m2")
   for name in ("bf16", "attn_l0_e4m3x", "mlp_l0_e4m3", "attn@0:e4m3", "custom"):
-    assert report.parse_seed_name(name) is None
-  assert report.depth_layers("l0") == 1 and report.depth_layers("l0-8") == 9
+    assert results.parse_seed_name(name) is None
+  assert results.depth_layers("l0") == 1 and results.depth_layers("l0-8") == 9
 
 
 @pytest.mark.parametrize("flip", [False, True])
 def test_answers_follow_the_data(tmp_path, flip):
-  r = report.load(build(tmp_path / "s", flip=flip))
-  ans = report.answers(r, top_k=3)
+  r = results.load(build(tmp_path / "s", flip=flip))
+  ans = questions.answers(r, top_k=3)
   assert all(a["available"] for a in ans.values())
   lower, higher = ("E5M2", "E4M3") if flip else ("E4M3", "E5M2")
   fmt = ans["format"]
@@ -258,9 +258,9 @@ def test_redistribution_uses_migration_and_skips_nonfinite(res):
   assert got["direct_topk_first"] == pytest.approx(1 / 3) and got["direct_topk_last"] == 0
   assert got["share_direct_first"] == pytest.approx(0.8)
   assert got["share_direct_last"] == pytest.approx(0.2)
-  means = report.mean_details(res, "moe_l0-8_e5m2", 100)
+  means = stats.mean_details(res, "moe_l0-8_e5m2", 100)
   assert max(means.values()) < 1e3  # the non-finite row's details are left out
-  summary = report.answers(res, top_k=3)["redistribution"]["summary"]
+  summary = questions.answers(res, top_k=3)["redistribution"]["summary"]
   # Layer 0 of the synthetic model is dense: moe_l0_* has no direct parameter to fade.
   assert "differ from those at the first in 6 of 8 policies" in summary
   assert "decreases from the first to the last checkpoint in 8 of 8 policies" in summary
@@ -306,7 +306,7 @@ def test_binary_writes_report(sweep, tmp_path):
                         capture_output=True, text=True, env=env, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (out / "report.md").exists() and "wrote" in proc.stdout
-  check = ("import sys; from fp8jax.study import figures, questions, report; "
+  check = ("import sys; from fp8jax.study import figures, questions, report, results, stats; "
            "assert 'matplotlib' not in sys.modules")
   proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                         env=env, cwd=REPO, check=False)

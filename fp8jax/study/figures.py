@@ -1,6 +1,6 @@
 """Figures of the precision comparison report (PNG files; matplotlib is imported on use).
 
-Every function draws one figure of a loaded sweep (:func:`fp8jax.study.report.load`) into
+Every function draws one figure of a loaded sweep (:func:`fp8jax.study.results.load`) into
 ``out_dir`` and returns the path of the PNG. They build :class:`matplotlib.figure.Figure`
 objects directly (no pyplot state and no backend switch), so notebooks can call them too.
 Means are over the finite rows of each checkpoint, bands are 95% t-intervals.
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import rows as metrics_rows
-from fp8jax.study import report
+from fp8jax.study import questions, results, stats
 
 NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
          "migration", "routing")
@@ -50,9 +50,9 @@ def _empty(ax, text: str = "no data") -> None:
   ax.set_yticks([])
 
 
-def series(res: report.Results, metric: str, policy: str) -> tuple[np.ndarray, ...]:
+def series(res: results.Results, metric: str, policy: str) -> tuple[np.ndarray, ...]:
   """``(steps, mean, lo, hi)`` float arrays of a metric per checkpoint (NaN: none)."""
-  st = [report.stat(res, metric, policy, [s]) for s in res.steps]
+  st = [stats.stat(res, metric, policy, [s]) for s in res.steps]
   return (np.asarray(res.steps, np.float64), np.array([s.mean for s in st]),
           np.array([s.lo for s in st]), np.array([s.hi for s in st]))
 
@@ -72,7 +72,7 @@ def _log_if_positive(ax, values) -> None:
     ax.set_yscale("log")
 
 
-def loss_curves(res: report.Results, out_dir) -> pathlib.Path:
+def loss_curves(res: results.Results, out_dir) -> pathlib.Path:
   """(a) BF16 and FP8 loss (nats/token) over checkpoints, one panel per policy."""
   fig, axes = _figure(len(res.policies))
   for ax, p in zip(axes, res.policies):
@@ -84,7 +84,7 @@ def loss_curves(res: report.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "loss_curves")
 
 
-def grad_error(res: report.Results, out_dir) -> pathlib.Path:
+def grad_error(res: results.Results, out_dir) -> pathlib.Path:
   """(b) ||g_fp8 - g_bf16|| and the relative error over checkpoints, a line per policy."""
   fig, axes = _figure(2, size=(6.0, 4.0))
   for ax, metric, label in ((axes[0], "diff_norm", "||g_fp8 - g_bf16||"),
@@ -98,7 +98,7 @@ def grad_error(res: report.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "grad_error")
 
 
-def loss_vs_grad(res: report.Results, out_dir) -> pathlib.Path:
+def loss_vs_grad(res: results.Results, out_dir) -> pathlib.Path:
   """(c) Loss relative error against gradient relative error, one point per finite row
   (log axes when every plotted value is positive)."""
   fig, axes = _figure(1, size=(6.0, 4.5))
@@ -123,7 +123,7 @@ def loss_vs_grad(res: report.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "loss_vs_grad")
 
 
-def weight_norms(res: report.Results, out_dir) -> pathlib.Path:
+def weight_norms(res: results.Results, out_dir) -> pathlib.Path:
   """(d) BF16 baseline weight norms over checkpoints: global and per module."""
   fig, axes = _figure(2, size=(6.0, 4.0))
   rows = sorted(res.weights, key=lambda w: w["step"])
@@ -148,15 +148,15 @@ def weight_norms(res: report.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "weight_norms")
 
 
-def module_layer_table(res: report.Results, policy: str, step: int
+def module_layer_table(res: results.Results, policy: str, step: int
                        ) -> tuple[list[str], list[int], np.ndarray]:
   """``(modules, layers, table)``: the mean diff_norm of each module x layer cell at one
   checkpoint (NaN where absent), modules in :data:`fp8jax.metrics.paths.MODULES` order."""
   return metrics_rows.module_layer_grid(
-      report.mean_details(res, policy, step, "module_layer"))
+      stats.mean_details(res, policy, step, "module_layer"))
 
 
-def heatmaps(res: report.Results, out_dir) -> pathlib.Path:
+def heatmaps(res: results.Results, out_dir) -> pathlib.Path:
   """(e) Module x layer diff_norm per policy at the last checkpoint with details."""
   from matplotlib import colors  # pylint: disable=import-outside-toplevel
   fig, axes = _figure(len(res.policies), ncols=2, size=(6.0, 3.6))
@@ -181,7 +181,7 @@ def heatmaps(res: report.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "heatmaps")
 
 
-def migration(res: report.Results, out_dir, redistribution: dict[str, Any] | None = None,
+def migration(res: results.Results, out_dir, redistribution: dict[str, Any] | None = None,
               top_k: int = 10) -> pathlib.Path:
   """(f) Migration of the top-k parameters over checkpoints: overlap and Spearman with the
   first checkpoint, the top-k fraction in directly quantized modules, and share_direct.
@@ -190,7 +190,6 @@ def migration(res: report.Results, out_dir, redistribution: dict[str, Any] | Non
     redistribution: ``answers(...)["redistribution"]`` (computed when None).
   """
   if redistribution is None:
-    from fp8jax.study import questions  # pylint: disable=import-outside-toplevel
     redistribution = questions.redistribution_answer(res, top_k)
   per = {p: r for p, r in redistribution.get("policies", {}).items() if r["available"]}
   k = redistribution.get("k", top_k)
@@ -219,17 +218,17 @@ def migration(res: report.Results, out_dir, redistribution: dict[str, Any] | Non
   return _save(fig, out_dir, "migration")
 
 
-def routing_layers(res: report.Results) -> list[int]:
+def routing_layers(res: results.Results) -> list[int]:
   """MoE layers with routing divergence in the rows, ascending."""
   found = {int(m.group(1)) for r in res.rows for k in r if (m := _ROUTING.match(k))}
   return sorted(found)
 
 
-def routing(res: report.Results, out_dir) -> pathlib.Path:
+def routing(res: results.Results, out_dir) -> pathlib.Path:
   """(g) Fraction of tokens whose top-k expert set differs, per MoE layer (rows) and
   checkpoint (columns), one panel per policy."""
   layers = routing_layers(res)
-  tables = {p: np.array([[report.stat(res, f"routing/{lay}/topk_set_diff_frac", p, [s]).mean
+  tables = {p: np.array([[stats.stat(res, f"routing/{lay}/topk_set_diff_frac", p, [s]).mean
                           for s in res.steps] for lay in layers]) for p in res.policies}
   finite = [t[np.isfinite(t)] for t in tables.values() if t.size]
   vmax = max([float(f.max()) for f in finite if f.size] + [1e-6])  # one scale for all panels
@@ -250,7 +249,7 @@ def routing(res: report.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "routing")
 
 
-def write_all(res: report.Results, out_dir, answers: dict[str, dict] | None = None,
+def write_all(res: results.Results, out_dir, answers: dict[str, dict] | None = None,
               top_k: int = 10) -> dict[str, pathlib.Path]:
   """Every figure of :data:`NAMES` into ``out_dir``: ``{name: path}``."""
   redistribution = (answers or {}).get("redistribution")

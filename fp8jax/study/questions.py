@@ -5,7 +5,7 @@ most quantized layers per module and format; (3) format: E4M3 vs E5M2 per module
 (4) redistribution: how the top-k parameters by gradient difference norm move across
 checkpoints, and the share of the difference inside the directly quantized modules.
 
-Each answer is a dict (numbers, :class:`~fp8jax.study.report.Stat` means with 95% CIs, and
+Each answer is a dict (numbers, :class:`~fp8jax.study.stats.Stat` means with 95% CIs, and
 a ``summary`` sentence derived from the numbers); :func:`markdown` renders them. A grid that
 lacks the policies of a question gives ``available: False`` and says what is missing.
 """
@@ -19,17 +19,8 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import ranking
-from fp8jax.study.report import (
-    Results,
-    compare,
-    depth_layers,
-    fmt,
-    fmt_stat,
-    mean_details,
-    parse_seed_name,
-    stat,
-    trajectory,
-)
+from fp8jax.study.results import Results, depth_layers, parse_seed_name
+from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, trajectory
 
 _MOD = {"attn": "attention", "moe": "MoE"}
 _FMT = {"e4m3": "E4M3", "e5m2": "E5M2"}

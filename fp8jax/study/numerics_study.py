@@ -1,14 +1,22 @@
-"""Computations of the FP8 numerics study (``python -m fp8jax.experiments.numerics``).
+"""Computations of the FP8 numerics study: the studies and their sizes.
 
-Four studies, each a function returning JSON-ready rows:
+Four studies, each a function of :class:`StudySizes` returning JSON-ready rows:
 
 * :func:`accumulation_error` - FP8 GEMM error against float64 as a function of K for
-  FP32 accumulation and the tensor-core model with and without promotion;
+  FP32 accumulation and the tensor-core model with and without promotion (and
+  :func:`fraction_bits_sweep`, the no-promotion error as the kept fraction bits vary);
 * :func:`quantization_snr` - quantization SNR of each scaling granularity on
   activations with injected outliers, E4M3 and E5M2;
 * :func:`double_quant_error` - error of the three transposed-operand policies with FP32
   and power-of-two scales;
 * :func:`delayed_vs_current` - delayed vs current scaling when the range jumps.
+
+:func:`run_all` runs them all into the JSON table that :mod:`fp8jax.study.numerics_report`
+turns into figures and markdown (``python -m fp8jax.experiments.numerics`` is its binary).
+From a notebook, one study at chosen sizes::
+
+  from fp8jax.study import numerics_study
+  rows = numerics_study.quantization_snr(numerics_study.StudySizes(tokens=256, channels=512))
 """
 
 from __future__ import annotations
