@@ -9,6 +9,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -16,7 +18,10 @@ class ModelConfig:
 
   Layer ``i`` is MoE iff ``n_routed_experts > 0``, ``i >= first_k_dense_replace`` and
   ``i % moe_layer_freq == 0``; other layers use a dense SwiGLU of ``intermediate_size``.
-  ``expert_pad_to`` rounds the expert width up with zero weights (exact), e.g. 853 -> 864.
+  ``expert_pad_to`` rounds the expert width up with zero weights (exact), e.g. 853 -> 896.
+  ``attention_impl`` picks the attention core: "xla" (einsum + softmax, float32 logits),
+  "cudnn" (``jax.nn.dot_product_attention``'s cuDNN flash attention: GPU, bf16/f16) or
+  "auto" (cuDNN where it applies, else XLA); all compute the same function.
   """
 
   vocab_size: int
@@ -40,6 +45,7 @@ class ModelConfig:
   expert_pad_to: int | None = None
   param_dtype: str = "float32"
   dtype: str = "bfloat16"
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -53,6 +59,9 @@ class ModelConfig:
     if self.expert_pad_to is not None and self.expert_pad_to < self.moe_intermediate_size:
       raise ValueError(f"expert_pad_to {self.expert_pad_to} is below moe_intermediate_size "
                        f"{self.moe_intermediate_size}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got "
+                       f"{self.attention_impl!r}")
     for name in ("param_dtype", "dtype"):
       jnp.dtype(getattr(self, name))  # raises TypeError on unknown dtypes
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 import fp8jax
 from fp8jax.gemm import grouped as grouped_gemm
-from fp8jax.kernels import grouped_matmul_pallas
+from fp8jax.kernels import grouped_gpu
 from fp8jax.models import moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
@@ -72,6 +72,33 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
+def cudnn_applies(q: jax.Array) -> bool:
+  """Whether cuDNN flash attention takes q [B, S, H, D] here: a CUDA GPU backend, bf16 or
+  f16 activations and a head size that is a multiple of 8, at most 128."""
+  d = q.shape[-1]
+  return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+          and d % 8 == 0 and d <= 128)
+
+
+def attention_core(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "auto"
+                   ) -> jax.Array:
+  """Causal softmax attention: q, k, v [B, S, H, D] -> [B, S, H, D] in q's dtype.
+
+  ``impl`` "xla": float32 logits scaled by 1/sqrt(D), softmax in float32, probabilities
+  cast to q's dtype before the second product; "cudnn": cuDNN's fused flash attention
+  (float32 softmax statistics, no [B, H, S, S] tensor in memory); "auto": cuDNN when
+  :func:`cudnn_applies`, else XLA.
+  """
+  if impl == "cudnn" or (impl == "auto" and cudnn_applies(q)):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+  s, hd = q.shape[1], q.shape[-1]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(
+      jnp.float32(hd))
+  causal = jnp.tril(jnp.ones((s, s), bool))
+  probs = jax.nn.softmax(jnp.where(causal, logits, -jnp.inf), axis=-1).astype(q.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     d = cfg.hidden_size
@@ -86,11 +113,7 @@ class Attention(nnx.Module):
     q = rope(linear(self.q_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
     k = rope(linear(self.k_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
     v = linear(self.v_proj, x, policy).reshape(b, s, h, hd)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(
-        jnp.float32(hd))
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    probs = jax.nn.softmax(jnp.where(causal, logits, -jnp.inf), axis=-1).astype(x.dtype)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, h * hd)
+    out = attention_core(q, k, v, self.cfg.attention_impl).reshape(b, s, h * hd)
     return linear(self.o_proj, out, policy)
 
 
@@ -113,11 +136,12 @@ MOE_IMPLS = (*DISPATCH_IMPLS, "reference")
 
 def _grouped_matmul(impl: str, policy):
   """The routed experts' grouped GEMM: the FP8 GEMM simulation when the policy has one,
-  else XLA's tiled GEMM ("dispatch") or the Pallas kernel ("pallas", GPU)."""
+  else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per direction
+  the faster of JAX's Mosaic GPU kernels and the Triton ones, see ``grouped_gpu``)."""
   if policy.gemm is not None:
     return functools.partial(grouped_gemm.fp8_ragged_dot, config=policy.gemm)
-  if impl == "pallas":
-    return grouped_matmul_pallas.grouped_matmul
+  if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
+    return functools.partial(grouped_gpu.grouped_matmul, covered=True)
   return grouped_gemm.tiled_matmul
 
 

@@ -72,13 +72,35 @@ def experts_reference(x, weights, ids, gate, up, down):
   return jnp.einsum("ted,te->td", out.astype(jnp.float32), combine).astype(x.dtype)
 
 
+@jax.custom_vjp
+def permute_rows(x: jax.Array, perm: jax.Array, inverse: jax.Array) -> jax.Array:
+  """``x[perm]`` for a permutation ``perm`` of the rows of x [N, ...] whose inverse is
+  ``inverse``. Its transpose is the gather ``g[inverse]``, not the scatter-add that
+  differentiating a gather gives: both directions are row gathers."""
+  return jnp.take(x, perm, axis=0)
+
+
+def _permute_fwd(x, perm, inverse):
+  return jnp.take(x, perm, axis=0), (perm, inverse)
+
+
+def _permute_bwd(res, g):
+  perm, inverse = res
+  return jnp.take(g, inverse, axis=0), None, None
+
+
+permute_rows.defvjp(_permute_fwd, _permute_bwd)
+
+
 def experts_dispatch(x, weights, ids, gate, up, down,
                      grouped_matmul=grouped_gemm.tiled_matmul):
   """Dropless sort-based dispatch with static shapes.
 
   The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
   (replaceable by a faster grouped GEMM), un-sorted and combined with the top-k
-  weights in float32.
+  weights in float32. The group sizes always sum to T*K (every pair has an expert). The
+  sort and un-sort are row gathers in both directions (:func:`permute_rows`); the only
+  reduction over the K copies of a token is a sum.
 
   Returns:
     [T, d] in x's dtype.
@@ -87,12 +109,14 @@ def experts_dispatch(x, weights, ids, gate, up, down,
   e = gate.shape[0]
   flat = ids.reshape(-1)
   order = jnp.argsort(flat, stable=True)
-  x_sorted = jnp.take(x, order // k, axis=0)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+  copies = jnp.broadcast_to(x[:, None, :], (t, k, x.shape[-1])).reshape(t * k, -1)
+  x_sorted = permute_rows(copies, order, inverse)
   sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
   h = jax.nn.silu(grouped_matmul(x_sorted, gate.astype(x.dtype), sizes)) * \
       grouped_matmul(x_sorted, up.astype(x.dtype), sizes)
   out_sorted = grouped_matmul(h, down.astype(x.dtype), sizes)
-  out = jnp.zeros_like(out_sorted).at[order].set(out_sorted).reshape(t, k, -1)
+  out = permute_rows(out_sorted, inverse, order).reshape(t, k, -1)
   return jnp.einsum("tkd,tk->td", out.astype(jnp.float32), weights).astype(x.dtype)
 
 

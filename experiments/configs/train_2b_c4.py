@@ -24,6 +24,9 @@ from fp8jax.train import run_config
 def get_config():
   c = run_config.defaults()
   c.model = "deepseek_moe_2b"
+  # Expert width 853 stored zero-padded to 896 (exact): the Mosaic GPU grouped GEMMs need
+  # a multiple of 128.
+  c.model_overrides.expert_pad_to = 896
   c.data.source = "tfds:c4/en:3.1.0"
   c.data.seq_len = 2048
   c.data.global_batch = 16

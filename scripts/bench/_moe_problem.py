@@ -7,17 +7,20 @@ import numpy as np
 
 from fp8jax.models import moe
 
-D, F_TRUE, F, E, K = 1280, 853, 864, 63, 7  # the 2B MoE: width 853 stored padded to 864
+D, F_TRUE, F, E, K = 1280, 853, 896, 63, 7  # the 2B MoE: width 853 stored padded to 896
 
 
-def moe_problem(tokens: int, seed: int = 1) -> dict:
-  """bf16 inputs at the 2B shapes with Zipf-skewed routing (max/mean expert load ~2.7):
-  a constant feature x[:, 0] = 1 meets a router row 0 that sets each expert's popularity.
+def moe_problem(tokens: int, seed: int = 1, d: int = D, f: int = F, e: int = E, k: int = K
+                ) -> dict:
+  """bf16 inputs (default: the 2B shapes) with Zipf-skewed routing (max/mean expert load
+  ~2.7): a constant feature x[:, 0] = 1 meets a router row 0 that sets each expert's
+  popularity.
 
   Returns:
     dict of x [T, d], weights and ids [T, k] (top-k routing), gate and up [E, d, f],
     down [E, f, d] and a cotangent dy [T, d].
   """
+  D, F, E, K = d, f, e, k  # noqa: N806
   key = jax.random.key(seed)
   x = jax.random.normal(key, (tokens, D), jnp.bfloat16).at[:, 0].set(1.0)
   router = jax.random.normal(jax.random.fold_in(key, 1), (D, E), jnp.float32) * 0.02

@@ -3,7 +3,7 @@
     python scripts/bench/grouped_gemm.py                  # GPU: checks, kernel sweep, MoE layer
     python scripts/bench/grouped_gemm.py     # on CPU: the checks only, 64 tokens (interpreter)
 
-Shapes: d = 1280, f = 864 (853 true), 63 experts, top-7 of T tokens (16384 by default),
+Shapes: d = 1280, f = 896 (853 true), 63 experts, top-7 of T tokens (16384 by default),
 Zipf-skewed routing (max/mean expert load ~2.7) as in ``study_perf.py --parts=moe``.
 
 0. Ceiling: a bf16 [8192, 8192] x [8192, 8192] matmul, timed like the kernels.

@@ -5,7 +5,7 @@
 
 Parts:
   ceilings  device copy bandwidth (bf16 [16384, 7168]) and the bf16 matmul rate (8192^3)
-  moe       one MoE layer forward + backward at 2B shapes (d 1280, f 853 padded to 864,
+  moe       one MoE layer forward + backward at 2B shapes (d 1280, f 853 padded to 896,
             63 experts, top-7, 16K tokens, Zipf-skewed routing: max/mean load ~2.7): the
             tiled dispatch, the Pallas grouped GEMM,
             lax.ragged_dot, and a capacity-padded batched matmul as a reference
@@ -105,7 +105,7 @@ def moe_layer(tokens=16384):
 
 
 def _setup_2b(batch, seq):
-  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   toks = [jax.random.randint(jax.random.key(i), (batch, seq), 0, cfg.vocab_size)
           for i in range(3)]
@@ -152,7 +152,7 @@ def paired_eval(batch=8, seq=2048, moe_impl="dispatch"):
 
 
 def memory(seq=2048, moe_impl="dispatch"):
-  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   mesh = mesh_lib.data_mesh()
   ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh, moe_impl)
@@ -174,7 +174,7 @@ def memory(seq=2048, moe_impl="dispatch"):
 
 def compile_memory(batches=(4, 8), seq=2048, moe_impl="dispatch"):
   """XLA's buffer sizes of the compiled paired-evaluation functions (no execution)."""
-  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   mesh = mesh_lib.data_mesh()
   params = jax.eval_shape(lambda: dm.init(cfg, jax.random.key(0)))
   gib = lambda b: b / 2**30  # noqa: E731
@@ -197,7 +197,7 @@ def compile_memory(batches=(4, 8), seq=2048, moe_impl="dispatch"):
 def scaling(batch=2, seq=2048, moe_impl="dispatch"):
   """Paired evaluation (BF16 grad + one seed-grid variant) on 1 device vs all devices, at
   ``batch`` sequences per device: scaling efficiency = throughput(N) / (N x throughput(1))."""
-  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   policy = pl.parse_policy("moe_l0-8_e4m3")
   per_pair = {}

@@ -27,7 +27,7 @@ from fp8jax.models import policy as pl  # noqa: E402
 
 
 def main():
-  cfg = mc.deepseek_moe_2b(expert_pad_to=864)
+  cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 1024), 0, cfg.vocab_size)
   policies = {"bf16": pl.BF16,
