@@ -132,6 +132,12 @@ def show_table(rows, columns=None, title=None):
 # trains the repository's tiny demo model (`experiments/configs/train_tiny.py`: every layer
 # MoE, byte tokens of the embedded corpus) into a temporary folder that is removed when the
 # kernel stops; at smoke size with fewer layers and steps.
+#
+# `restore_params` verifies every array it reads against the digest recorded when the
+# checkpoint was saved: a damaged file (a bad copy between machines, a disk error) raises
+# `CorruptCheckpointError` naming the checkpoint, the array and both digests instead of
+# feeding garbage to the comparison, and a checkpoint written before digests existed loads
+# with a warning. `python -m fp8jax.experiments.verify --workdir=RUN` checks a whole run.
 
 # %%
 CHECKPOINT_DIR = None   # e.g. "out/demo/train"
@@ -166,7 +172,9 @@ abstract = jax.tree.map(
     deepseek_moe.abstract_params(model_cfg))
 params, ckpt_meta = ckpt.restore_params(step, abstract)
 ckpt.close()
-print(f"checkpoints {available}; restored step {step} (code {ckpt_meta.get('code_version')})")
+verified = "verified against their digests" if "digests" in ckpt_meta else "no digests"
+print(f"checkpoints {available}; restored step {step} (code {ckpt_meta.get('code_version')}; "
+      f"params {verified})")
 print(model_cfg)
 
 # %% [markdown]

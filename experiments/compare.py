@@ -6,7 +6,9 @@
 
 ``--policies`` takes grid names (``seed`` = {attn, moe} x {layer 0, all layers} x
 {e4m3, e5m2}) or policy expressions (``attn@0-8:e4m3+gemm:fp32_blockwise``), comma- or
-space-separated. The sweep resumes when rerun with the same ``--out``. The logic is
+space-separated. The sweep resumes when rerun with the same ``--out``. Each checkpoint is
+verified as it is read: a corrupt or incomplete one stops the sweep (exit 2) unless
+``--skip_corrupt_checkpoints``, which skips it without rows and names it. The logic is
 :func:`fp8jax.study.sweep.run`; ``python -m fp8jax.experiments.report`` writes the report.
 """
 
@@ -28,10 +30,14 @@ _SPLIT = flags.DEFINE_string("split", "", "Data split (default: the training run
 _MOE_IMPL = flags.DEFINE_enum("moe_impl", "dispatch", ["dispatch", "pallas", "reference"],
                               "MoE implementation of both passes ('pallas': the grouped-GEMM "
                               "kernel, GPU).")
+_SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
+                                  "Skip checkpoints that fail verification (corrupt or "
+                                  "incomplete; they get no rows) instead of stopping.")
 
 
 def main(argv):
   del argv
+  from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
   from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
 
   windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
@@ -40,11 +46,19 @@ def main(argv):
   steps = [int(s) for s in _STEPS.value] or None
   try:
     summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
-                        windows=windows, moe_impl=_MOE_IMPL.value)
+                        windows=windows, moe_impl=_MOE_IMPL.value,
+                        skip_corrupt=_SKIP_CORRUPT.value)
+  except integrity.CheckpointError as e:  # found when the checkpoint is read
+    print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
+          "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",
+          file=sys.stderr)
+    return 2
   except (ValueError, FileNotFoundError, KeyError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)  # bad input, found before any compute
     return 2
-  print(f"done: {summary['rows_written']} new rows in {summary['out']}")
+  skipped = summary["skipped"]
+  print(f"done: {summary['rows_written']} new rows in {summary['out']}"
+        + (f"; skipped corrupt or incomplete checkpoints {sorted(skipped)}" if skipped else ""))
   return 0
 
 

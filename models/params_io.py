@@ -5,6 +5,11 @@ one Orbax checkpoint per group (``params/base`` for the embedding, final norm an
 ``params/layer_NNN`` for each decoder layer), so memory holds one layer at a time, not the
 model. :func:`load_params` reassembles the tree. Existing outputs are never overwritten
 unless asked.
+
+``OUT/meta.json`` traces a conversion to its source and guards its result: the name,
+size and SHA-256 of every source file (``config.json`` and the ``*.safetensors``), and a
+digest of every converted array (:mod:`fp8jax.models.integrity`), which
+:func:`load_params` (and so the conversion back to HF) verifies.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import shutil
 import ml_dtypes
 import orbax.checkpoint as ocp
 
-from fp8jax.models import deepseek_moe, hf_convert
+from fp8jax.models import deepseek_moe, hf_convert, integrity
 from fp8jax.models.config import ModelConfig
 
 
@@ -39,10 +44,14 @@ def hf_to_orbax(hf_dir, out, *, expert_pad_to=None, param_dtype="float32",
     shutil.rmtree(out)
   out.mkdir(parents=True, exist_ok=True)
   checkpointer = ocp.StandardCheckpointer()
-  group, tree = None, {}
+  group, tree, digests = None, {}, {"algorithm": integrity.ALGORITHM, "arrays": {},
+                                     "dtypes": {}}
 
   def flush():
     if tree:
+      recorded = integrity.record(tree)
+      digests["arrays"].update(recorded["arrays"])
+      digests["dtypes"].update(recorded["dtypes"])
       checkpointer.save(out / "params" / group, tree)
       checkpointer.wait_until_finished()
       tree.clear()
@@ -58,21 +67,39 @@ def hf_to_orbax(hf_dir, out, *, expert_pad_to=None, param_dtype="float32",
     node[path[-1]] = build().astype(param_dtype)
   flush()
   (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+  sources = [hf_dir / "config.json", *sorted(hf_dir.glob("*.safetensors"))]
+  meta = {"source": {"hf_dir": str(hf_dir.resolve()),
+                     "files": [{"name": f.name, "bytes": f.stat().st_size,
+                                "sha256": integrity.file_sha256(f)} for f in sources]},
+          "digests": digests}
+  tmp = out / "meta.json.tmp"
+  tmp.write_text(json.dumps(meta, indent=1))
+  tmp.replace(out / "meta.json")  # last: a conversion cut short has no meta.json
   return cfg
 
 
 def load_params(out) -> tuple[ModelConfig, dict]:
-  """Restores (config, params) written by :func:`hf_to_orbax`."""
+  """Restores (config, params) written by :func:`hf_to_orbax`, verified against the
+  digests of ``meta.json`` (:func:`fp8jax.models.integrity.check`: an error for a corrupt
+  or unreadable array, a warning for a conversion without ``meta.json``)."""
   out = pathlib.Path(out)
   cfg = ModelConfig(**json.loads((out / "config.json").read_text()))
   abstract = deepseek_moe.abstract_params(cfg)
+  meta_path = out / "meta.json"
+  recorded = json.loads(meta_path.read_text())["digests"] if meta_path.exists() else None
   checkpointer = ocp.StandardCheckpointer()
-  params = checkpointer.restore(out / "params" / "base",
-                                {k: v for k, v in abstract.items() if k != "layers"})
-  params["layers"] = {}
-  for i, layer in abstract["layers"].items():
-    restored = checkpointer.restore(out / "params" / f"layer_{i:03d}", {"layers": {i: layer}})
-    params["layers"][i] = restored["layers"][i]
+  try:
+    params = checkpointer.restore(out / "params" / "base",
+                                  {k: v for k, v in abstract.items() if k != "layers"})
+    params["layers"] = {}
+    for i, layer in abstract["layers"].items():
+      restored = checkpointer.restore(out / "params" / f"layer_{i:03d}",
+                                      {"layers": {i: layer}})
+      params["layers"][i] = restored["layers"][i]
+  except Exception as e:  # pylint: disable=broad-except
+    raise integrity.IncompleteCheckpointError(
+        integrity.Incomplete(str(out / "params"), integrity.short_error(e))) from e
+  integrity.check(integrity.verify_tree(str(out / "params"), params, recorded))
   return cfg, params
 
 

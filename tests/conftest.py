@@ -14,6 +14,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
+import pytest  # noqa: E402
 
 settings.register_profile(
     "default", max_examples=40, deadline=None,
@@ -23,3 +24,18 @@ settings.register_profile(
     "thorough", max_examples=1000, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("FP8JAX_HYPOTHESIS", "default"))
+
+
+@pytest.fixture(scope="session")
+def train_run(tmp_path_factory):
+  """A tiny 3-layer training run (dense layer 0) with checkpoints 0, 2, 4, shared by the
+  tests of one process; tests that damage it work on a copy."""
+  from fp8jax.train import loop, run_config  # pylint: disable=import-outside-toplevel
+
+  workdir = tmp_path_factory.mktemp("train")
+  c = run_config.defaults()
+  c.data.seq_len, c.data.global_batch = 32, 4
+  c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 1
+  c.train.steps, c.train.save_every, c.train.log_every = 4, 2, 2
+  loop.train(c, workdir)
+  return workdir

@@ -1,4 +1,7 @@
-"""The comparison sweep: end to end on a tiny run, exact zeros, resume after a kill."""
+"""The comparison sweep: end to end on a tiny run, exact zeros, resume after a kill.
+
+``train_run`` (tests/conftest.py) is a tiny run with checkpoints 0, 2, 4.
+"""
 
 import json
 import os
@@ -12,22 +15,9 @@ import numpy as np
 import pytest
 
 from fp8jax.study import report, results_io, sweep
-from fp8jax.train import loop, run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WINDOWS = sweep.Windows(offsets=(0, 3), batches=2, batch_size=4)
-
-
-@pytest.fixture(scope="module")
-def train_run(tmp_path_factory):
-  """A tiny 3-layer run (dense layer 0) with checkpoints 0, 2, 4."""
-  workdir = tmp_path_factory.mktemp("train")
-  c = run_config.defaults()
-  c.data.seq_len, c.data.global_batch = 32, 4
-  c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 1
-  c.train.steps, c.train.save_every, c.train.log_every = 4, 2, 2
-  loop.train(c, workdir)
-  return workdir
 
 
 POLICIES = ["attn_l0_e4m3", "moe_l1-2_e5m2", "bf16"]

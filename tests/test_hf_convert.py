@@ -1,16 +1,19 @@
-"""HF checkpoint conversion: safetensors IO, validation, round trip."""
+"""HF checkpoint conversion: safetensors IO, validation, round trip, source hashes."""
 
+import hashlib
 import json
 
 import jax
 import ml_dtypes
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import hf_convert
 from fp8jax.models import safetensors_io as st
+from tests import helpers
 
 
 def test_safetensors_round_trip_and_corruption(tmp_path):
@@ -87,3 +90,30 @@ def test_convert_binary_functions_round_trip(tmp_path):
   assert a.keys == b.keys
   for key in sorted(a.keys)[:50]:
     np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_converted_checkpoint_carries_source_hashes_and_verifies_its_arrays(tmp_path):
+  from fp8jax.models import integrity
+  from fp8jax.models import params_io as convert_hf
+
+  cfg = mc.tiny(dtype="float32", num_hidden_layers=2)
+  hf_convert.params_to_hf(cfg, dm.init(cfg, jax.random.key(4)), tmp_path / "hf",
+                          dtype=ml_dtypes.bfloat16, shard_tensors=8)
+  convert_hf.hf_to_orbax(tmp_path / "hf", tmp_path / "ours")
+  meta = json.loads((tmp_path / "ours" / "meta.json").read_text())
+  sources = sorted([tmp_path / "hf" / "config.json", *(tmp_path / "hf").glob("*.safetensors")])
+  assert len(sources) > 3
+  assert sorted(meta["source"]["files"], key=lambda f: f["name"]) == [
+      {"name": f.name, "bytes": f.stat().st_size,
+       "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in sources]
+  assert meta["digests"]["algorithm"] == integrity.ALGORITHM
+  assert "layers/1/mlp/experts_up" in meta["digests"]["arrays"]
+  convert_hf.load_params(tmp_path / "ours")  # verified
+  layer = tmp_path / "ours" / "params" / "layer_001"
+  helpers.flip_a_decodable_bit(layer, lambda: ocp.PyTreeCheckpointer().restore(layer))
+  with pytest.raises(integrity.CorruptCheckpointError,
+                     match=r"ours/params is corrupt: array layers/1/\S+ has digest"):
+    convert_hf.orbax_to_hf(tmp_path / "ours", tmp_path / "hf2")
+  (tmp_path / "ours" / "meta.json").unlink()  # a conversion made before meta.json existed
+  with pytest.warns(integrity.UnverifiedCheckpointWarning, match="no digests"):
+    convert_hf.load_params(tmp_path / "ours")

@@ -311,3 +311,30 @@ def test_binary_writes_report(sweep, tmp_path):
   proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                         env=env, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_nonfinite_baselines_are_a_data_problem_apart_from_nonfinite_fp8_rows(tmp_path):
+  """A sweep of an earlier version wrote FP8 rows against a non-finite BF16 baseline: they
+  are left out, and the report lists the baseline in its own section."""
+  folder = build(tmp_path / "s")
+  bad = {"step": 200, "offset": 0, "batch": 1}
+  where = "grads/embed_tokens/embedding"
+
+  def edit(name, change):
+    items = [json.loads(x) for x in (folder / name).read_text().splitlines()]
+    items = [change(x) if all(x[k] == v for k, v in bad.items()) else x for x in items]
+    (folder / name).write_text("".join(json.dumps(x) + "\n" for x in items))
+
+  edit("baseline.jsonl", lambda b: {**b, "finite": False, "nonfinite": where})
+  edit("rows.jsonl", lambda r: {**r, "finite": False, "nonfinite": "bf16 " + where})
+  res = results.load(folder)
+  assert [(b["step"], b["offset"], b["batch"]) for b in res.baseline_nonfinite()] == [
+      (200, 0, 1)]
+  assert [r["policy"] for r in res.nonfinite()] == [BAD["policy"]]  # the FP8 one only
+  assert len(res.rows) == len(SEED) * (len(STEPS) * len(OFFSETS) * BATCHES - 1)
+  assert stats.stat(res, "rel_err", "attn_l0_e4m3", [200]).n_nonfinite == 0
+  text = "\n".join(report.grid_markdown(res))
+  fp8_part, base_part = text.split("## Non-finite BF16 baselines (data problem)")
+  assert "| 100 | 8 | 0 | moe_l0-8_e5m2 | " + BAD_WHERE + " |" in fp8_part
+  assert "bf16 " + where not in fp8_part
+  assert f"| 200 | 0 | 1 | {where} |" in base_part

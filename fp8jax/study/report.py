@@ -4,7 +4,8 @@
 statistics (:mod:`fp8jax.study.stats`) and the answers to the study's four questions
 (:mod:`fp8jax.study.questions`), draws the figures (:mod:`fp8jax.study.figures`;
 matplotlib is imported only when drawing) and writes ``report.md``: the grid, the
-non-finite rows (listed, never averaged), the per-policy summary, the four answers, the
+non-finite FP8 rows (listed, never averaged) and, apart from them, the non-finite BF16
+baselines (a data problem), the per-policy summary, the four answers, the
 figures and the method. Means over the evaluation batches come with 95% Student-t
 intervals. Typical notebook use::
 
@@ -71,11 +72,15 @@ def grid_markdown(res: Results) -> list[str]:
     lines += _table(["step", "offset", "batch", "policy", "non-finite"],
                     [[r["step"], r["offset"], r["batch"], r["policy"], r.get("nonfinite")]
                      for r in bad])
-  base_bad = [b for b in res.baseline if not b.get("finite", True)]
+  base_bad = res.baseline_nonfinite()
   if base_bad:
-    lines += ["Non-finite BF16 baselines:", ""] + _table(
-        ["step", "offset", "batch", "non-finite"],
-        [[b["step"], b["offset"], b["batch"], b.get("nonfinite")] for b in base_bad])
+    lines += ["## Non-finite BF16 baselines (data problem)", "",
+              f"The BF16 reference itself is non-finite on these {len(base_bad)} (checkpoint, "
+              "batch) pairs: the checkpoint or the batch is bad, not FP8, and no FP8 row is "
+              "compared against them (`python -m fp8jax.experiments.verify "
+              "--workdir=<training run>` checks the checkpoints).", ""]
+    lines += _table(["step", "offset", "batch", "non-finite"],
+                    [[b["step"], b["offset"], b["batch"], b.get("nonfinite")] for b in base_bad])
   return lines
 
 

@@ -10,8 +10,10 @@ dimensionless, losses are in nats per token; steps are optimizer steps, offsets 
 batches.
 
 :func:`load` reads a folder into :class:`Results` (a torn last JSONL line, left by a killed
-writer, is dropped; later duplicates of a row replace earlier ones). The statistics over it
-are in :mod:`fp8jax.study.stats`.
+writer, is dropped; later duplicates of a row replace earlier ones). A (checkpoint, batch)
+whose BF16 baseline is non-finite is a data problem, not an FP8 result: it is listed by
+:meth:`Results.baseline_nonfinite`, and FP8 rows compared against it (written by sweeps of
+earlier versions) are left out. The statistics over it are in :mod:`fp8jax.study.stats`.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class Results:
   weights: list[dict]
 
   def __post_init__(self):
+    bad = {row_key({**b, "policy": None})[:3] for b in self.baseline_nonfinite()}
+    if bad:  # FP8 rows against a non-finite baseline compare with garbage: not results
+      self.rows = [r for r in self.rows if row_key(r)[:3] not in bad]
+      self.details = [d for d in self.details if row_key(d)[:3] not in bad]
     self._by = defaultdict(list)
     for r in self.rows:
       self._by[(r["policy"], int(r["step"]))].append(r)
@@ -115,9 +121,15 @@ class Results:
     return self._details[(policy, int(step))]
 
   def nonfinite(self) -> list[dict]:
-    """The rows with ``finite: false``, in (step, policy, offset, batch) order."""
+    """The FP8 rows with ``finite: false``, in (step, policy, offset, batch) order."""
     return sorted((r for r in self.rows if not r["finite"]),
                   key=lambda r: (r["step"], r["policy"], r["offset"], r["batch"]))
+
+  def baseline_nonfinite(self) -> list[dict]:
+    """The baseline lines with ``finite: false`` (a bad checkpoint or batch), in (step,
+    offset, batch) order."""
+    return sorted((b for b in self.baseline if not b.get("finite", True)),
+                  key=lambda b: (b["step"], b["offset"], b["batch"]))
 
   def direct(self, policy: str) -> list[tuple[str, int | None]]:
     """The directly quantized ``(module, layer)`` pairs of a policy."""

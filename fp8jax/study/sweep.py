@@ -9,8 +9,15 @@ per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the BF16 lo
 ``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the sweep. The
 sweep resumes: finished work is skipped, and a killed run leaves no partial row (rows
 are whole-line appends; the details line goes first and is dropped on resume if its row
-never landed). Non-finite results are kept as rows with ``finite: false`` and the name of
-the first non-finite gradient, never averaged (the report lists them).
+never landed). Non-finite FP8 results are kept as rows with ``finite: false`` and the name
+of the first non-finite gradient, never averaged (the report lists them). A BF16 baseline
+that is itself non-finite is a data problem (a bad checkpoint or batch), not an FP8 one:
+its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
+(checkpoint, batch).
+
+Every checkpoint is verified as it is restored (:mod:`fp8jax.models.integrity`): a corrupt
+or incomplete one stops the sweep with its error, or with ``skip_corrupt=True`` is
+skipped, reported in the summary and given no row.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import paired, results_io
 from fp8jax.train import checkpoint as ckpt_lib
@@ -99,9 +106,13 @@ class _Output:
     tmp = meta_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(meta, indent=2))
     tmp.replace(meta_path)
+    for name in ("rows", "details", "baseline", "weights"):  # a readable folder, even empty
+      (out / f"{name}.jsonl").touch()
     self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl")}
     results_io.repair(out / "details.jsonl", lambda r: _key(r) in self.rows)
-    self.base = {_key(r)[:3] for r in results_io.repair(out / "baseline.jsonl")}
+    base = results_io.repair(out / "baseline.jsonl")
+    self.base = {_key(r)[:3] for r in base}
+    self.base_nonfinite = {_key(r)[:3] for r in base if not r.get("finite", True)}
     self.weights = {r["step"] for r in results_io.repair(out / "weights.jsonl")}
 
   def append(self, name: str, row: dict) -> None:
@@ -109,8 +120,15 @@ class _Output:
 
 
 def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
-        devices=None, moe_impl: str = "dispatch", stream=None) -> dict:
-  """Runs (or resumes) the sweep; returns counts of the rows written and skipped."""
+        devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
+        stream=None) -> dict:
+  """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
+  (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
+
+  Raises:
+    fp8jax.models.integrity.CheckpointError: a checkpoint is corrupt or incomplete (unless
+      ``skip_corrupt``); the rows of the checkpoints before it are kept.
+  """
   stream = stream or sys.stderr
   windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
@@ -137,40 +155,61 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                                     p, cfg.num_hidden_layers))} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows),
           "code_version": ckpt_lib.code_version()}
+  evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)  # checks the policies
   output = _Output(out, meta)
-  evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)
   abstract = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
       deepseek_moe.abstract_params(cfg))
   weight_norms = jax.jit(metrics.weights.norms_by_module)
-  todo = [(s, k) for s in steps for k in batches
-          if any((s, *k, p.name) not in output.rows for p in pols)]
+  todo = [(s, k) for s in steps for k in batches if (s, *k) not in output.base_nonfinite
+          and any((s, *k, p.name) not in output.rows for p in pols)]
   progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
-  written = 0
-  for i, (step, key) in enumerate(todo):
-    if i == 0 or todo[i - 1][0] != step:
-      params, _ = ckpt.restore_params(step, abstract)
-      if step not in output.weights:
-        norms = jax.device_get(weight_norms(params))
-        output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
-                                                         for k, v in norms.items()}})
-    tokens = mesh_lib.global_batch(batches[key], mesh)
-    ids = {"step": step, "offset": key[0], "batch": key[1]}
-    base = evaluator.baseline(params, tokens)
-    if (step, *key) not in output.base:
-      output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
-    for p in pols:
-      if (step, *key, p.name) in output.rows:
+  written, skipped = 0, {}
+  try:
+    for i, (step, key) in enumerate(todo):
+      if step in skipped:
         continue
-      res = jax.device_get(evaluator.variant(p.name, params, tokens, base))
-      row, details = _result_rows(res, base, params, {**ids, "policy": p.name})
-      output.append("details.jsonl", details)
-      output.append("rows.jsonl", row)
-      written += 1
-    progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
-                     f"{len(pols)} policies")
-  ckpt.close()
-  return {"rows_written": written, "out": str(out)}
+      if i == 0 or todo[i - 1][0] != step:
+        try:
+          params, _ = ckpt.restore_params(step, abstract)
+        except integrity.CheckpointError as e:
+          if not skip_corrupt:
+            raise
+          skipped[step] = str(e)
+          print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
+          continue
+        if step not in output.weights:
+          norms = jax.device_get(weight_norms(params))
+          output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
+                                                           for k, v in norms.items()}})
+      written += _evaluate(evaluator, output, pols, step, key, params,
+                           mesh_lib.global_batch(batches[key], mesh))
+      progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
+                       f"{len(pols)} policies")
+  finally:
+    ckpt.close()
+  return {"rows_written": written, "out": str(out), "skipped": skipped}
+
+
+def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens) -> int:
+  """The baseline and every missing policy row of one (checkpoint, batch); returns the
+  number of rows written (none when the BF16 baseline is non-finite)."""
+  ids = {"step": step, "offset": key[0], "batch": key[1]}
+  base = evaluator.baseline(params, tokens)
+  if (step, *key) not in output.base:
+    output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
+  if not bool(jax.device_get(base.finite)):
+    return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
+  written = 0
+  for p in pols:
+    if (step, *key, p.name) in output.rows:
+      continue
+    res = jax.device_get(evaluator.variant(p.name, params, tokens, base))
+    row, details = _result_rows(res, params, {**ids, "policy": p.name})
+    output.append("details.jsonl", details)
+    output.append("rows.jsonl", row)
+    written += 1
+  return written
 
 
 def _expression(policy: policy_lib.PrecisionPolicy) -> str:
@@ -190,14 +229,12 @@ def _baseline_row(base: paired.Baseline, params) -> dict:
           "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
 
 
-def _result_rows(res: dict, base: paired.Baseline, params, ids: dict) -> tuple[dict, dict]:
-  """(rows.jsonl row, details.jsonl line) of one variant result (host arrays)."""
-  finite = bool(res["finite"]) and bool(jax.device_get(base.finite))
+def _result_rows(res: dict, params, ids: dict) -> tuple[dict, dict]:
+  """(rows.jsonl row, details.jsonl line) of one variant result (host arrays) against a
+  finite baseline."""
+  finite = bool(res["finite"])
   where = None
-  if not bool(jax.device_get(base.finite)):
-    first = int(jax.device_get(base.nonfinite))
-    where = "bf16 " + ("loss" if first < 0 else "grads/" + paired.leaf_path(params, first))
-  elif not bool(res["finite"]):
+  if not finite:
     first = int(res["nonfinite"])
     where = "fp8 " + ("loss" if first < 0 else "grads/" + paired.leaf_path(params, first))
   row = metrics.flat_row(res["compare"], {**ids, "finite": finite, "nonfinite": where})

@@ -1,19 +1,25 @@
-"""Training checkpoints with Orbax: state, data position, config and code version.
+"""Training checkpoints with Orbax: state, data position, config, code version, digests.
 
 Saved at step 0 and every ``save_every`` steps, asynchronously, keeping every checkpoint
 by default (the precision studies evaluate each one). Orbax finalises a step atomically,
-so a killed run leaves no partial checkpoint behind.
+so a killed run leaves no partial checkpoint behind. The ``meta`` item records a digest
+of every saved array (:func:`fp8jax.models.integrity.record`), and every restore verifies
+the arrays it read against them: a file damaged later (a bad copy between machines, a
+disk error) that still decodes is caught as well as one that does not restore.
 """
 
 from __future__ import annotations
 
 import pathlib
 import subprocess
+import sys
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 import fp8jax
+from fp8jax.models import integrity
 
 
 def code_version() -> str:
@@ -28,20 +34,38 @@ def code_version() -> str:
 
 
 class Checkpointer:
-  """An Orbax CheckpointManager with the items a training run needs."""
+  """An Orbax CheckpointManager with the items a training run needs.
 
-  def __init__(self, directory, save_every: int, max_to_keep: int | None = None):
+  Saves record a digest of every array (``digests=False`` only to measure their cost);
+  restores verify the arrays they read against them (see :mod:`fp8jax.models.integrity`)
+  and raise :class:`~fp8jax.models.integrity.CorruptCheckpointError` or
+  :class:`~fp8jax.models.integrity.IncompleteCheckpointError`, or warn for a checkpoint
+  written before digests existed.
+  """
+
+  def __init__(self, directory, save_every: int, max_to_keep: int | None = None,
+               digests: bool = True):
     if save_every < 1:
       raise ValueError(f"save_every must be >= 1, got {save_every}")
     options = ocp.CheckpointManagerOptions(save_interval_steps=save_every,
                                            max_to_keep=max_to_keep, create=True)
     self.manager = ocp.CheckpointManager(pathlib.Path(directory).resolve(), options=options)
+    self.digests = digests
+
+  def step_path(self, step: int) -> pathlib.Path:
+    return pathlib.Path(self.manager.directory) / str(step)
 
   def save(self, step: int, state, data_position: dict, meta: dict, force: bool = False):
-    """Saves (if the step is due or ``force``): returns whether a save started."""
+    """Saves (if the step is due or ``force``): returns whether a save started. The
+    digests are computed on the device before the (asynchronous) write starts."""
+    if not (force or self.manager.should_save(step)):
+      return False
+    meta = {**meta, "code_version": code_version()}
+    if self.digests:
+      meta["digests"] = integrity.record(state)
     return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
-        meta=ocp.args.JsonSave({**meta, "code_version": code_version()})), force=force)
+        meta=ocp.args.JsonSave(meta)), force=force)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -50,30 +74,86 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def restore(self, step: int, abstract_state):
-    """(state, data position, meta) of ``step``; ``abstract_state`` gives shapes,
-    dtypes and (optionally) shardings."""
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(),
-        meta=ocp.args.JsonRestore()))
-    return out.state, out.data, out.meta
+    """(state, data position, meta) of ``step``, verified; ``abstract_state`` gives
+    shapes, dtypes and (optionally) shardings."""
+    out, status = self._restore(step, abstract_state, partial=False)
+    integrity.check(status)
+    return out
 
   def restore_params(self, step: int, abstract_params):
-    """(params, meta) of ``step`` without the optimizer state (a partial restore);
-    ``abstract_params`` gives shapes, dtypes and shardings."""
-    restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding),
-                                abstract_params)
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item={"params": abstract_params},
-                                     restore_args={"params": restore_args},
-                                     partial_restore=True),
-        meta=ocp.args.JsonRestore()))
-    return out.state["params"], out.meta
+    """(params, meta) of ``step`` without the optimizer state (a partial restore),
+    verified; ``abstract_params`` gives shapes, dtypes and shardings."""
+    out, status = self._restore(step, {"params": abstract_params}, partial=True)
+    integrity.check(status)
+    return out[0]["params"], out[2]
+
+  def verify(self, step: int, abstract_state) -> integrity.Status:
+    """What a restore of ``step`` finds (:data:`~fp8jax.models.integrity.Status`), without
+    raising or warning."""
+    return self._restore(step, abstract_state, partial=False)[1]
+
+  def _restore(self, step, abstract, partial: bool):
+    """((tree, data position or None, meta), status): the arrays are restored in their
+    saved dtype, verified, then cast to ``abstract``'s dtypes."""
+    _quiet_closed_loop_callbacks()
+    try:
+      meta = self.manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore())).meta
+      recorded = meta.get("digests")
+      target = _saved_dtypes(abstract, (recorded or {}).get("dtypes", {}))
+      if partial:
+        restore_args = jax.tree.map(
+            lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), target)
+        args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+      else:
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                  data=ocp.args.JsonRestore())
+      out = self.manager.restore(step, args=args)
+    except Exception as e:  # pylint: disable=broad-except
+      return None, integrity.Incomplete(str(self.step_path(step)), integrity.short_error(e))
+    status = integrity.verify_tree(str(self.step_path(step)), out.state, recorded)
+    state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
+                         out.state, abstract)
+    return (state, None if partial else out.data, meta), status
 
   def wait(self):
     self.manager.wait_until_finished()
 
   def close(self):
     self.manager.close()
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """Drops the ``RuntimeError('Event loop is closed')`` that a failed restore leaves.
+
+  Orbax abandons the TensorStore reads still in flight when one fails; as they finish they
+  schedule callbacks on the restore's event loop, already closed, and Python reports each
+  as an unraisable exception (a page of tracebacks around the clear error). Before the
+  first restore, this wraps ``sys.unraisablehook`` once to drop that one message;
+  everything else passes through.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "quiets_closed_loop", False):
+    return
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook.quiets_closed_loop = True
+  sys.unraisablehook = hook
+
+
+def _saved_dtypes(abstract, dtypes: dict):
+  """``abstract`` with each leaf's dtype replaced by the dtype it was saved in."""
+  def one(path, a):
+    saved = dtypes.get(integrity.leaf_path(path))
+    if saved is None or saved == str(a.dtype):
+      return a
+    return jax.ShapeDtypeStruct(a.shape, jnp.dtype(saved), sharding=getattr(a, "sharding", None))
+  return jax.tree_util.tree_map_with_path(one, abstract)
 
 
 def abstract_like(tree):

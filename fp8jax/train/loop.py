@@ -7,7 +7,9 @@ every ``train.save_every`` steps and the last step) and, if asked, ``tensorboard
 Everything that can be checked before compute is checked first (see
 :mod:`fp8jax.train.run_config`). A workdir that already holds checkpoints is only
 continued with ``resume=True``, which restores the latest checkpoint (params, optimizer
-state, data position) and continues exactly where it stopped.
+state, data position), verified against the digests recorded at save, and continues
+exactly where it stopped; a newest checkpoint that is torn or corrupt is set aside and the
+run resumes from the one before (:func:`_restore_latest`).
 
 A step whose loss or gradients are not finite stops the run with :class:`NonFiniteError`
 naming the step and the first non-finite parameter or gradient; that step changed
@@ -26,7 +28,7 @@ import jax
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, integrity
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import flops, metrics_log, optim, run_config
 from fp8jax.train import mesh as mesh_lib
@@ -47,6 +49,23 @@ def make_data(cfg, mesh, model_vocab: int):
       d.source, tok, seq_len=d.seq_len, global_batch=d.global_batch, seed=d.seed,
       process_index=jax.process_index(), process_count=jax.process_count(),
       data_dir=d.data_dir or None, paths=tuple(d.paths), split=d.split, field=d.field)
+
+
+def state_layout(cfg, model_cfg, tx, mesh):
+  """(init function, abstract train state, its shardings) of a run: replicated, or
+  split over the devices with ``train.fsdp``."""
+  init = lambda: step_lib.init_state(  # noqa: E731
+      deepseek_moe.init(model_cfg, jax.random.key(cfg.seed)), tx)
+  abstract = jax.eval_shape(init)
+  sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp
+              else jax.tree.map(lambda _: mesh_lib.replicated(mesh), abstract))
+  return init, abstract, sharding
+
+
+def restore_target(abstract, sharding):
+  """ShapeDtypeStructs with shardings, for restoring a checkpoint into that layout."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract, sharding)
 
 
 def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -81,24 +100,26 @@ def _check_workdir(workdir: pathlib.Path, cfg, resume: bool) -> bool:
 
 
 def _restore_latest(ckpt, target, stream):
-  """(step, state, data position) of the newest checkpoint. If it does not restore but
-  the one before does (a kill during the last save), the newest is renamed
-  ``<step>.incomplete`` (kept, out of the way); otherwise its error is raised."""
+  """(step, state, data position) of the newest checkpoint. If it does not restore (a
+  kill during the last save: ``<step>.incomplete``) or fails verification
+  (``<step>.corrupt``) but the one before restores, the newest is renamed with that
+  suffix (kept, out of the way) and the run resumes from the one before, saying so;
+  otherwise the newest one's error is raised."""
   steps = ckpt.all_steps()
   try:
     return (steps[-1], *ckpt.restore(steps[-1], target)[:2])
-  except Exception as e:  # pylint: disable=broad-except
+  except integrity.CheckpointError as e:
     if len(steps) < 2:
       raise
     try:
       state, position, _ = ckpt.restore(steps[-2], target)
-    except Exception:  # pylint: disable=broad-except
+    except integrity.CheckpointError:
       raise e from None
-    path = pathlib.Path(ckpt.manager.directory) / str(steps[-1])
-    print(f"warning: the last checkpoint {path} does not restore ({type(e).__name__}: {e}); "
-          f"moved to {path}.incomplete, resuming from step {steps[-2]}",
-          file=stream or sys.stderr)
-    path.rename(path.with_name(f"{steps[-1]}.incomplete"))
+    path = ckpt.step_path(steps[-1])
+    kind = "corrupt" if isinstance(e, integrity.CorruptCheckpointError) else "incomplete"
+    print(f"warning: {e}; moved it to {path}.{kind}, resuming from the previous checkpoint, "
+          f"step {steps[-2]}", file=stream or sys.stderr)
+    path.rename(path.with_name(f"{steps[-1]}.{kind}"))
     ckpt.manager.reload()
     return steps[-2], state, position
 
@@ -116,11 +137,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
   (workdir / "config.json").write_text(cfg.to_json(indent=2))
 
   tx = optim.optimizer(opt_cfg)
-  init = lambda: step_lib.init_state(  # noqa: E731
-      deepseek_moe.init(model_cfg, jax.random.key(cfg.seed)), tx)
-  abstract = jax.eval_shape(init)
-  sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp
-              else jax.tree.map(lambda _: mesh_lib.replicated(mesh), abstract))
+  init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh)
   step_fn = mesh_lib.shard_step(
       step_lib.make_train_step(model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
                                moe_groups=mesh.devices.size), mesh, sharding)
@@ -130,9 +147,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
           "policy": policy.name}
   try:
     if has_run:
-      target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            abstract, sharding)
-      start, state, position = _restore_latest(ckpt, target, stream)
+      start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
+                                               stream)
       data.set_state(position)
       writer.truncate_after(start)
     else:

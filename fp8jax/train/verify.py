@@ -1,0 +1,52 @@
+"""Verify every checkpoint of a training run folder: one status per checkpoint.
+
+    for step, status in verify_run("out/train"):
+      print(step, integrity.describe(status))
+
+Each checkpoint is restored as ``--resume`` restores it (params, optimizer state and data
+position, in the run's layout) and its arrays are compared with the digests recorded at
+save (:mod:`fp8jax.models.integrity`): :class:`~fp8jax.models.integrity.Ok`,
+:class:`~fp8jax.models.integrity.Corrupt` (the first array that differs),
+:class:`~fp8jax.models.integrity.Incomplete` (does not restore) or
+:class:`~fp8jax.models.integrity.NoDigests` (written before digests existed).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import ml_collections
+
+from fp8jax.models import integrity
+from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import loop, optim, run_config
+from fp8jax.train import mesh as mesh_lib
+
+
+def verify_run(workdir, devices=None) -> list[tuple[int, integrity.Status]]:
+  """``[(step, status)]`` of every checkpoint of the run in ``workdir``, ascending.
+
+  Raises:
+    FileNotFoundError: ``workdir`` is not a training run's folder.
+  """
+  workdir = pathlib.Path(workdir)
+  config_path = workdir / "config.json"
+  if not config_path.exists():
+    raise FileNotFoundError(f"{config_path} not found: --workdir must be a training run's "
+                            "folder (python -m fp8jax.experiments.train)")
+  cfg = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  model_cfg = run_config.model_config(cfg)
+  tx = optim.optimizer(run_config.optim_config(cfg))
+  _, abstract, sharding = loop.state_layout(cfg, model_cfg, tx, mesh_lib.data_mesh(devices))
+  target = loop.restore_target(abstract, sharding)
+  ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", save_every=1)
+  try:
+    return [(step, ckpt.verify(step, target)) for step in ckpt.all_steps()]
+  finally:
+    ckpt.close()
+
+
+def is_usable(status: integrity.Status) -> bool:
+  """Whether a reader may use the checkpoint (ok, or unverifiable for lack of digests)."""
+  return isinstance(status, integrity.Ok | integrity.NoDigests)
