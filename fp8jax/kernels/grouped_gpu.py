@@ -102,7 +102,7 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"grouped_matmul needs x [N, d], w [E, d, f] and group_sizes [E]; got "
                      f"{x.shape}, {w.shape} and {group_sizes.shape}")
   impls = impls or choose(x.shape, w.shape, x.dtype)
-  unknown = {v for v in impls.values()} - {"mosaic", "triton"}
+  unknown = set(impls.values()) - {"mosaic", "triton"}
   if unknown or set(impls) != set(DIRECTIONS):
     raise ValueError(f"impls must map {DIRECTIONS} to 'mosaic' or 'triton', got {impls}")
   return _grouped(x, w, group_sizes.astype(jnp.int32),

@@ -193,12 +193,11 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *,
   if x.ndim != 2 or w.ndim != 3 or group_sizes.shape != (w.shape[0],):
     raise ValueError(f"grouped_matmul needs x [N, d], w [E, d, f] and group_sizes [E]; got "
                      f"{x.shape}, {w.shape} and {group_sizes.shape}")
-  n, (_, d, f) = x.shape[0], w.shape
+  n, f = x.shape[0], w.shape[2]
   for kind, xs, ws, c in (("fwd", x.shape, w.shape, configs[0]),
                           ("dgrad", (n, f), w.shape, configs[1]),
                           ("wgrad", x.shape, (n, f), configs[2])):
     _require(kind, xs, ws, x.dtype, c)
-  del d
   return _grouped(x, w, group_sizes.astype(jnp.int32), tuple(configs), covered)
 
 

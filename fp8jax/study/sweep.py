@@ -28,7 +28,6 @@ import pathlib
 import sys
 
 import jax
-import ml_collections
 import numpy as np
 
 from fp8jax import metrics
@@ -132,11 +131,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   stream = stream or sys.stderr
   windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
-  config_path = train_workdir / "config.json"
-  if not config_path.exists():
-    raise FileNotFoundError(f"{config_path} not found: --train_workdir must be a training "
-                            "run's folder (python -m fp8jax.experiments.train)")
-  train_cfg = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
   cfg = run_config.model_config(train_cfg)
   pols = expand_policies(policies, cfg.num_hidden_layers)
   mesh = mesh_lib.data_mesh(devices)

@@ -10,6 +10,8 @@ does not split over the devices.
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 
 import ml_collections
 
@@ -60,6 +62,20 @@ def _unknown_keys(cfg, ref, prefix="") -> list[str]:
       else:
         out.extend(_unknown_keys(cfg[key], ref[key], f"{prefix}{key}."))
   return out
+
+
+def load_saved(workdir, flag: str = "--workdir") -> ml_collections.ConfigDict:
+  """The config a training run saved in ``workdir/config.json``.
+
+  Raises:
+    FileNotFoundError: ``workdir`` is not a training run's folder (the message names
+      ``flag``, the binary's flag that gave the folder).
+  """
+  path = pathlib.Path(workdir) / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{path} not found: {flag} must be a training run's folder "
+                            "(python -m fp8jax.experiments.train)")
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
 def model_config(cfg) -> model_config_lib.ModelConfig:

@@ -13,10 +13,7 @@ save (:mod:`fp8jax.models.integrity`): :class:`~fp8jax.models.integrity.Ok`,
 
 from __future__ import annotations
 
-import json
 import pathlib
-
-import ml_collections
 
 from fp8jax.models import integrity
 from fp8jax.train import checkpoint as ckpt_lib
@@ -31,11 +28,7 @@ def verify_run(workdir, devices=None) -> list[tuple[int, integrity.Status]]:
     FileNotFoundError: ``workdir`` is not a training run's folder.
   """
   workdir = pathlib.Path(workdir)
-  config_path = workdir / "config.json"
-  if not config_path.exists():
-    raise FileNotFoundError(f"{config_path} not found: --workdir must be a training run's "
-                            "folder (python -m fp8jax.experiments.train)")
-  cfg = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+  cfg = run_config.load_saved(workdir)
   model_cfg = run_config.model_config(cfg)
   tx = optim.optimizer(run_config.optim_config(cfg))
   _, abstract, sharding = loop.state_layout(cfg, model_cfg, tx, mesh_lib.data_mesh(devices))

@@ -28,9 +28,7 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _moe_problem import F_TRUE, moe_problem  # noqa: E402
@@ -164,15 +162,7 @@ def ceiling(reps, n=8192):
   keys = jax.random.split(jax.random.key(0), 3)
   pairs = [(jax.random.normal(k, (n, n), jnp.bfloat16),
             jax.random.normal(jax.random.fold_in(k, 1), (n, n), jnp.bfloat16)) for k in keys]
-  mm = jax.jit(lambda a, b: a @ b)
-  for a, b in pairs:
-    jax.block_until_ready(mm(a, b))
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready([mm(a, b) for a, b in pairs * 2])
-    times.append((time.perf_counter() - t) / 6)
-  t = statistics.median(times)
+  t, times = median_time(jax.jit(lambda a, b: a @ b), pairs, reps, calls=6, warmup=3)
   record("matmul_bf16_8192", ms=t * 1e3, tflops=2 * n**3 / t / 1e12, times=times)
 
 
