@@ -58,9 +58,12 @@ from fp8jax.numerics import spec as spec_lib
 
 def tile_size(spec: spec_lib.QuantSpec) -> int | None:
   """The tile length ``t`` when ``spec`` is current-scaled 1 x t tiles along the last
-  axis with ``t`` a power of two, else None (the kernel does not handle it)."""
+  axis with ``t`` a power of two, one-level scales, round-to-nearest and a format with a
+  NaN code, else None (the kernel does not handle it)."""
   g = spec.granularity
   if spec.scaling != "current" or g.kind != "tile" or g.axes != (-1,):
+    return None
+  if spec.scale_format == "e4m3" or spec.rounding != "nearest" or not spec.fmt.has_nan:
     return None
   t = g.sizes[0]
   return t if t & (t - 1) == 0 else None
@@ -110,7 +113,7 @@ CAST_FORMATS = ("e4m3", "e5m2")  # FP8 formats that rounding="cast" rounds exact
 
 
 def apply_scales_cast(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
-                      fmt: formats.Fp8Format, dtype) -> jax.Array:
+                      fmt: formats.FloatFormat, dtype) -> jax.Array:
   """:func:`fp8jax.numerics.scales.apply_scales` with the rounding done by an FP8 cast.
 
   Equal to it bit for bit where ``astype(fmt.dtype)`` rounds to nearest even (XLA, and

@@ -75,3 +75,14 @@ def broadcast_blocks(values: jnp.ndarray, block: tuple[int, ...],
   if full.shape != tuple(shape):
     full = full[tuple(slice(0, d) for d in shape)]
   return full
+
+
+def block_any_nan(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
+  """Whether each block of ``x`` holds a NaN: bool array of ``num_blocks(S, block)``."""
+  nan = jnp.isnan(x).astype(jnp.float32)
+  counts = num_blocks(x.shape, block)
+  pad = [(0, n * b - d) for d, b, n in zip(x.shape, block, counts)]
+  if any(hi for _, hi in pad):
+    nan = jnp.pad(nan, pad)
+  split = [v for n, b in zip(counts, block) for v in (n, b)]
+  return jnp.max(nan.reshape(split), axis=tuple(range(1, 2 * x.ndim, 2)), initial=0.0) > 0

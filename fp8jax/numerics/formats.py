@@ -1,11 +1,30 @@
-"""FP8 element formats and the saturating cast.
+"""Element formats (FP8, FP6, FP4) and the saturating cast.
 
-The formats are the ml_dtypes 8-bit floats. A plain ``astype`` to e4m3fn turns any
-value above ~464 into NaN and e5m2 turns values above ~61440 into inf, so every cast
-in fp8jax goes through :func:`saturating_cast`, which clips to ±max first.
+The formats are ml_dtypes types:
 
-Non-finite inputs follow the PTX ``cvt.rn.satfinite`` conversion: NaN stays NaN and
-±inf saturates to ±max (so a quantized tensor never holds inf, even in e5m2).
+========  =====================  =======  ====  ===  ====  ============================
+name      ml_dtypes              max      emax  inf  NaN   stored payload
+========  =====================  =======  ====  ===  ====  ============================
+e4m3      float8_e4m3fn          448      8     no   yes   float8_e4m3fn
+e5m2      float8_e5m2            57344    15    yes  yes   float8_e5m2
+e2m3      float6_e2m3fn          7.5      2     no   no    float8_e4m3fn (exact subset)
+e3m2      float6_e3m2fn          28       4     no   no    float8_e4m3fn (exact subset)
+e2m1      float4_e2m1fn          6        2     no   no    float4_e2m1fn
+========  =====================  =======  ====  ===  ====  ============================
+
+(plus the AMD fnuz FP8 variants). The FP6 and FP4 types are the element formats of the
+OCP Microscaling (MX) v1.0 specification, section 5.3; E2M1 holds ±{0, 0.5, 1, 1.5, 2, 3,
+4, 6}. XLA:CPU cannot convert to the FP6 types, so their payloads are stored in E4M3,
+which holds every FP6 value exactly.
+
+A plain ``astype`` turns values past a format's range into NaN (e4m3fn), inf (e5m2) or,
+for the FP6/FP4 types, whatever the converter does (ml_dtypes maps NaN to -0 in E2M1), so
+every conversion in fp8jax goes through :func:`saturating_cast` or
+:func:`round_to_format`, which saturate first. Non-finite inputs follow the PTX
+``cvt.rn.satfinite`` conversion: ±inf saturates to ±max (a quantized tensor never holds
+inf, even in e5m2) and NaN stays NaN in the formats that have it. The formats without
+NaN cannot hold it per element: the quantize ops mark the whole block NaN through its
+scale instead, as an OCP MX NaN scale does (see ``fp8jax.numerics.scales``).
 
 :func:`round_to_format` computes the float32 value of that cast with integer arithmetic
 on the float32 bit pattern, without an FP8 dtype: XLA may delete an f32 -> fp8 -> f32
@@ -24,44 +43,67 @@ import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
-class Fp8Format:
-  """Static facts about one 8-bit float format.
+class FloatFormat:
+  """Static facts about one element format.
 
   Attributes:
-    name: canonical short name ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz").
-    dtype: the ml_dtypes scalar type (for example ``ml_dtypes.float8_e4m3fn``).
+    name: canonical short name ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "e4m3fnuz",
+      "e5m2fnuz").
+    dtype: the ml_dtypes scalar type (for example ``ml_dtypes.float4_e2m1fn``).
+    storage_dtype: the dtype quantized payloads are stored in (``dtype``, or E4M3 for
+      the FP6 formats, which XLA:CPU cannot convert to).
     max: largest finite value.
     min_normal: smallest positive normal value.
     min_subnormal: smallest positive subnormal value.
     mantissa_bits: explicit fraction bits.
     emax: exponent of ``max`` (floor(log2(max))).
+    has_inf: whether the format encodes infinities.
+    has_nan: whether the format encodes NaN.
   """
 
   name: str
   dtype: type
+  storage_dtype: type
   max: float
   min_normal: float
   min_subnormal: float
   mantissa_bits: int
   emax: int
+  has_inf: bool
+  has_nan: bool
+
+  @property
+  def bits(self) -> int:
+    """Bits per element (8, 6 or 4)."""
+    return int(ml_dtypes.finfo(self.dtype).bits)
 
 
-def _make(name: str, dtype: type) -> Fp8Format:
+Fp8Format = FloatFormat  # the name of the FP8-only releases
+
+
+def _make(name: str, dtype: type, storage=None) -> FloatFormat:
   info = ml_dtypes.finfo(dtype)
-  return Fp8Format(
+  values = np.arange(2**info.bits, dtype=np.uint8).view(dtype).astype(np.float32)
+  return FloatFormat(
       name=name,
       dtype=dtype,
+      storage_dtype=storage or dtype,
       max=float(info.max),
       min_normal=float(info.smallest_normal),
       min_subnormal=float(info.smallest_subnormal),
       mantissa_bits=int(info.nmant),
       emax=int(np.floor(np.log2(float(info.max)))),
+      has_inf=bool(np.isinf(values).any()),
+      has_nan=bool(np.isnan(values).any()),
   )
 
 
-FORMATS: dict[str, Fp8Format] = {
+FORMATS: dict[str, FloatFormat] = {
     "e4m3": _make("e4m3", ml_dtypes.float8_e4m3fn),
     "e5m2": _make("e5m2", ml_dtypes.float8_e5m2),
+    "e2m3": _make("e2m3", ml_dtypes.float6_e2m3fn, ml_dtypes.float8_e4m3fn),
+    "e3m2": _make("e3m2", ml_dtypes.float6_e3m2fn, ml_dtypes.float8_e4m3fn),
+    "e2m1": _make("e2m1", ml_dtypes.float4_e2m1fn),
     "e4m3fnuz": _make("e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
     "e5m2fnuz": _make("e5m2fnuz", ml_dtypes.float8_e5m2fnuz),
 }
@@ -70,6 +112,12 @@ _ALIASES = {
     "float8_e4m3fn": "e4m3",
     "e4m3fn": "e4m3",
     "float8_e5m2": "e5m2",
+    "float6_e2m3fn": "e2m3",
+    "e2m3fn": "e2m3",
+    "float6_e3m2fn": "e3m2",
+    "e3m2fn": "e3m2",
+    "float4_e2m1fn": "e2m1",
+    "e2m1fn": "e2m1",
     "float8_e4m3fnuz": "e4m3fnuz",
     "float8_e5m2fnuz": "e5m2fnuz",
 }
@@ -85,12 +133,12 @@ def canonical_format_name(name: str) -> str:
   return key
 
 
-def get_format(name: str) -> Fp8Format:
+def get_format(name: str) -> FloatFormat:
   """Looks up a format by canonical name or ml_dtypes name."""
   return FORMATS[canonical_format_name(name)]
 
 
-def saturating_cast(x: jnp.ndarray, fmt: Fp8Format) -> jnp.ndarray:
+def saturating_cast(x: jnp.ndarray, fmt: FloatFormat) -> jnp.ndarray:
   """Rounds ``x`` to ``fmt`` (nearest-even), saturating finite overflow and ±inf.
 
   Args:
@@ -98,8 +146,11 @@ def saturating_cast(x: jnp.ndarray, fmt: Fp8Format) -> jnp.ndarray:
     fmt: the target format.
 
   Returns:
-    An array of ``fmt.dtype`` with the shape of ``x``. NaN stays NaN.
+    An array of ``fmt.storage_dtype`` with the shape of ``x``. NaN stays NaN where the
+    storage type has it (E2M1 has not: mark such blocks NaN through their scale).
   """
+  if fmt.storage_dtype is not fmt.dtype:  # FP6: exact values, stored in E4M3
+    return round_to_format(x, fmt).astype(fmt.storage_dtype)
   return jnp.clip(x, -fmt.max, fmt.max).astype(fmt.dtype)
 
 
@@ -109,7 +160,7 @@ _F32_MANTISSA_BITS = 23
 _F32_BIAS = 127
 
 
-def round_to_format(x: jnp.ndarray, fmt: Fp8Format) -> jnp.ndarray:
+def round_to_format(x: jnp.ndarray, fmt: FloatFormat) -> jnp.ndarray:
   """``saturating_cast(x, fmt).astype(float32)``, computed without an FP8 dtype.
 
   Integer arithmetic on the float32 bit pattern: round to nearest even on the
@@ -158,4 +209,41 @@ def round_to_format(x: jnp.ndarray, fmt: Fp8Format) -> jnp.ndarray:
   if fmt.name.endswith("fnuz"):
     sign = jnp.where(out == u32(0), u32(0), sign)  # no negative zero
   out = lax.bitcast_convert_type(out | sign, jnp.float32)
+  return jnp.where(jnp.isnan(x), x, out)
+
+
+def stochastic_round_to_format(x: jnp.ndarray, fmt: FloatFormat,
+                               bits: jnp.ndarray) -> jnp.ndarray:
+  """Stochastic rounding of ``x`` to ``fmt``'s values, as float32.
+
+  Each |x| below ``fmt.max`` becomes one of its two neighbours on the format's grid,
+  ``lo <= |x| <= hi``, with ``P(hi) = (|x| - lo) / (hi - lo)``, so ``E[result] = x``;
+  grid values stay exact, |x| >= max and ±inf saturate to ±max, NaN stays NaN, the sign
+  (of zero too) is kept. ``t = |x| / ulp`` and its fraction are exact in float32 and are
+  compared with a 24-bit uniform draw from ``bits``: the probabilities are exact except
+  for |x| below half the smallest subnormal, where they are resolved to 2**-24.
+
+  Args:
+    x: float32 array (other float dtypes are converted), already scaled.
+    fmt: the target format.
+    bits: uint32 random bits shaped like ``x`` (e.g. ``jax.random.bits``).
+
+  Returns:
+    float32 array shaped like ``x`` holding values representable in ``fmt``.
+  """
+  x = jnp.asarray(x).astype(jnp.float32)
+  m = fmt.mantissa_bits
+  emin = int(np.log2(fmt.min_normal))
+  a = jnp.abs(x)
+  exponent = lax.shift_right_logical(lax.bitcast_convert_type(a, jnp.uint32),
+                                     np.uint32(_F32_MANTISSA_BITS)).astype(jnp.int32)
+  ulp_exp = jnp.maximum(exponent - _F32_BIAS, emin) - m  # log2 of the grid spacing at |x|
+  ulp = lax.bitcast_convert_type((ulp_exp + _F32_BIAS) << _F32_MANTISSA_BITS, jnp.float32)
+  t = a / ulp  # exact: a power-of-two division
+  lo = jnp.floor(t)
+  u = lax.shift_right_logical(bits.astype(jnp.uint32), np.uint32(8)).astype(
+      jnp.float32) * np.float32(2.0**-24)
+  mag = (lo + (u < t - lo).astype(jnp.float32)) * ulp
+  mag = jnp.minimum(mag, np.float32(fmt.max))
+  out = jnp.where(jnp.signbit(x), -mag, mag)
   return jnp.where(jnp.isnan(x), x, out)

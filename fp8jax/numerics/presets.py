@@ -14,9 +14,30 @@ name                       recipe
                            both per-tensor delayed scaling, history 1024, max
 ``current_tensor``         E4M3 per-tensor current scaling, straight-through
 ``current_tensor_e5m2``    E5M2 per-tensor current scaling, straight-through
-``mxfp8``                  MXFP8-like: E4M3 1x32 tiles, power-of-two scales
-                           (``rceil``) stored as E8M0; cotangent the same
+``mxfp8``                  MXFP8: E4M3 1x32 tiles along the contraction axis,
+                           E8M0 scales rounded up (``rceil``: the MXFP8 pretraining
+                           recipe, arXiv 2506.08027, and Transformer Engine's
+                           ``float_to_e8m0(amax / max)``); E4M3 for the cotangent
+                           too, as that recipe does
+``mxfp8_ocp``              ``mxfp8`` with the OCP MX v1.0 scale rule (``ocp``,
+                           section 6.3: floor(log2 amax) - emax; may saturate)
+``mxfp8_e5m2``             MXFP8 with E5M2 elements (``rceil``), both directions
+``mxfp6_e2m3``             MXFP6 E2M3, 1x32, E8M0 ``ocp`` scales, both directions
+``mxfp6_e3m2``             MXFP6 E3M2, 1x32, E8M0 ``ocp`` scales, both directions
+``mxfp4``                  MXFP4: E2M1, 1x32, E8M0 ``ocp`` scales (the OCP rule, as
+                           the spec and its reference library define MXFP4)
+``mxfp4_rceil``            ``mxfp4`` with round-up scales (no saturation)
+``nvfp4``                  NVFP4: E2M1, 1x16 tiles, E4M3 block scales over an FP32
+                           per-tensor scale (arXiv 2509.25149), round to nearest,
+                           cotangent the same
+``nvfp4_weight``           NVFP4 with 16x16 blocks (the recipe's weights: Fprop and
+                           Dgrad see the same quantized weight); straight-through
+``nvfp4_sr``               ``nvfp4`` with stochastic rounding (the recipe's
+                           gradients)
 =========================  ======================================================
+
+``fp8jax.gemm.recipes`` combines them per GEMM operand (e.g. the full NVFP4 recipe with
+16x16 weights, stochastic rounding of gradients and the Hadamard transform on Wgrad).
 """
 
 from __future__ import annotations
@@ -28,6 +49,11 @@ _TILE = QuantSpec(format="e4m3", granularity=gran.tile(128, axis=-1))
 _MX = QuantSpec(format="e4m3", granularity=gran.tile(32, axis=-1),
                 scale_format="pow2", pow2_rounding="rceil", store_e8m0=True)
 _TE_GRAD = QuantSpec(format="e5m2", granularity=gran.per_tensor(), scaling="delayed")
+_MX_OCP = _MX.replace(pow2_rounding="ocp")
+_MXFP6_E2M3 = _MX_OCP.replace(format="e2m3")
+_MXFP6_E3M2 = _MX_OCP.replace(format="e3m2")
+_MXFP4 = _MX_OCP.replace(format="e2m1")
+_NVFP4 = QuantSpec(format="e2m1", granularity=gran.tile(16, axis=-1), scale_format="e4m3")
 
 PRESETS: dict[str, QuantSpec] = {
     "deepseek_v3": _TILE.replace(backward=_TILE),
@@ -41,6 +67,17 @@ PRESETS: dict[str, QuantSpec] = {
     "current_tensor": QuantSpec(format="e4m3", granularity=gran.per_tensor()),
     "current_tensor_e5m2": QuantSpec(format="e5m2", granularity=gran.per_tensor()),
     "mxfp8": _MX.replace(backward=_MX),
+    "mxfp8_ocp": _MX_OCP.replace(backward=_MX_OCP),
+    "mxfp8_e5m2": _MX.replace(format="e5m2", backward=_MX.replace(format="e5m2")),
+    "mxfp6_e2m3": _MXFP6_E2M3.replace(backward=_MXFP6_E2M3),
+    "mxfp6_e3m2": _MXFP6_E3M2.replace(backward=_MXFP6_E3M2),
+    "mxfp4": _MXFP4.replace(backward=_MXFP4),
+    "mxfp4_rceil": _MXFP4.replace(pow2_rounding="rceil",
+                                  backward=_MXFP4.replace(pow2_rounding="rceil")),
+    "nvfp4": _NVFP4.replace(backward=_NVFP4),
+    "nvfp4_weight": _NVFP4.replace(granularity=gran.block((16, 16))),
+    "nvfp4_sr": _NVFP4.replace(rounding="stochastic",
+                               backward=_NVFP4.replace(rounding="stochastic")),
 }
 
 

@@ -6,6 +6,20 @@ pattern. Every scale and its reciprocal is a normal float32 in [2**-126, 2**126]
 XLA:CPU flushes float32 subnormals to zero, so a subnormal scale would silently zero
 a block there. ``astype(float8_e8m0fnu)`` is NOT used for rounding: it rounds to nearest and
 maps 0 to NaN. It is only used to *store* values that are already powers of two.
+
+Two-level scales (``scale_format="e4m3"``, NVFP4; arXiv 2509.25149 and Transformer
+Engine's NVFP4 recipe), with ``e = elem_max`` (6 for E2M1), ``G`` the tensor's largest
+finite magnitude and every operation rounded to float32::
+
+    S_enc = clip(448 * e / max(G, eps), 2**-126, 2**126)   (1 when G = 0)
+    D     = 1 / S_enc                                       # tensor_scale_inv
+    sd_b  = e4m3(min(amax_b * (S_enc * (1 / e)), 448))      # scale_inv, per block
+    s_b   = min(1 / (sd_b * D), FLT_MAX)                    # the multiplier
+    x_hat = (round(x * s_b) * sd_b) * D
+
+Formats without a NaN encoding (E2M1, FP6) cannot carry a NaN element: a block holding
+NaN gets a NaN ``scale_inv``, so the whole block dequantizes to NaN, as an OCP MX NaN
+scale (E8M0 0xFF) makes it.
 """
 
 from __future__ import annotations
@@ -45,24 +59,36 @@ def round_pow2(v: jnp.ndarray, rounding: str) -> jnp.ndarray:
   return lax.bitcast_convert_type(exponent << 23, jnp.float32)
 
 
+def _exponent_pow2(biased: jnp.ndarray) -> jnp.ndarray:
+  """2**(biased - 127) as float32, the biased exponent clamped to [1, 253]."""
+  return lax.bitcast_convert_type(jnp.clip(biased, 1, 253) << 23, jnp.float32)
+
+
 def compute_scale(amax: jnp.ndarray,
                   spec: spec_lib.QuantSpec) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Scales for blocks whose largest finite magnitude is ``amax``.
+  """Scales for blocks whose largest finite magnitude is ``amax`` (one-level specs).
 
   Args:
     amax: float array (any shape) of per-block amax values, >= 0.
-    spec: the quantization spec (format, eps, margin, scale format).
+    spec: the quantization spec (format, eps, margin, scale format); two-level
+      (``"e4m3"``) specs need :func:`compute_scales`.
 
   Returns:
     ``(s, scale_inv)``, float32 arrays shaped like ``amax``: quantize with
     ``x * s``, dequantize with ``q * scale_inv``.
   """
+  if spec.scale_format == "e4m3":
+    raise ValueError("two-level E4M3 scales need compute_scales (a per-tensor level too)")
   amax = jnp.maximum(amax.astype(jnp.float32), jnp.float32(spec.eps))
   # fp8_max * 2**-margin is exact; dividing amax by fp8_max first cannot overflow.
   target = jnp.float32(spec.fmt.max * 2.0**-spec.margin)
   if spec.scale_format == "pow2" and spec.pow2_rounding == "rceil":
     scale_inv = round_pow2(amax / jnp.float32(spec.fmt.max) * jnp.float32(2.0**spec.margin),
                            "ceil")
+    s = 1.0 / scale_inv
+  elif spec.scale_format == "pow2" and spec.pow2_rounding == "ocp":
+    biased = (lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF
+    scale_inv = _exponent_pow2(biased - spec.fmt.emax + spec.margin)
     s = 1.0 / scale_inv
   elif spec.scale_format == "pow2":
     s = round_pow2(target / amax, spec.pow2_rounding)
@@ -72,26 +98,81 @@ def compute_scale(amax: jnp.ndarray,
   return s, 1.0 / s
 
 
-def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array, fmt: formats.Fp8Format,
-                 dtype) -> jax.Array:
+_E4M3_MAX = 448.0
+_FLT_MAX = float(jnp.finfo(jnp.float32).max)
+
+
+def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec):
+  """Scales for blocks whose largest finite magnitudes are ``amax``, any spec.
+
+  Args:
+    amax: float array of the per-block amax values of ONE tensor (any shape: the
+      two-level rule takes the tensor's amax as their maximum).
+    spec: the quantization spec.
+
+  Returns:
+    ``(s, scale_inv, tensor_scale_inv)``: float32 arrays shaped like ``amax`` (quantize
+    with ``x * s``, dequantize with ``q * scale_inv * tensor_scale_inv``) and a float32
+    scalar for two-level specs, None for the others.
+  """
+  if spec.scale_format != "e4m3":
+    return (*compute_scale(amax, spec), None)
+  amax = amax.astype(jnp.float32)
+  elem_max = spec.fmt.max
+  g = jnp.maximum(jnp.max(amax, initial=0.0), jnp.float32(spec.eps))
+  s_enc = jnp.clip(jnp.float32(_E4M3_MAX * elem_max) / g, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
+  s_enc = jnp.where(g > 0, s_enc, jnp.float32(1.0))
+  tensor_scale_inv = 1.0 / s_enc
+  multiplier = s_enc * jnp.float32(1.0 / elem_max)
+  block = jnp.minimum(amax * multiplier, jnp.float32(_E4M3_MAX))
+  scale_inv = formats.round_to_format(block, formats.get_format("e4m3"))
+  s = jnp.minimum(1.0 / (scale_inv * tensor_scale_inv), jnp.float32(_FLT_MAX))
+  return s, scale_inv, tensor_scale_inv
+
+
+def mark_nan_blocks(scale_inv: jnp.ndarray, has_nan: jnp.ndarray,
+                    fmt: formats.FloatFormat) -> jnp.ndarray:
+  """``scale_inv`` with NaN where a block holds NaN, for formats without a NaN code."""
+  if fmt.has_nan:
+    return scale_inv
+  return jnp.where(has_nan, jnp.float32(jnp.nan), scale_inv)
+
+
+def round_elements(v: jnp.ndarray, fmt: formats.FloatFormat,
+                   bits: jnp.ndarray | None = None) -> jnp.ndarray:
+  """Scaled float32 values rounded to ``fmt`` (as float32): to nearest even, or
+  stochastically with uint32 ``bits`` shaped like ``v``."""
+  if bits is None:
+    return formats.round_to_format(v, fmt)
+  return formats.stochastic_round_to_format(v, fmt, bits)
+
+
+def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
+                 fmt: formats.FloatFormat, dtype, tensor_scale_inv: jax.Array | None = None,
+                 bits: jax.Array | None = None) -> jax.Array:
   """The elementwise round trip for given scales.
 
-  ``round_to_format(float32(x) * s) * scale_inv``, clipped to the largest finite value
-  of ``dtype`` (NaN kept, also on backends whose min/max drop NaN) and cast to ``dtype``.
+  ``round(float32(x) * s) * scale_inv [* tensor_scale_inv]`` (nearest even, or
+  stochastic with ``bits``), clipped to the largest finite value of ``dtype`` (NaN
+  kept, also on backends whose min/max drop NaN) and cast to ``dtype``.
 
   Args:
     x: float array, any shape.
     s: float32 quantization multipliers broadcastable to ``x``.
-    scale_inv: float32 dequantization multipliers (``1 / s``) broadcastable to ``x``.
-    fmt: the FP8 element format.
+    scale_inv: float32 dequantization multipliers broadcastable to ``x``.
+    fmt: the element format.
     dtype: output dtype.
+    tensor_scale_inv: the second (per-tensor) level of two-level scales, or None.
+    bits: uint32 random bits shaped like ``x`` for stochastic rounding, or None.
 
   Returns:
     ``x_hat`` of ``dtype`` with the broadcast shape of ``x`` and the scales.
   """
   dtype = jnp.dtype(dtype)
-  q = formats.round_to_format(x.astype(jnp.float32) * s, fmt)
+  q = round_elements(x.astype(jnp.float32) * s, fmt, bits)
   out = q * scale_inv
+  if tensor_scale_inv is not None:
+    out = out * tensor_scale_inv
   top = float(jnp.finfo(dtype).max)
   out = jnp.where(jnp.isnan(out), out, jnp.clip(out, -top, top))
   return out.astype(dtype)

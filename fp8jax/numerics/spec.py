@@ -11,6 +11,10 @@ Scale convention (as in Transformer Engine)::
     x_hat     = payload * scale_inv                        # dequantized
 
 ``amax`` is the largest finite |x| in the block (NaN and inf never enter it).
+
+Two-level scales (``scale_format="e4m3"``, NVFP4) add a per-tensor FP32 level below the
+per-block E4M3 scales; see ``fp8jax.numerics.scales``. The format semantics and their
+sources are collected in ``docs/formats.md``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from fp8jax.numerics import granularity as gran
 
 SCALINGS = ("current", "delayed")
 HISTORY_REDUCTIONS = ("max", "most_recent")
-SCALE_FORMATS = ("fp32", "pow2")
-POW2_ROUNDINGS = ("floor", "ceil", "rceil")
+SCALE_FORMATS = ("fp32", "pow2", "e4m3")
+POW2_ROUNDINGS = ("floor", "ceil", "rceil", "ocp")
+ROUNDINGS = ("nearest", "stochastic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,24 +37,33 @@ class QuantSpec:
   """How to quantize one tensor role (activation, weight or gradient).
 
   Attributes:
-    format: FP8 element format ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz").
+    format: element format ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1", "e4m3fnuz",
+      "e5m2fnuz"; see ``fp8jax.numerics.formats``).
     granularity: which elements share a scale (see ``fp8jax.numerics.granularity``).
     scaling: "current" (amax of the tensor being quantized, per block) or "delayed"
       (per-tensor scale from an amax history of previous steps; see
       ``fp8jax.quant.delayed``).
     history_len: length of the amax history (delayed scaling only).
     history_reduce: "max" over the history or its "most_recent" entry.
-    scale_format: "fp32" scales, or "pow2" scales rounded by ``pow2_rounding``.
+    scale_format: "fp32" scales, "pow2" scales rounded by ``pow2_rounding`` (MX), or
+      "e4m3": two-level NVFP4 scales, E4M3 per block over an FP32 per-tensor scale
+      (current scaling, margin 0).
     pow2_rounding: rule for power-of-two scales (default "floor"; must stay None
       with FP32 scales), by exponent arithmetic:
       "floor": s -> 2**floor(log2 s); never saturates (torchao's rule).
       "ceil": s -> 2**ceil(log2 s); may saturate up to a factor 2 near amax.
       "rceil": scale_inv = amax*2**margin/fp8_max is rounded UP to a power of two
-        and s = 1/scale_inv (DeepGEMM's UE8M0 "ceil", NVIDIA's RCEIL); equal to
-        "floor" except where the f32 reciprocal rounds across a power of two.
+        and s = 1/scale_inv (DeepGEMM's UE8M0 "ceil", NVIDIA's RCEIL, the MXFP8
+        recipe's round-up rule); nothing saturates. Equal to "floor" except where the
+        f32 reciprocal rounds across a power of two.
+      "ocp": the OCP MX v1.0 rule (section 6.3): scale_inv =
+        2**(floor(log2 amax) - emax of the element format); up to one binade of a
+        block may saturate.
       Every rule clamps the biased exponent to [1, 253], so s and scale_inv are
       normal powers of two in [2**-126, 2**126].
     store_e8m0: store ``scale_inv`` as ``float8_e8m0fnu`` (requires "pow2").
+    rounding: "nearest" (ties to even) or "stochastic" (unbiased; needs a PRNG key or
+      derives one from the input's bits, see ``fp8jax.quantize``).
     eps: floor on the amax (``max(amax, eps)``). 0 is allowed: a block whose amax
       is then 0 uses s = 1, so an all-zero block always gives exact zeros. FP32
       scales are clamped to [2**-126, 2**126] so that s and 1/s stay finite.
@@ -66,6 +80,7 @@ class QuantSpec:
   scale_format: str = "fp32"
   pow2_rounding: str | None = None
   store_e8m0: bool = False
+  rounding: str = "nearest"
   eps: float = 1e-12
   margin: int = 0
   backward: QuantSpec | None = None
@@ -83,6 +98,14 @@ class QuantSpec:
     if self.scale_format == "pow2":
       object.__setattr__(self, "pow2_rounding", self.pow2_rounding or "floor")
       _check_choice("pow2_rounding", self.pow2_rounding, POW2_ROUNDINGS)
+    _check_choice("rounding", self.rounding, ROUNDINGS)
+    if self.scale_format == "e4m3":
+      if self.scaling != "current":
+        raise ValueError("two-level E4M3 scales (NVFP4) need current scaling")
+      if self.margin != 0:
+        raise ValueError(f"two-level E4M3 scales (NVFP4) take no margin, got {self.margin}")
+    if self.rounding == "stochastic" and self.scaling != "current":
+      raise ValueError("stochastic rounding is available with current scaling only")
     if not isinstance(self.store_e8m0, bool):
       raise TypeError(f"store_e8m0 must be a bool, got {self.store_e8m0!r}")
     if self.scaling == "current" and (self.history_len, self.history_reduce) != (1024, "max"):
@@ -111,7 +134,7 @@ class QuantSpec:
         raise ValueError("a backward (cotangent) spec cannot have a backward spec itself")
 
   @property
-  def fmt(self) -> formats.Fp8Format:
+  def fmt(self) -> formats.FloatFormat:
     """The element format's static facts."""
     return formats.get_format(self.format)
 
@@ -124,7 +147,11 @@ class QuantSpec:
     scale = self.scale_format
     if scale == "pow2":
       scale += f"/{self.pow2_rounding}" + ("/e8m0" if self.store_e8m0 else "")
+    elif scale == "e4m3":
+      scale = "e4m3+fp32"
     text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
+    if self.rounding == "stochastic":
+      text += " sr"
     if self.backward is not None:
       text += f" | bwd {self.backward.describe()}"
     return text

@@ -32,7 +32,8 @@ from fp8jax.quant import delayed, fast_quant, qtensor
 
 
 def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
-               state: delayed.DelayedState | None = None, *, telemetry: bool = False):
+               state: delayed.DelayedState | None = None, *, key: jax.Array | None = None,
+               telemetry: bool = False):
   """Quantizes and dequantizes ``x``; the backward pass follows ``spec.backward``.
 
   Args:
@@ -40,6 +41,9 @@ def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
     spec: the forward spec; ``spec.backward`` quantizes the cotangent.
     state: a :class:`DelayedState` when ``spec`` or ``spec.backward`` uses delayed
       scaling (build it with ``fp8jax.quant.delayed.init_state(spec)``), otherwise None.
+    key: PRNG key for stochastic rounding (the forward uses it, the cotangent
+      ``fold_in(key, 1)``); None derives keys from the tensors' bits (see
+      ``fp8jax.quant.rounding_bits``).
     telemetry: also return a :class:`QuantTelemetry` of the forward quantization.
 
   Returns:
@@ -54,7 +58,9 @@ def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
     if state is not None:
       raise ValueError(
           f"spec {spec.describe()} uses no delayed scaling; pass state=None")
-    out = _fake_quant(x, spec, telemetry)
+    if key is not None and not _stochastic(spec):
+      key = None  # nothing to draw: keep the traced program key-free
+    out = _fake_quant(x, key, spec, telemetry)
   return out if telemetry else out[0]
 
 
@@ -74,45 +80,51 @@ def _check_state(state, spec):
     raise ValueError("state.bwd is set but the backward spec is not delayed-scaled")
 
 
-def _fused(x, spec):
+def _stochastic(spec):
+  return spec.rounding == "stochastic" or (
+      spec.backward is not None and spec.backward.rounding == "stochastic")
+
+
+def _fused(x, spec, key=None):
   """The one-pass round trip: the Pallas kernel on Hopper GPUs (bit-identical, see
   ``fp8jax.kernels.fake_quant_pallas``), else the fused XLA path."""
   if fqp.auto_applies(x.shape, x.dtype, spec):
     return fqp.fake_quant_pallas(x, spec, **fqp.AUTO)
-  return fast_quant.quantize_dequantize_fused(x, spec)
+  return fast_quant.quantize_dequantize_fused(x, spec, key)
 
 
-def _round_trip(x, spec, history, telemetry):
+def _round_trip(x, spec, history, telemetry, key=None):
   if not telemetry and history is None and fast_quant.supports(spec):
-    return _fused(x, spec), None
-  out = qtensor.quantize_dequantize(x, spec, history, telemetry=telemetry)
+    return _fused(x, spec, key), None
+  out = qtensor.quantize_dequantize(x, spec, history, key=key, telemetry=telemetry)
   return out if telemetry else (out, None)
 
 
-def _quantize_cotangent(g, spec):
+def _quantize_cotangent(g, spec, key=None):
   """Cotangent for a stateless site: identity or current-scaled fake-quant."""
   if spec.backward is None:
     return g
+  key = None if key is None else jax.random.fold_in(key, 1)
   if fast_quant.supports(spec.backward):
-    return _fused(g, spec.backward)
-  return qtensor.quantize_dequantize(g, spec.backward)
+    return _fused(g, spec.backward, key)
+  return qtensor.quantize_dequantize(g, spec.backward, key=key)
 
 
 # --- current scaling (no state) --------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _fake_quant(x, spec, telemetry):
-  return _round_trip(x, spec, None, telemetry)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _fake_quant(x, key, spec, telemetry):
+  return _round_trip(x, spec, None, telemetry, key)
 
 
-def _fake_quant_fwd(x, spec, telemetry):
-  return _round_trip(x, spec, None, telemetry), None
+def _fake_quant_fwd(x, key, spec, telemetry):
+  return _round_trip(x, spec, None, telemetry, key), key
 
 
-def _fake_quant_bwd(spec, telemetry, _, cotangents):
+def _fake_quant_bwd(spec, telemetry, key, cotangents):
   del telemetry
-  return (_quantize_cotangent(cotangents[0], spec),)
+  return (_quantize_cotangent(cotangents[0], spec, key), None)
 
 
 _fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)

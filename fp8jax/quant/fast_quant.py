@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from fp8jax.numerics import blocks, scales
 from fp8jax.numerics import spec as spec_lib
+from fp8jax.quant import rounding_bits
 
 
 def supports(spec: spec_lib.QuantSpec) -> bool:
@@ -30,13 +31,16 @@ def supports(spec: spec_lib.QuantSpec) -> bool:
   return spec.scaling == "current"
 
 
-def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec) -> jax.Array:
+def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
+                              key: jax.Array | None = None) -> jax.Array:
   """Fake-quantizes ``x`` (forward value only), equal to ``quantize_dequantize(x, spec)``.
 
   Args:
     x: float32, bfloat16 or float16 array of shape ``S`` (any rank).
-    spec: a current-scaling spec (see :func:`supports`); FP32 or power-of-two scales,
-      any granularity and format.
+    spec: a current-scaling spec (see :func:`supports`); FP32, power-of-two or two-level
+      scales, any granularity and format, either rounding.
+    key: PRNG key for stochastic rounding (None: derived from ``x``, as in
+      ``fp8jax.quantize``).
 
   Returns:
     ``x_hat`` of shape ``S`` and the dtype of ``x``. It has no meaningful derivative
@@ -57,10 +61,19 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec) -> jax.Arr
     xp = jnp.pad(x, [(0, p - d) for d, p in zip(shape, padded)])
   split = [v for n, b in zip(counts, block) for v in (n, b)]
   xs = xp.reshape(split)
-  amax = jnp.max(blocks.finite_abs(xs), axis=tuple(range(1, 2 * len(shape), 2)),
-                 keepdims=True, initial=0.0)
-  s, scale_inv = scales.compute_scale(amax, spec)
-  out = scales.apply_scales(xs, s, scale_inv, spec.fmt, x.dtype).reshape(padded)
+  inner = tuple(range(1, 2 * len(shape), 2))
+  amax = jnp.max(blocks.finite_abs(xs), axis=inner, keepdims=True, initial=0.0)
+  s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
+  if not spec.fmt.has_nan:
+    has_nan = jnp.any(jnp.isnan(xs), axis=inner, keepdims=True)
+    scale_inv = scales.mark_nan_blocks(scale_inv, has_nan, spec.fmt)
+  bits = rounding_bits.rounding_bits(x, spec, key)
+  if bits is not None:
+    if padded != shape:
+      bits = jnp.pad(bits, [(0, p - d) for d, p in zip(shape, padded)])
+    bits = bits.reshape(split)
+  out = scales.apply_scales(xs, s, scale_inv, spec.fmt, x.dtype, tensor_scale_inv,
+                            bits).reshape(padded)
   if padded != shape:
     out = out[tuple(slice(0, d) for d in shape)]
   return out

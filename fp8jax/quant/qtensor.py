@@ -1,7 +1,8 @@
 """`quantize` / `dequantize` and the `QTensor` container.
 
 Inputs may be float32, bfloat16 or float16 of any shape; the scaled values are formed
-in float32 (``x.astype(f32) * s``) and cast once to FP8 with saturation.
+in float32 (``x.astype(f32) * s``) and rounded once to the element format with saturation
+(to nearest even, or stochastically: see ``fp8jax.quant.rounding_bits``).
 """
 
 from __future__ import annotations
@@ -17,33 +18,39 @@ import numpy as np
 
 from fp8jax.numerics import blocks, formats, scales
 from fp8jax.numerics import spec as spec_lib
-from fp8jax.quant import delayed
+from fp8jax.quant import delayed, rounding_bits
 from fp8jax.quant import telemetry as telemetry_lib
 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["data", "scale_inv"],
+    data_fields=["data", "scale_inv", "tensor_scale_inv"],
     meta_fields=["block", "dtype"])
 @dataclasses.dataclass(frozen=True)
 class QTensor:
-  """An FP8 payload with its per-block dequantization multipliers.
+  """A low-precision payload with its per-block dequantization multipliers.
 
-  ``x ≈ data * broadcast(scale_inv)``.
+  ``x ≈ data * broadcast(scale_inv) [* tensor_scale_inv]``.
 
   Attributes:
-    data: FP8 array of the original shape ``S``.
-    scale_inv: float32 (or float8_e8m0fnu) array of shape ``ceil(S / block)``.
+    data: payload of the original shape ``S``, in the format's ``storage_dtype``
+      (FP8, float4_e2m1fn, or E4M3 holding FP6 values).
+    scale_inv: per-block multipliers of shape ``ceil(S / block)``: float32,
+      float8_e8m0fnu (MX) or float8_e4m3fn (NVFP4 block scales). NaN marks a block
+      holding NaN in a format without a NaN code.
     block: block shape aligned to the trailing axes of ``data``; leading axes not
       covered (for example those added by ``jax.vmap`` with the default
       ``out_axes=0``; other ``out_axes`` are not supported) have block size 1.
     dtype: dtype that ``dequantize`` returns by default (the input's dtype).
+    tensor_scale_inv: float32 scalar, the per-tensor level of two-level (NVFP4)
+      scales; None for one-level scales.
   """
 
   data: jax.Array
   scale_inv: jax.Array
   block: tuple[int, ...]
   dtype: np.dtype
+  tensor_scale_inv: jax.Array | None = None
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -63,9 +70,11 @@ def _check_input(x: jax.Array) -> None:
 
 
 def _scales(x, spec, history):
-  """Per-block ``(s, scale_inv)`` of shape ``num_blocks`` and the block shape."""
+  """Per-block ``(s, scale_inv)`` of shape ``num_blocks``, ``tensor_scale_inv`` (or
+  None) and the block shape."""
   block = spec.granularity.block_shape(x.shape)
   amax = blocks.block_amax(x, block)
+  tensor_scale_inv = None
   if spec.scaling == "delayed":
     delayed.check_history(history, spec, "forward")
     s, scale_inv = delayed.history_scale(
@@ -74,36 +83,50 @@ def _scales(x, spec, history):
   else:
     if history is not None:
       raise ValueError(f"spec {spec.describe()} uses current scaling; it takes no history")
-    s, scale_inv = scales.compute_scale(amax, spec)
-  return block, s, scale_inv
+    s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
+  if not spec.fmt.has_nan:
+    scale_inv = scales.mark_nan_blocks(scale_inv, blocks.block_any_nan(x, block), spec.fmt)
+  return block, s, scale_inv, tensor_scale_inv
 
 
 def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
-                         history: jax.Array | None = None):
+                         history: jax.Array | None = None, key: jax.Array | None = None):
   """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``."""
   _check_input(x)
-  block, s, scale_inv = _scales(x, spec, history)
+  block, s, scale_inv, tensor_scale_inv = _scales(x, spec, history)
   scaled = x.astype(jnp.float32) * blocks.broadcast_blocks(s, block, x.shape)
-  data = formats.saturating_cast(scaled, spec.fmt)
+  bits = rounding_bits.rounding_bits(x, spec, key)
+  if bits is None and spec.fmt.storage_dtype is spec.fmt.dtype and spec.fmt.has_nan:
+    data = formats.saturating_cast(scaled, spec.fmt)
+  else:
+    q = scales.round_elements(scaled, spec.fmt, bits)
+    if not spec.fmt.has_nan:
+      q = jnp.where(jnp.isnan(q), 0.0, q)  # the block's scale carries the NaN
+    data = q.astype(spec.fmt.storage_dtype)  # exact: q holds format values
   if spec.store_e8m0:
     scale_inv = scale_inv.astype(ml_dtypes.float8_e8m0fnu)  # exact: a power of two
-  return QTensor(data, scale_inv, block, jnp.dtype(x.dtype)), scaled, s
+  elif spec.scale_format == "e4m3":
+    scale_inv = scale_inv.astype(ml_dtypes.float8_e4m3fn)  # exact: E4M3 values
+  qt = QTensor(data, scale_inv, block, jnp.dtype(x.dtype), tensor_scale_inv)
+  return qt, scaled, s
 
 
 def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
-             history: jax.Array | None = None) -> QTensor:
-  """Quantizes ``x`` to FP8 with per-block scales.
+             history: jax.Array | None = None, key: jax.Array | None = None) -> QTensor:
+  """Quantizes ``x`` with per-block scales.
 
   Args:
     x: float array of shape ``S`` (any leading batch dimensions).
     spec: the quantization spec.
     history: float32 amax history ``[spec.history_len]``; required for delayed
       scaling, refused for current scaling.
+    key: PRNG key for stochastic rounding (``spec.rounding == "stochastic"``); None
+      derives one from ``x``'s bits (``fp8jax.quant.rounding_bits``). Ignored otherwise.
 
   Returns:
     A :class:`QTensor` with ``data`` of shape ``S``.
   """
-  return quantize_with_scaled(x, spec, history)[0]
+  return quantize_with_scaled(x, spec, history, key)[0]
 
 
 def payload_f32(data: jax.Array) -> jax.Array:
@@ -127,12 +150,16 @@ def dequantize(qt: QTensor, dtype=None) -> jax.Array:
   scale_inv = blocks.broadcast_blocks(
       qt.scale_inv.astype(jnp.float32), qt.full_block, qt.shape)
   out = payload_f32(qt.data) * scale_inv
+  if qt.tensor_scale_inv is not None:
+    out = out * qt.tensor_scale_inv
   top = float(jnp.finfo(dtype).max)
-  return jnp.clip(out, -top, top).astype(dtype)
+  out = jnp.where(jnp.isnan(out), out, jnp.clip(out, -top, top))
+  return out.astype(dtype)
 
 
 def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
-                        history: jax.Array | None = None, *, telemetry: bool = False):
+                        history: jax.Array | None = None, *, key: jax.Array | None = None,
+                        telemetry: bool = False):
   """The fake-quant round trip WITHOUT a custom gradient.
 
   The FP8 payload passes through ``lax.optimization_barrier`` (in :func:`dequantize`)
@@ -141,11 +168,11 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
   Returns:
     ``x_hat`` (dtype of ``x``), or ``(x_hat, QuantTelemetry)`` with ``telemetry``.
   """
-  qt, scaled, s = quantize_with_scaled(x, spec, history)
+  qt, scaled, s = quantize_with_scaled(x, spec, history, key)
   x_hat = dequantize(qt)
   if not telemetry:
     return x_hat
-  return x_hat, telemetry_lib.measure(x, scaled, qt.data, x_hat, s, spec.fmt.dtype)
+  return x_hat, telemetry_lib.measure(x, scaled, qt.data, x_hat, s, spec.fmt)
 
 
 def quantize_and_update(x: jax.Array, spec: spec_lib.QuantSpec, history: jax.Array):

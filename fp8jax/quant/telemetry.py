@@ -43,16 +43,18 @@ class QuantTelemetry:
 
 
 def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Array,
-            s: jax.Array, fp8_dtype) -> QuantTelemetry:
+            s: jax.Array, fmt) -> QuantTelemetry:
   """Telemetry of one quantization.
 
   Args:
     x: the input, any shape.
     scaled: ``x * s`` in float32 before the cast, shape of ``x``.
-    payload: the fp8 payload, shape of ``x``.
+    payload: the stored payload, shape of ``x``.
     x_hat: the dequantized tensor, shape of ``x``.
     s: per-block quantization multipliers (any shape).
-    fp8_dtype: the FP8 element dtype.
+    fmt: the element format (``fp8jax.numerics.formats.FloatFormat``). An element is
+      saturated where round-to-nearest-even with an unbounded exponent would give a
+      magnitude above ``fmt.max``.
   """
   xf = x.astype(jnp.float32)
   finite = jnp.isfinite(xf)
@@ -64,8 +66,7 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
   flushed = nonzero & (payload.astype(jnp.float32) == 0)
   signal = jnp.sum(x0 * x0) / n_finite
   noise = jnp.sum(err * err) / n_finite
-  overflow = ~jnp.isnan(scaled) & ~jnp.isfinite(
-      scaled.astype(fp8_dtype).astype(jnp.float32))
+  overflow = _saturates(jnp.abs(scaled.astype(jnp.float32)), fmt)
   snr = jnp.where(noise > 0, 10.0 * jnp.log10(signal / jnp.where(noise > 0, noise, 1.0)),
                   jnp.inf)
   return QuantTelemetry(
@@ -80,3 +81,12 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
       noise_power=noise,
       snr_db=snr.astype(jnp.float32),
   )
+
+
+def _saturates(a: jax.Array, fmt) -> jax.Array:
+  """|v| = ``a`` rounds past ``fmt.max``: above the midpoint to the next binade value, or
+  on it when max's last mantissa bit is odd (ties to even go up). NaN: False."""
+  half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
+  mid = fmt.max + half_ulp
+  odd = int(round(fmt.max / (2 * half_ulp))) % 2 == 1
+  return (a >= mid) if odd else (a > mid)
