@@ -22,6 +22,10 @@ class ModelConfig:
   ``attention_impl`` picks the attention core: "xla" (einsum + softmax, float32 logits),
   "cudnn" (``jax.nn.dot_product_attention``'s cuDNN flash attention: GPU, bf16/f16) or
   "auto" (cuDNN where it applies, else XLA); all compute the same function.
+  ``num_key_value_heads`` < ``num_attention_heads`` is grouped-query attention: query head
+  ``h`` reads key/value head ``h // (num_attention_heads // num_key_value_heads)``. None
+  (the default) is multi-head attention; a value equal to ``num_attention_heads`` is
+  stored as None, so equal models compare equal. :attr:`kv_heads` is the count.
   """
 
   vocab_size: int
@@ -33,6 +37,7 @@ class ModelConfig:
   n_routed_experts: int
   n_shared_experts: int
   num_experts_per_tok: int
+  num_key_value_heads: int | None = None
   first_k_dense_replace: int = 0
   moe_layer_freq: int = 1
   norm_topk_prob: bool = False
@@ -51,6 +56,12 @@ class ModelConfig:
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                        f"num_attention_heads {self.num_attention_heads}")
+    kv = self.num_key_value_heads
+    if kv is not None and (kv < 1 or self.num_attention_heads % kv):
+      raise ValueError(f"num_key_value_heads must be >= 1 and divide num_attention_heads "
+                       f"{self.num_attention_heads}, got {kv}")
+    if kv == self.num_attention_heads:
+      object.__setattr__(self, "num_key_value_heads", None)  # canonical MHA
     if self.n_routed_experts and not 0 < self.num_experts_per_tok <= self.n_routed_experts:
       raise ValueError(f"num_experts_per_tok must be in [1, n_routed_experts], got "
                        f"{self.num_experts_per_tok} of {self.n_routed_experts}")
@@ -68,6 +79,11 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads (``num_attention_heads`` without grouped-query attention)."""
+    return self.num_key_value_heads or self.num_attention_heads
 
   @property
   def expert_width(self) -> int:
@@ -130,7 +146,7 @@ def param_counts(cfg: ModelConfig) -> dict:
   experts and ``num_experts_per_tok`` routed experts of every MoE layer.
   """
   d, f = cfg.hidden_size, cfg.moe_intermediate_size
-  attn = 4 * d * d
+  attn = 2 * d * d + 2 * d * cfg.kv_heads * cfg.head_dim  # q, o; k, v
   norms = 2 * d
   total = active = 2 * cfg.vocab_size * d + d  # embedding, head, final norm
   for i in range(cfg.num_hidden_layers):

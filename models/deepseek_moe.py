@@ -6,9 +6,10 @@
 ``apply`` is a pure function of (params, tokens): jit and grad it directly; ``cfg``,
 ``policy`` and the keyword options are static. Semantics follow the HF remote code of
 ``deepseek-ai/deepseek-moe-16b-base`` (see ``shared/reference/deepseek_moe.md``):
-pre-norm decoder, MHA with rotate_half RoPE, RMSNorm (float32 variance, cast back
-before the weight), SwiGLU, softmax router with greedy top-k, shared experts added with
-weight 1, dropless routing. The router softmax is computed in float32.
+pre-norm decoder, multi-head or grouped-query attention with rotate_half RoPE, RMSNorm
+(float32 variance, cast back before the weight), SwiGLU, softmax router with greedy
+top-k, shared experts added with weight 1, dropless routing. The router softmax is
+computed in float32.
 
 Float32 parity on a GPU needs ``jax.default_matmul_precision("highest")``: XLA:GPU runs
 float32 matmuls in TF32 by default (seen on an H100: ~5e-4 relative logit differences).
@@ -82,37 +83,45 @@ def cudnn_applies(q: jax.Array) -> bool:
 
 def attention_core(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "auto"
                    ) -> jax.Array:
-  """Causal softmax attention: q, k, v [B, S, H, D] -> [B, S, H, D] in q's dtype.
+  """Causal softmax attention: q [B, S, H, D], k, v [B, S, K, D] -> [B, S, H, D] in q's
+  dtype. K < H (dividing it) is grouped-query attention: query head h reads key/value
+  head h // (H // K).
 
   ``impl`` "xla": float32 logits scaled by 1/sqrt(D), softmax in float32, probabilities
-  cast to q's dtype before the second product; "cudnn": cuDNN's fused flash attention
-  (float32 softmax statistics, no [B, H, S, S] tensor in memory); "auto": cuDNN when
-  :func:`cudnn_applies`, else XLA.
+  cast to q's dtype before the second product, K/V never repeated in memory; "cudnn":
+  cuDNN's fused flash attention (float32 softmax statistics, no [B, H, S, S] tensor in
+  memory, grouped heads natively); "auto": cuDNN when :func:`cudnn_applies`, else XLA.
   """
   if impl == "cudnn" or (impl == "auto" and cudnn_applies(q)):
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-  s, hd = q.shape[1], q.shape[-1]
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(
+  b, s, h, hd = q.shape
+  kv = k.shape[2]
+  qg = q.reshape(b, s, kv, h // kv, hd)  # head h = (h // G, h % G)
+  logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k).astype(jnp.float32) / jnp.sqrt(
       jnp.float32(hd))
   causal = jnp.tril(jnp.ones((s, s), bool))
   probs = jax.nn.softmax(jnp.where(causal, logits, -jnp.inf), axis=-1).astype(q.dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+  return jnp.einsum("bkgqs,bskd->bqkgd", probs, v).reshape(b, s, h, hd)
 
 
 class Attention(nnx.Module):
+  """q/o projections [d, d], k/v projections [d, kv_heads * head_dim]."""
+
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    d = cfg.hidden_size
+    d, d_kv = cfg.hidden_size, cfg.kv_heads * cfg.head_dim
     self.cfg = cfg
-    self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-        _linear(cfg, d, d, rngs) for _ in range(4))
+    self.q_proj = _linear(cfg, d, d, rngs)
+    self.k_proj = _linear(cfg, d, d_kv, rngs)
+    self.v_proj = _linear(cfg, d, d_kv, rngs)
+    self.o_proj = _linear(cfg, d, d, rngs)
 
   def __call__(self, x, policy):
     b, s, _ = x.shape
-    h, hd = self.cfg.num_attention_heads, self.cfg.head_dim
+    h, kv, hd = self.cfg.num_attention_heads, self.cfg.kv_heads, self.cfg.head_dim
     pos = jnp.arange(s)
     q = rope(linear(self.q_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
-    k = rope(linear(self.k_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
-    v = linear(self.v_proj, x, policy).reshape(b, s, h, hd)
+    k = rope(linear(self.k_proj, x, policy).reshape(b, s, kv, hd), pos, self.cfg.rope_theta)
+    v = linear(self.v_proj, x, policy).reshape(b, s, kv, hd)
     out = attention_core(q, k, v, self.cfg.attention_impl).reshape(b, s, h * hd)
     return linear(self.o_proj, out, policy)
 

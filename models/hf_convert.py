@@ -1,8 +1,10 @@
 """HF DeepSeek-MoE (v1) checkpoints <-> fp8jax params, tensor by tensor.
 
-HF ``nn.Linear`` weights are [out, in]; fp8jax kernels are [in, out]. Routed experts are
-stacked: ``experts_gate``/``experts_up`` [E, d, f], ``experts_down`` [E, f, d], zero-padded
-to ``cfg.expert_width``.
+HF ``nn.Linear`` weights are [out, in]; fp8jax kernels are [in, out]. The k/v projections
+are [kv_heads * head_dim, d] in HF (grouped-query attention when kv_heads < heads), the
+head order kept: query head h reads key/value head h // (heads // kv_heads). Routed
+experts are stacked: ``experts_gate``/``experts_up`` [E, d, f], ``experts_down``
+[E, f, d], zero-padded to ``cfg.expert_width``.
 """
 
 from __future__ import annotations
@@ -17,21 +19,52 @@ from fp8jax.models.config import ModelConfig
 
 _CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                   "intermediate_size", "moe_intermediate_size", "n_routed_experts",
-                  "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace",
-                  "moe_layer_freq", "norm_topk_prob", "aux_loss_alpha", "seq_aux",
-                  "rms_norm_eps", "rope_theta", "max_position_embeddings",
-                  "initializer_range")
+                  "n_shared_experts", "num_experts_per_tok", "num_key_value_heads",
+                  "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob",
+                  "aux_loss_alpha", "seq_aux", "rms_norm_eps", "rope_theta",
+                  "max_position_embeddings", "initializer_range")
+_REQUIRED = _CONFIG_FIELDS[:9]
+
+# Fields of HF's DeepseekConfig that change the function but that the model does not
+# implement: each with the values it accepts (an absent field takes HF's default, which
+# is accepted). Every other unknown field (``_name_or_path``, ``torch_dtype``,
+# ``pretraining_tp``: a split of the same GEMMs, ...) leaves the function alone.
+_SUPPORTED_ONLY = {"rope_scaling": (None,), "attention_bias": (False,),
+                   "attention_dropout": (0.0,), "hidden_act": ("silu", "swish"),
+                   "scoring_func": ("softmax",), "tie_word_embeddings": (False,)}
+
+
+def unsupported_fields(hf: dict) -> list[str]:
+  """``"field=value (supported: ...)"`` for each field of ``hf`` the model would ignore
+  although it changes the function; empty when every field is supported."""
+  bad = [f"{k}={hf[k]!r} (supported: {', '.join(map(repr, ok))})"
+         for k, ok in _SUPPORTED_ONLY.items() if k in hf and hf[k] not in ok]
+  heads, d = hf.get("num_attention_heads"), hf.get("hidden_size")
+  if hf.get("head_dim") is not None and heads and d and hf["head_dim"] != d // heads:
+    bad.append(f"head_dim={hf['head_dim']!r} (supported: hidden_size / "
+               f"num_attention_heads = {d // heads})")
+  return bad
 
 
 def config_from_hf(hf: dict, **overrides) -> ModelConfig:
-  """ModelConfig from an HF ``config.json`` dict."""
+  """ModelConfig from an HF ``config.json`` dict.
+
+  Raises ValueError, naming the fields, for a missing or null required field or a
+  field the model does not implement (:func:`unsupported_fields`): before any tensor is
+  read. A null or absent ``num_key_value_heads`` is multi-head attention (as in HF).
+  """
   if hf.get("model_type", "deepseek") != "deepseek":
     raise ValueError(f"not a DeepSeek-MoE v1 config: model_type {hf.get('model_type')!r}")
-  missing = [k for k in _CONFIG_FIELDS[:9] if k not in hf]
+  missing = [k for k in _REQUIRED if k not in hf]
   if missing:
     raise ValueError(f"HF config lacks {missing}")
-  if hf.get("rope_scaling"):
-    raise ValueError(f"rope_scaling {hf['rope_scaling']} is not supported")
+  null = [k for k in _REQUIRED if hf[k] is None and k != "n_shared_experts"]
+  if null:
+    raise ValueError(f"HF config fields {null} are null; fp8jax needs them set (a null "
+                     "n_routed_experts, a model without MoE layers, is not supported)")
+  bad = unsupported_fields(hf)
+  if bad:
+    raise ValueError("HF config fields not supported by fp8jax: " + "; ".join(bad))
   fields = {k: hf[k] for k in _CONFIG_FIELDS if k in hf and hf[k] is not None}
   if hf.get("n_shared_experts", 0) is None:  # HF allows null: no shared experts
     fields["n_shared_experts"] = 0
@@ -43,19 +76,21 @@ def config_to_hf(cfg: ModelConfig) -> dict:
   out = {k: getattr(cfg, k) for k in _CONFIG_FIELDS}
   out.update(model_type="deepseek", architectures=["DeepseekForCausalLM"],
              tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu",
-             num_key_value_heads=cfg.num_attention_heads, attention_bias=False)
+             num_key_value_heads=cfg.kv_heads, attention_bias=False, rope_scaling=None,
+             scoring_func="softmax", attention_dropout=0.0)
   return out
 
 
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
   """Every HF key of ``cfg`` with its [out, in] shape."""
   d, v, f = cfg.hidden_size, cfg.vocab_size, cfg.moe_intermediate_size
+  d_kv = cfg.kv_heads * cfg.head_dim
   shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,),
             "lm_head.weight": (v, d)}
   for i in range(cfg.num_hidden_layers):
     p = f"model.layers.{i}."
-    for proj in "qkvo":
-      shapes[f"{p}self_attn.{proj}_proj.weight"] = (d, d)
+    for proj, rows in zip("qkvo", (d, d_kv, d_kv, d)):
+      shapes[f"{p}self_attn.{proj}_proj.weight"] = (rows, d)
     shapes[p + "input_layernorm.weight"] = (d,)
     shapes[p + "post_attention_layernorm.weight"] = (d,)
     if cfg.is_moe_layer(i):

@@ -1,7 +1,8 @@
 """Plain-NumPy float64 forward of DeepSeek-MoE v1, written from the reference notes.
 
 Independent of the Flax modules: it reads the params dict by name and recomputes every
-step in float64 with explicit per-token expert loops.
+step in float64 with explicit per-token expert loops; grouped-query attention repeats
+the K/V heads explicitly.
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ def forward(params, tokens, cfg):
   b, s = tokens.shape
   h = p(params["embed_tokens"]["embedding"])[tokens]
   nh, hd = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+  nkv = cfg.num_key_value_heads or nh  # None: multi-head attention
   aux_total = 0.0
   for i in range(cfg.num_hidden_layers):
     lp = params["layers"][i]
     x = _rms(h, p(lp["input_layernorm"]["weight"]), cfg.rms_norm_eps)
     at = lp["self_attn"]
     q = _rope((x @ p(at["q_proj"]["kernel"])).reshape(b, s, nh, hd), cfg.rope_theta)
-    k = _rope((x @ p(at["k_proj"]["kernel"])).reshape(b, s, nh, hd), cfg.rope_theta)
-    v = (x @ p(at["v_proj"]["kernel"])).reshape(b, s, nh, hd)
+    k = _rope((x @ p(at["k_proj"]["kernel"])).reshape(b, s, nkv, hd), cfg.rope_theta)
+    v = (x @ p(at["v_proj"]["kernel"])).reshape(b, s, nkv, hd)
+    # Grouped-query attention: each K/V head serves nh // nkv consecutive query heads.
+    k, v = np.repeat(k, nh // nkv, axis=2), np.repeat(v, nh // nkv, axis=2)
     att = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
     att = np.where(np.tril(np.ones((s, s), bool)), att, -np.inf)
     att = np.exp(att - att.max(-1, keepdims=True))

@@ -117,3 +117,80 @@ def test_converted_checkpoint_carries_source_hashes_and_verifies_its_arrays(tmp_
   (tmp_path / "ours" / "meta.json").unlink()  # a conversion made before meta.json existed
   with pytest.warns(integrity.UnverifiedCheckpointWarning, match="no digests"):
     convert_hf.load_params(tmp_path / "ours")
+
+
+def _hf_dir(path, hf_config, tensors=None):
+  """An HF checkpoint folder: config.json and one safetensors file (``tensors``: name ->
+  array), or a corrupt safetensors file when ``tensors`` is None."""
+  path.mkdir()
+  (path / "config.json").write_text(json.dumps(hf_config))
+  if tensors is None:
+    (path / "model.safetensors").write_bytes(b"\xff" * 64)
+  else:
+    st.write(path / "model.safetensors", [(k, v.shape, v.dtype) for k, v in tensors.items()],
+             tensors.__getitem__)
+  return path
+
+
+def test_grouped_query_attention_hf_round_trip(tmp_path):
+  """HF layout (k/v projections [kv_heads * head_dim, d]) -> fp8jax Orbax -> HF layout,
+  bit for bit, with the config's num_key_value_heads carried both ways."""
+  from fp8jax.models import params_io
+
+  cfg = mc.tiny(num_key_value_heads=2, num_hidden_layers=2)
+  hf_config = {**hf_convert.config_to_hf(cfg), "_name_or_path": "gqa", "pretraining_tp": 1,
+               "torch_dtype": "bfloat16", "auto_map": {"AutoConfig": "x.DeepseekConfig"}}
+  assert hf_config["num_key_value_heads"] == 2
+  rng = np.random.default_rng(0)
+  tensors = {k: rng.standard_normal(s).astype(ml_dtypes.bfloat16)
+             for k, s in hf_convert.hf_tensor_shapes(cfg).items()}
+  for proj, rows in (("q", 64), ("k", 32), ("v", 32), ("o", 64)):  # 4 heads, 2 kv, 16 each
+    assert tensors[f"model.layers.1.self_attn.{proj}_proj.weight"].shape == (rows, 64)
+  _hf_dir(tmp_path / "hf", hf_config, tensors)
+  got = params_io.hf_to_orbax(tmp_path / "hf", tmp_path / "ours")
+  assert got == cfg and got.kv_heads == 2
+  cfg2, params = params_io.load_params(tmp_path / "ours")
+  assert cfg2 == cfg
+  k0 = params["layers"][0]["self_attn"]["k_proj"]["kernel"]
+  np.testing.assert_array_equal(k0, np.asarray(
+      tensors["model.layers.0.self_attn.k_proj.weight"], np.float32).T)
+  params_io.orbax_to_hf(tmp_path / "ours", tmp_path / "hf2")
+  back = hf_convert.HFCheckpoint(tmp_path / "hf2")
+  assert back.keys == set(tensors)
+  for key, want in tensors.items():
+    np.testing.assert_array_equal(back[key], want, err_msg=key)
+  exported = json.loads((tmp_path / "hf2" / "config.json").read_text())
+  assert exported["num_key_value_heads"] == 2 and exported["num_attention_heads"] == 4
+
+
+@pytest.mark.parametrize("field,value", [
+    ("rope_scaling", {"type": "linear", "factor": 2.0}), ("attention_bias", True),
+    ("attention_dropout", 0.1), ("hidden_act", "gelu"), ("scoring_func", "sigmoid"),
+    ("tie_word_embeddings", True), ("head_dim", 32), ("num_key_value_heads", 3),
+    ("n_routed_experts", None)])
+def test_unsupported_hf_fields_are_refused_by_name_before_tensors(tmp_path, field, value):
+  from fp8jax.models import params_io
+
+  hf = _hf_dir(tmp_path / "hf", {**hf_convert.config_to_hf(mc.tiny()), field: value})
+  with pytest.raises(ValueError, match=field) as e:  # not the corrupt safetensors file
+    params_io.hf_to_orbax(hf, tmp_path / "ours")
+  assert not isinstance(e.value, st.SafetensorsError)
+  assert not (tmp_path / "ours").exists()
+  with pytest.raises(st.SafetensorsError):  # the file is indeed unreadable
+    hf_convert.HFCheckpoint(hf)
+
+
+def test_harmless_hf_fields_are_accepted_and_all_unsupported_ones_named():
+  base = hf_convert.config_to_hf(mc.tiny())
+  harmless = {**base, "_name_or_path": "deepseek-ai/deepseek-moe-16b-base",
+              "torch_dtype": "bfloat16", "transformers_version": "4.36.0", "use_cache": True,
+              "bos_token_id": 100000, "eos_token_id": 100001, "pretraining_tp": 1,
+              "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
+              "num_key_value_heads": None, "head_dim": 16, "hidden_act": "silu"}
+  assert hf_convert.config_from_hf(harmless) == mc.tiny()
+  without = {k: v for k, v in base.items() if k not in ("num_key_value_heads", "hidden_act")}
+  assert hf_convert.config_from_hf(without) == mc.tiny()
+  with pytest.raises(ValueError, match=r"rope_scaling=\{'type': 'dynamic'.*; attention_bias"
+                                       r"=True \(supported: False\)"):
+    hf_convert.config_from_hf({**base, "rope_scaling": {"type": "dynamic", "factor": 4.0},
+                               "attention_bias": True})

@@ -29,13 +29,29 @@ def test_layer_layout_and_validation():
     mc.get_config("deepseek_3b")
 
 
-@pytest.mark.parametrize("name", ["tiny", "deepseek_moe_2b", "deepseek_moe_16b"])
-def test_param_tree_sizes_equal_the_count_formula(name):
+@pytest.mark.parametrize("name,changes", [("tiny", {}), ("tiny", {"num_key_value_heads": 1}),
+                                          ("deepseek_moe_2b", {}), ("deepseek_moe_16b", {})])
+def test_param_tree_sizes_equal_the_count_formula(name, changes):
   import jax
   import numpy as np
 
   from fp8jax.models import deepseek_moe
 
-  cfg = mc.get_config(name)
+  cfg = mc.get_config(name, **changes)
   leaves = jax.tree.leaves(deepseek_moe.abstract_params(cfg))
   assert sum(int(np.prod(x.shape)) for x in leaves) == mc.param_counts(cfg)["total"]
+
+
+def test_grouped_query_attention_config():
+  gqa = mc.tiny(num_key_value_heads=2)
+  assert gqa.kv_heads == 2 and gqa.head_dim == 16
+  assert mc.tiny(num_key_value_heads=4) == mc.tiny()  # MHA is stored as None
+  assert mc.tiny().num_key_value_heads is None and mc.tiny().kv_heads == 4
+  assert mc.tiny().replace(num_attention_heads=2).kv_heads == 2  # MHA follows the heads
+  for bad in (3, 0, 8):
+    with pytest.raises(ValueError, match=f"num_key_value_heads .* got {bad}"):
+      mc.tiny(num_key_value_heads=bad)
+  # k and v shrink by heads / kv_heads: 2 * d * (d - d_kv) per layer fewer weights.
+  d, d_kv, layers = 64, 2 * 16, 3
+  assert (mc.param_counts(mc.tiny())["total"] - mc.param_counts(gqa)["total"]
+          == layers * 2 * d * (d - d_kv))

@@ -3,7 +3,9 @@
     python scripts/gpu/check_attention.py      (with $OUT set: $OUT/check_attention.json)
 
 A DeepSeek-MoE of 2 layers with head size 128 (the 2B and 16B head size) in bf16 compute,
-run with ``attention_impl="xla"`` and ``"cudnn"`` on the same params and tokens:
+once with multi-head attention (2 heads) and once with grouped-query attention (4 query
+heads on 2 key/value heads; keys prefixed ``gqa/``), run with ``attention_impl="xla"`` and
+``"cudnn"`` on the same params and tokens:
 
 * logits of each against the float64 NumPy forward (``tests/reference_model.py``), as
   ||logits - ref|| / ||ref||: cuDNN must be no further from float64 than XLA (x1.5);
@@ -33,13 +35,13 @@ def rel(a, b) -> float:
   return float(num / den) if den else float(num)
 
 
-def main():
-  base = mc.tiny(hidden_size=256, num_attention_heads=2, num_hidden_layers=2,
-                 max_position_embeddings=512)
+def check(base) -> dict:
+  """The measurements and the verdict ``ok`` for one model config."""
   tokens = jax.random.randint(jax.random.key(1), (2, 384), 0, base.vocab_size)
   params = dm.init(base.replace(dtype="float32"), jax.random.key(0))
   ref_logits, _ = reference_model.forward(params, np.asarray(tokens), base)
-  out = {"device": jax.devices()[0].device_kind, "head_dim": base.head_dim}
+  out = {"head_dim": base.head_dim, "heads": base.num_attention_heads,
+         "kv_heads": base.kv_heads}
   grads, logits = {}, {}
   for impl, dtype in (("xla", "bfloat16"), ("cudnn", "bfloat16"), ("xla", "float32")):
     cfg = base.replace(attention_impl=impl, dtype=dtype)
@@ -63,11 +65,22 @@ def main():
   ok &= out["grad_rel/cudnn_bfloat16_vs_xla_float32"] <= 1.5 * out[
       "grad_rel/xla_bfloat16_vs_xla_float32"]
   out["ok"] = bool(ok)
+  return out
+
+
+def main():
+  mha = mc.tiny(hidden_size=256, num_attention_heads=2, num_hidden_layers=2,
+                max_position_embeddings=512)
+  gqa = mha.replace(hidden_size=512, num_attention_heads=4, num_key_value_heads=2)
+  out = {"device": jax.devices()[0].device_kind}
+  out.update(check(mha))
+  out.update({f"gqa/{k}": v for k, v in check(gqa).items()})
+  out["ok"] = out["ok"] and out["gqa/ok"]
   for k, v in out.items():
     print(f"{k}: {v}")
   if os.environ.get("OUT"):
     pathlib.Path(os.environ["OUT"], "check_attention.json").write_text(json.dumps(out, indent=1))
-  sys.exit(0 if ok else 1)
+  sys.exit(0 if out["ok"] else 1)
 
 
 if __name__ == "__main__":
