@@ -273,15 +273,16 @@ class DeepseekMoE(nnx.Module):
           return x
         return fp8jax.fake_quant(x, spec)
 
-      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), policy))
+      lp = policy.at_layer(i, cfg.num_hidden_layers)  # the GEMM recipe, where it applies
+      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), lp))
       x = layer.post_attention_layernorm(h)
       if layer.is_moe:
-        out, routing[i], scores = layer.mlp(x, site, moe_impl, policy, moe_groups)
+        out, routing[i], scores = layer.mlp(x, site, moe_impl, lp, moe_groups)
         if train and cfg.aux_loss_alpha > 0:
           aux_losses[i] = moe.balance_loss(scores, routing[i]["topk_ids"].reshape(
               scores.shape[0], -1), tokens.shape[0], cfg.aux_loss_alpha, cfg.seq_aux)
       else:
-        out = site("mlp_out", layer.mlp(x, policy))
+        out = site("mlp_out", layer.mlp(x, lp))
       h = h + out
     logits = self.lm_head(self.norm(h)).astype(jnp.float32)
     aux = {"aux_loss": sum(aux_losses.values(), jnp.float32(0)),

@@ -15,10 +15,13 @@ A rule maps a site and a layer set ("0", "0-8", "1,3,5-7", "all") to a forward
 :class:`fp8jax.QuantSpec`; the spec's ``backward`` quantizes the cotangent there (None:
 straight-through). Every policy works on the same params tree.
 
-``gemm`` (a :class:`fp8jax.GemmConfig`) routes the FP8 linear layers of the DeepSeek-V3
-precision map through the simulated FP8 GEMM: the attention projections, the dense MLPs,
-the shared experts and the routed experts (``fp8jax.gemm.grouped``, FP32 accumulation).
-The embedding, head, router, norms and the attention core stay in high precision.
+``gemm`` (a :class:`fp8jax.GemmConfig`, e.g. a recipe of ``fp8jax.gemm.recipes``) routes
+the FP8 linear layers of the DeepSeek-V3 precision map through the simulated low-precision
+GEMM: the attention projections, the dense MLPs, the shared experts and the routed experts
+(``fp8jax.gemm.grouped``, FP32 accumulation), on the layers ``gemm_layers`` (None: all)
+except the last ``gemm_bf16_tail`` share of the model's layers, which stay in BF16 (the
+NVFP4 recipe's BF16 layers). The embedding, head, router, norms and the attention core
+stay in high precision.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import re
 
 import fp8jax
 from fp8jax.gemm import dense as gemm_lib
+from fp8jax.gemm import recipes
 
 SITES = ("attn_out", "mlp_out", "moe_out", "moe_routed_out", "moe_shared_out", "expert_in")
 
@@ -76,8 +80,13 @@ class PrecisionPolicy:
   rules: tuple[SiteRule, ...] = ()
   name: str = "bf16"
   gemm: gemm_lib.GemmConfig | None = None
+  gemm_layers: tuple[int, ...] | None = None
+  gemm_bf16_tail: float = 0.0
 
   def __post_init__(self):
+    if not 0.0 <= self.gemm_bf16_tail < 1.0:
+      raise ValueError(f"gemm_bf16_tail is a share of the layers in [0, 1), got "
+                       f"{self.gemm_bf16_tail}")
     if self.gemm is not None and not isinstance(self.gemm, gemm_lib.GemmConfig):
       raise TypeError(f"gemm must be an fp8jax GemmConfig or None, got {self.gemm!r}")
     if self.gemm is not None and self.gemm.accumulation.mode != "fp32":
@@ -87,6 +96,22 @@ class PrecisionPolicy:
     if self.gemm is not None and "fp8_native" in (self.gemm.fprop, self.gemm.dgrad,
                                                   self.gemm.wgrad):
       raise ValueError("the model's GEMM hook does not support fp8_native directions")
+
+  def bf16_tail_layers(self, num_layers: int) -> int:
+    """How many final layers keep BF16 GEMMs: ``max(1, round(share * L))`` for a share > 0."""
+    if not self.gemm_bf16_tail:
+      return 0
+    return max(1, round(self.gemm_bf16_tail * num_layers))
+
+  def at_layer(self, layer: int, num_layers: int) -> PrecisionPolicy:
+    """The policy as layer ``layer`` of ``num_layers`` applies it: without its GEMM where
+    the GEMM does not cover the layer."""
+    if self.gemm is None:
+      return self
+    outside = self.gemm_layers is not None and layer not in self.gemm_layers
+    if outside or layer >= num_layers - self.bf16_tail_layers(num_layers):
+      return dataclasses.replace(self, gemm=None, gemm_layers=None, gemm_bf16_tail=0.0)
+    return self
 
   def spec_for(self, site: str, layer: int) -> fp8jax.QuantSpec | None:
     spec = None
@@ -98,6 +123,9 @@ class PrecisionPolicy:
   def check_layers(self, num_layers: int, is_moe_layer=None) -> None:
     """Raises when a rule names a layer the model does not have or, given
     ``is_moe_layer(i)``, an MoE site on a dense layer (or ``mlp_out`` on an MoE layer)."""
+    if self.gemm_layers is not None and max(self.gemm_layers) >= num_layers:
+      raise ValueError(f"policy {self.name!r}: the GEMM recipe names layer "
+                       f"{max(self.gemm_layers)} but the model has {num_layers} layers")
     for rule in self.rules:
       if rule.layers is not None and max(rule.layers) >= num_layers:
         raise ValueError(f"policy {self.name!r}: site {rule.site} names layer "
@@ -130,7 +158,7 @@ GRANULARITIES = {"tensor": fp8jax.per_tensor,
                  "channel": lambda: fp8jax.per_axis(-1),
                  "1x128": lambda: fp8jax.tile(128),
                  "128x128": lambda: fp8jax.block((128, 128))}
-GEMMS = {"fp32_blockwise": gemm_lib.FP32_BLOCKWISE}
+GEMMS = recipes.RECIPES
 
 
 def parse_spec(text: str) -> fp8jax.QuantSpec:
@@ -155,7 +183,9 @@ def parse_policy(expr: str) -> PrecisionPolicy:
   (:func:`seed_grid`, e.g. ``moe_l0-8_e4m3``), or
   terms joined by ``+``: ``SITE@LAYERS:SPEC`` (SITE one of :data:`SITES` or an alias in
   :data:`SITE_ALIASES`; LAYERS as in :func:`parse_layers`; SPEC as in
-  :func:`parse_spec`) and ``gemm:fp32_blockwise`` (the DeepSeek-V3 GEMM recipe).
+  :func:`parse_spec`) and ``gemm:RECIPE[@LAYERS]`` (a recipe of ``fp8jax.gemm.recipes``,
+  e.g. ``fp32_blockwise`` for DeepSeek-V3's or ``nvfp4_recipe``, on all layers or on
+  LAYERS; a recipe with BF16 layers keeps its share of the last layers in BF16).
 
   Example: ``attn@0-8:e4m3+moe@0:deepseek_v3+gemm:fp32_blockwise``.
   """
@@ -166,13 +196,16 @@ def parse_policy(expr: str) -> PrecisionPolicy:
     return dataclasses.replace(parse_policy(f"{module}@{layers}:{fmt}"), name=expr)
   if expr.lower() == "bf16":
     return BF16
-  rules, gemm = [], None
+  rules, gemm, gemm_layers, tail = [], None, None, 0.0
   for term in filter(None, (t.strip() for t in expr.split("+"))):
     if term.startswith("gemm:"):
-      name = term[len("gemm:"):]
+      name, at, layers = term[len("gemm:"):].partition("@")
       if name not in GEMMS:
         raise ValueError(f"unknown GEMM recipe {name!r} in {expr!r}; known: {sorted(GEMMS)}")
-      gemm = GEMMS[name]
+      if gemm is not None:
+        raise ValueError(f"policy {expr!r} names two GEMM recipes; a policy has one")
+      gemm, tail = GEMMS[name], recipes.BF16_TAIL.get(name, 0.0)
+      gemm_layers = parse_layers(layers) if at else None
       continue
     site, at, rest = term.partition("@")
     layers, colon, spec = rest.partition(":")
@@ -183,7 +216,7 @@ def parse_policy(expr: str) -> PrecisionPolicy:
     rules.append(SiteRule(SITE_ALIASES.get(site, site), parse_layers(layers), parse_spec(spec)))
   if not rules and gemm is None:
     raise ValueError(f"empty policy expression {expr!r}")
-  return PrecisionPolicy(tuple(rules), expr, gemm)
+  return PrecisionPolicy(tuple(rules), expr, gemm, gemm_layers, tail)
 
 
 def seed_grid(num_layers: int = 9) -> dict[str, str]:
@@ -195,9 +228,19 @@ def seed_grid(num_layers: int = 9) -> dict[str, str]:
           for fmt in ("e4m3", "e5m2")}
 
 
+def formats_grid(num_layers: int = 9) -> dict[str, str]:
+  """The formats grid: every linear layer's GEMMs under each training-precision recipe,
+  from FP8 per-tensor down to NVFP4 (BF16 is the reference of every comparison). The
+  depth does not change it."""
+  del num_layers
+  return {"fp8_tensor": "gemm:fp8_tensor", "fp8_blockwise": "gemm:fp32_blockwise",
+          "mxfp8": "gemm:mxfp8", "mxfp4": "gemm:mxfp4", "nvfp4": "gemm:nvfp4",
+          "nvfp4_recipe": "gemm:nvfp4_recipe"}
+
+
 SEED_GRID = seed_grid(9)
 
-GRIDS = {"seed": seed_grid}
+GRIDS = {"seed": seed_grid, "formats": formats_grid}
 """Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
 ``--policies=NAME`` expands to the grid of the model's depth."""
 

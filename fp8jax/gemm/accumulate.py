@@ -287,6 +287,17 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
       a.shape[2] != bt.shape[2]:
     raise ValueError(f"scaled_matmul needs A [B, M, K] and Bt [B, N, K], got {a.shape} "
                      f"and {bt.shape}")
+  y = _scaled_matmul(a, bt, acc, impl)
+  if a.tensor_scale_inv is None and bt.tensor_scale_inv is None:
+    return y
+  # Two-level (NVFP4) scales: the per-tensor levels scale the output, as a GEMM's alpha.
+  alpha = jnp.float32(1.0)
+  for t in (a.tensor_scale_inv, bt.tensor_scale_inv):
+    alpha = alpha if t is None else alpha * t.astype(jnp.float32)
+  return y * alpha
+
+
+def _scaled_matmul(a, bt, acc, impl):
   k = a.shape[-1]
   ga, gb = min(_k_block(a), k), min(_k_block(bt), k)
   if acc.mode == "fp32":

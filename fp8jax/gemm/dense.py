@@ -17,6 +17,12 @@ weight matrix. The transposed operands of the backward GEMMs (W^T for Dgrad, X^T
 for Wgrad) come from ``config.transpose`` (see ``fp8jax.gemm.transpose``). Accumulation and
 the per-interval application of scales are in ``fp8jax.gemm.accumulate``.
 
+With ``wgrad_hadamard=n`` the Wgrad operands X^T and dY^T are multiplied along the tokens
+by the random Hadamard transform (``fp8jax.gemm.hadamard``) before they are quantized, as
+the NVFP4 recipe does. Stochastic-rounding specs draw their bits from keys derived from the
+operand (``fp8jax.quant.rounding_bits``), a separate stream per GEMM. Recipes by name
+are in ``fp8jax.gemm.recipes``.
+
 Memory: the high-precision X and W are saved for the backward pass and re-quantized
 there (the same bits as in the forward pass).
 """
@@ -30,9 +36,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp8jax.gemm import accumulate, transpose
+from fp8jax.gemm import accumulate, hadamard, transpose
 from fp8jax.numerics import roles as roles_lib
-from fp8jax.quant import qtensor
+from fp8jax.quant import qtensor, rounding_bits
 
 PRECISIONS = ("bf16", "fp8", "fp8_native")
 _OPERAND_ROLES = {"fprop": ("input", "weight"), "dgrad": ("grad", "weight"),
@@ -50,6 +56,9 @@ class GemmConfig:
     accumulation: accumulator model of the simulated FP8 GEMMs.
     transpose: how transposed operands are produced: "requant", "double",
       "scaling_aware".
+    wgrad_hadamard: block size of the random Hadamard transform applied to the Wgrad
+      operands along the tokens (16 in the NVFP4 recipe); 0 = none.
+    hadamard_seed: seed of the transform's random signs.
   """
 
   roles: roles_lib.RoleSpecs = roles_lib.deepseek_v3_roles()
@@ -58,8 +67,16 @@ class GemmConfig:
   wgrad: str = "fp8"
   accumulation: accumulate.Accumulation = accumulate.FP32
   transpose: str = "requant"
+  wgrad_hadamard: int = 0
+  hadamard_seed: int = 0
 
   def __post_init__(self):
+    h = self.wgrad_hadamard
+    if not isinstance(h, int) or h < 0 or (h and h & (h - 1)):
+      raise ValueError(f"wgrad_hadamard must be 0 or a power of two, got {h!r}")
+    if h and self.transpose != "requant":
+      raise ValueError("the Wgrad Hadamard transform quantizes the transformed high-precision "
+                       f"operands: it needs transpose='requant', got {self.transpose!r}")
     if not isinstance(self.roles, roles_lib.RoleSpecs):
       raise TypeError(f"roles must be a RoleSpecs, got {self.roles!r}")
     if not isinstance(self.accumulation, accumulate.Accumulation):
@@ -76,6 +93,9 @@ class GemmConfig:
         if mode != "bf16" and spec.scaling != "current":
           raise ValueError(f"{direction}: the {role} spec uses {spec.scaling} scaling; the "
                            "GEMM simulation supports current scaling")
+        if mode == "fp8_native" and (spec.fmt.bits != 8 or spec.scale_format == "e4m3"):
+          raise ValueError(f"{direction}=fp8_native needs an FP8 format with one-level scales; "
+                           f"the {role} spec is {spec.describe()}")
         if mode == "fp8_native" and spec.granularity.kind != "tensor":
           raise ValueError(f"{direction}=fp8_native needs per-tensor scales, but the {role} "
                            f"spec is {spec.granularity.describe()}")
@@ -85,7 +105,8 @@ class GemmConfig:
 
   def describe(self) -> str:
     modes = "/".join(getattr(self, d) for d in _OPERAND_ROLES)
-    return f"{modes} acc={self.accumulation.describe()} transpose={self.transpose}"
+    text = f"{modes} acc={self.accumulation.describe()} transpose={self.transpose}"
+    return text + (f" rht={self.wgrad_hadamard}" if self.wgrad_hadamard else "")
 
 
 BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
@@ -123,11 +144,18 @@ def _fp8_matmul(aq, btq, cfg, mode):
   return accumulate.scaled_matmul(aq, btq, cfg.accumulation)
 
 
+def operand_key(x, spec, stream: int):
+  """The stochastic-rounding key of one GEMM operand (derived from its bits), or None."""
+  if spec.rounding != "stochastic":
+    return None
+  return rounding_bits.content_key(x, stream)
+
+
 def _fprop(x3, w3, cfg):
   if cfg.fprop == "bf16":
     return _bf16_matmul(x3, w3)
-  xq = qtensor.quantize(x3, cfg.roles.input)
-  wq = qtensor.quantize(w3, cfg.roles.weight)
+  xq = qtensor.quantize(x3, cfg.roles.input, key=operand_key(x3, cfg.roles.input, 1))
+  wq = qtensor.quantize(w3, cfg.roles.weight, key=operand_key(w3, cfg.roles.weight, 2))
   return _fp8_matmul(xq, wq, cfg, cfg.fprop)
 
 
@@ -136,19 +164,30 @@ def _dgrad(dy3, w3, cfg):
   w_t = jnp.swapaxes(w3, -1, -2)
   if cfg.dgrad == "bf16":
     return _bf16_matmul(dy3, w_t)
-  wq = qtensor.quantize(w3, cfg.roles.weight)
-  wtq = transpose.transposed(w3, wq, cfg.roles.weight, cfg.transpose)
-  return _fp8_matmul(qtensor.quantize(dy3, cfg.roles.grad), wtq, cfg, cfg.dgrad)
+  r = cfg.roles
+  wq = qtensor.quantize(w3, r.weight, key=operand_key(w3, r.weight, 2))
+  wtq = transpose.transposed(w3, wq, r.weight, cfg.transpose, operand_key(w_t, r.weight, 3))
+  dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))
+  return _fp8_matmul(dyq, wtq, cfg, cfg.dgrad)
 
 
 def _wgrad(dy3, x3, cfg):
   """dW [B, N, K] = dY^T [B, N, M] . X [B, M, K]."""
   if cfg.wgrad == "bf16":
     return _bf16_matmul(jnp.swapaxes(dy3, -1, -2), jnp.swapaxes(x3, -1, -2))
-  dyq = qtensor.quantize(dy3, cfg.roles.grad)
-  xq = qtensor.quantize(x3, cfg.roles.input)
-  dytq = transpose.transposed(dy3, dyq, cfg.roles.grad, cfg.transpose)
-  xtq = transpose.transposed(x3, xq, cfg.roles.input, cfg.transpose)
+  r = cfg.roles
+  if cfg.wgrad_hadamard:  # quantize the transformed operands [B, N|K, M_pad]
+    dyt = hadamard.random_hadamard(jnp.swapaxes(dy3, -1, -2), cfg.wgrad_hadamard,
+                                   cfg.hadamard_seed)
+    xt = hadamard.random_hadamard(jnp.swapaxes(x3, -1, -2), cfg.wgrad_hadamard,
+                                  cfg.hadamard_seed)
+    dytq = qtensor.quantize(dyt, r.grad, key=operand_key(dyt, r.grad, 5))
+    xtq = qtensor.quantize(xt, r.input, key=operand_key(xt, r.input, 6))
+    return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)
+  dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))
+  xq = qtensor.quantize(x3, r.input, key=operand_key(x3, r.input, 1))
+  dytq = transpose.transposed(dy3, dyq, r.grad, cfg.transpose, operand_key(dy3, r.grad, 5))
+  xtq = transpose.transposed(x3, xq, r.input, cfg.transpose, operand_key(x3, r.input, 6))
   return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)
 
 

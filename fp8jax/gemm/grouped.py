@@ -15,6 +15,11 @@ scaling, which differs only by float32 rounding). Two simplifications, stated: t
 accumulation model is not available here, and Wgrad tiles along the rows may span two
 experts' groups (kernels that pad each group to a multiple of 128 would not); with group
 sizes that are multiples of the tile they coincide.
+
+Each expert's weight is quantized as a tensor of its own (its own per-tensor level with
+two-level NVFP4 scales); the rows X and dY share one per-tensor level over all experts.
+With ``config.wgrad_hadamard`` the groups are zero-padded to whole transform blocks
+(:func:`pad_groups`) so that the Hadamard transform never mixes two experts' rows.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import transpose
+from fp8jax.gemm import hadamard, transpose
 from fp8jax.quant import qtensor
 
 
@@ -91,6 +96,46 @@ def _check(cfg: gemm_lib.GemmConfig):
                      f"{cfg.accumulation.describe()}")
 
 
+def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
+  """Rows sorted by group, each group zero-padded to a multiple of ``multiple`` rows.
+
+  Args:
+    x: [N, C] rows sorted by group (rows past ``sum(sizes)`` are dropped).
+    sizes: int32 [E].
+    multiple: the row multiple.
+
+  Returns:
+    ``(x_pad [N + E * (multiple - 1) rounded up to the multiple, C], padded_sizes [E])``.
+  """
+  n = x.shape[0]
+  e = sizes.shape[0]
+  n_pad = -(-(n + e * (multiple - 1)) // multiple) * multiple
+  padded = (sizes + multiple - 1) // multiple * multiple
+  pad_start = jnp.cumsum(padded) - padded
+  start = jnp.cumsum(sizes) - sizes
+  group = jnp.repeat(jnp.arange(e), sizes, total_repeat_length=n)
+  dest = pad_start[group] + jnp.arange(n) - start[group]
+  dest = jnp.where(jnp.arange(n) < jnp.sum(sizes), dest, n_pad)  # out of range: dropped
+  out = jnp.zeros((n_pad, x.shape[1]), x.dtype).at[dest].set(x, mode="drop")
+  return out, padded
+
+
+def _quantized_weight(w_t, spec):
+  """Each expert's weight [F, K] fake-quantized on its own (one tensor scale each)."""
+  return jax.vmap(lambda m: _deq(qtensor.quantize(
+      m, spec, key=gemm_lib.operand_key(m, spec, 2))))(w_t)
+
+
+def _dgrad_weight(w_e, cfg):
+  """One expert's weight [K, F] quantized for Dgrad (contraction over F), dequantized and
+  returned as [F, K]: the transpose of the Fprop operand W_e^T [F, K] by ``cfg.transpose``."""
+  spec = cfg.roles.weight
+  w_t = w_e.T
+  wtq = transpose.transposed(w_t, qtensor.quantize(w_t, spec, key=gemm_lib.operand_key(
+      w_t, spec, 2)), spec, cfg.transpose, gemm_lib.operand_key(w_e, spec, 3))  # [K, F]
+  return _deq(wtq).T
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _grouped(x, w, sizes, cfg):
   return _fprop(x, w, sizes, cfg)
@@ -99,13 +144,32 @@ def _grouped(x, w, sizes, cfg):
 def _fprop(x, w, sizes, cfg):
   if cfg.fprop == "bf16":
     return _rdot(x, w, sizes, "bf16")
-  xq = qtensor.quantize(x, cfg.roles.input)
-  wq = qtensor.quantize(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
-  return _rdot(_deq(xq), jnp.swapaxes(_deq(wq), -1, -2), sizes, "fp8")
+  xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
+  w_hat = _quantized_weight(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
+  return _rdot(_deq(xq), jnp.swapaxes(w_hat, -1, -2), sizes, "fp8")
 
 
 def _fwd(x, w, sizes, cfg):
   return _fprop(x, w, sizes, cfg), (x, w, sizes)
+
+
+def _wgrad_operands(x, dy, sizes, cfg):
+  """The dequantized Wgrad operands ([rows, K], [rows, F]) and their group sizes."""
+  r = cfg.roles
+  if cfg.wgrad_hadamard:  # transform inside each group: pad the groups to whole blocks
+    n = cfg.wgrad_hadamard
+    xp, padded = pad_groups(x, sizes, n)
+    dyp, _ = pad_groups(dy, sizes, n)
+    xt = hadamard.random_hadamard(xp.T, n, cfg.hadamard_seed)  # [K, rows]
+    dyt = hadamard.random_hadamard(dyp.T, n, cfg.hadamard_seed)  # [F, rows]
+    xt = _deq(qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6)))
+    dyt = _deq(qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5)))
+    return xt.T, dyt.T, padded
+  xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose,
+                            gemm_lib.operand_key(x, r.input, 6))
+  dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose,
+                             gemm_lib.operand_key(dy, r.grad, 5))
+  return jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes
 
 
 def _bwd(cfg, res, dy):
@@ -115,18 +179,14 @@ def _bwd(cfg, res, dy):
   if cfg.dgrad == "bf16":
     dx = _rdot(dy, jnp.swapaxes(w, -1, -2), sizes, "bf16")
   else:
-    w_t = jnp.swapaxes(w, -1, -2)  # [E, F, K], as quantized in the forward pass
-    wtq = transpose.transposed(w_t, qtensor.quantize(w_t, r.weight), r.weight,
-                               cfg.transpose)  # [E, K, F]
-    dyq = qtensor.quantize(dy, r.grad)
-    dx = _rdot(_deq(dyq), jnp.swapaxes(_deq(wtq), -1, -2), sizes, "fp8")
+    w_hat = jax.vmap(lambda w_e: _dgrad_weight(w_e, cfg))(w)  # [E, F, K]
+    dyq = qtensor.quantize(dy, r.grad, key=gemm_lib.operand_key(dy, r.grad, 4))
+    dx = _rdot(_deq(dyq), w_hat, sizes, "fp8")
   if cfg.wgrad == "bf16":
-    a, b = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16)
+    a, b, wsizes = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), sizes
   else:
-    xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose)
-    dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose)
-    a, b = jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1)
-  dw = _wgrad_product(a, b, sizes)
+    a, b, wsizes = _wgrad_operands(x, dy, sizes, cfg)
+  dw = _wgrad_product(a, b, wsizes)
   return dx.astype(x.dtype), dw.astype(w.dtype), None
 
 

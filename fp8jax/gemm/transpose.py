@@ -36,7 +36,7 @@ def _swap(x: jax.Array) -> jax.Array:
 
 
 def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.QuantSpec,
-               policy: str) -> qtensor.QTensor:
+               policy: str, key: jax.Array | None = None) -> qtensor.QTensor:
   """The quantization of ``swapaxes(x, -1, -2)`` with ``spec``, made by ``policy``.
 
   Args:
@@ -44,6 +44,7 @@ def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.Quant
     qt: ``x`` as quantized for the first GEMM.
     spec: spec for the transposed tensor [..., C, R].
     policy: "requant", "double" or "scaling_aware".
+    key: PRNG key for a stochastic-rounding ``spec`` (requant and double).
 
   Returns:
     A QTensor of shape [..., C, R].
@@ -51,9 +52,9 @@ def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.Quant
   if policy == "requant":
     if x_hp is None:
       raise ValueError("the requant transpose policy needs the high-precision tensor")
-    return qtensor.quantize(_swap(x_hp), spec)
+    return qtensor.quantize(_swap(x_hp), spec, key=key)
   if policy == "double":
-    return qtensor.quantize(_swap(qtensor.dequantize(qt, jnp.float32)), spec)
+    return qtensor.quantize(_swap(qtensor.dequantize(qt, jnp.float32)), spec, key=key)
   if policy == "scaling_aware":
     return scaling_aware_transpose(qt, spec)
   raise ValueError(f"unknown transpose policy {policy!r}; choose one of {POLICIES}")
@@ -63,6 +64,11 @@ def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qt
   """Transposes ``qt`` into ``spec``'s blocks without going through the amax again."""
   if spec.scaling != "current":
     raise ValueError("the scaling-aware transpose needs a current-scaling target spec")
+  if spec.scale_format == "e4m3" or qt.tensor_scale_inv is not None or \
+      spec.rounding != "nearest" or not spec.fmt.has_nan:
+    raise ValueError(
+        "the scaling-aware transpose handles one-level scales, round-to-nearest and "
+        f"formats with a NaN code; got {spec.describe()} (use requant or double)")
   old_inv = blocks.broadcast_blocks(qt.scale_inv.astype(jnp.float32), qt.full_block,
                                     qt.shape)
   old_inv = _swap(old_inv)

@@ -1,0 +1,75 @@
+"""Named GEMM recipes: one :class:`fp8jax.GemmConfig` per training-precision recipe.
+
+Operands are in contraction-last layout, so ``tile(n)`` is a 1 x n block along each GEMM's
+contraction axis and ``block((16, 16))`` a 16 x 16 block of the weight.
+
+==================  =======================================================================
+name                recipe
+==================  =======================================================================
+``fp32_blockwise``  DeepSeek-V3 (arXiv 2412.19437, section 3.3): E4M3, 1x128 tiles for X
+                    and dY, 128x128 blocks for W, FP32 scales, FP32 accumulation
+``hopper_blockwise`` the same with the Hopper tensor-core accumulator model (promotion
+                    every 128; see ``fp8jax.gemm.accumulate``)
+``fp8_tensor``      per-tensor current scaling, E4M3 for X and W, E5M2 for dY (Transformer
+                    Engine's Float8CurrentScaling with the HYBRID format)
+``mxfp8``           MXFP8 for every operand: E4M3, 1x32, E8M0 scales rounded up (the MXFP8
+                    pretraining recipe, arXiv 2506.08027; Transformer Engine)
+``mxfp4``           MXFP4 for every operand: E2M1, 1x32, E8M0 scales by the OCP rule
+``nvfp4``           NVFP4 for every operand: E2M1, 1x16, E4M3 + FP32 scales, round to
+                    nearest (the format alone, without the recipe's measures)
+``nvfp4_recipe``    the NVFP4 training recipe (arXiv 2509.25149; Transformer Engine's NVFP4
+                    recipe): 16x16 blocks for W (Fprop and Dgrad see the same quantized
+                    weight), stochastic rounding of dY, the 16-point random Hadamard
+                    transform on the Wgrad operands; a model policy also keeps the last
+                    layers in BF16 (:data:`BF16_TAIL`)
+==================  =======================================================================
+"""
+
+from __future__ import annotations
+
+from fp8jax.gemm import accumulate
+from fp8jax.gemm.dense import GemmConfig
+from fp8jax.numerics import granularity as gran
+from fp8jax.numerics import presets
+from fp8jax.numerics.roles import RoleSpecs, deepseek_v3_roles
+from fp8jax.numerics.spec import QuantSpec
+
+
+def _same(spec: QuantSpec) -> RoleSpecs:
+  """One spec (without its cotangent spec) for the three roles."""
+  spec = spec.replace(backward=None)
+  return RoleSpecs(input=spec, weight=spec, grad=spec)
+
+
+_TENSOR = QuantSpec(format="e4m3", granularity=gran.per_tensor())
+_NVFP4 = presets.preset("nvfp4").replace(backward=None)
+
+RECIPES: dict[str, GemmConfig] = {
+    "fp32_blockwise": GemmConfig(roles=deepseek_v3_roles()),
+    "hopper_blockwise": GemmConfig(roles=deepseek_v3_roles(),
+                                   accumulation=accumulate.HOPPER),
+    "fp8_tensor": GemmConfig(roles=RoleSpecs(input=_TENSOR, weight=_TENSOR,
+                                             grad=_TENSOR.replace(format="e5m2"))),
+    "mxfp8": GemmConfig(roles=_same(presets.preset("mxfp8"))),
+    "mxfp4": GemmConfig(roles=_same(presets.preset("mxfp4"))),
+    "nvfp4": GemmConfig(roles=_same(_NVFP4)),
+    "nvfp4_recipe": GemmConfig(
+        roles=RoleSpecs(input=_NVFP4,
+                        weight=presets.preset("nvfp4_weight"),
+                        grad=_NVFP4.replace(rounding="stochastic")),
+        wgrad_hadamard=16),
+}
+
+BF16_TAIL = {"nvfp4_recipe": 0.16}
+"""Share of a model's final layers whose linear layers a recipe keeps in BF16 (the NVFP4
+recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
+
+
+def recipe(name: str) -> GemmConfig:
+  """The recipe called ``name``; raises ValueError listing the known names."""
+  if name not in RECIPES:
+    raise ValueError(f"unknown GEMM recipe {name!r}; known recipes: {sorted(RECIPES)}")
+  return RECIPES[name]
+
+
+__all__ = ["BF16_TAIL", "RECIPES", "recipe"]
