@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import rows as metrics_rows
-from fp8jax.study import questions, results, stats
+from fp8jax.study import narrowing, questions, results, stats
 
 NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
-         "migration", "routing")
+         "migration", "routing", "format_width")
 """The figures of :func:`write_all`, in report order (file ``<name>.png``)."""
 
 _ROUTING = re.compile(r"^routing/(\d+)/topk_set_diff_frac$")
@@ -247,6 +247,29 @@ def routing(res: results.Results, out_dir) -> pathlib.Path:
     fig.colorbar(im, ax=ax, label="top-k set differs (fraction of tokens)")
   fig.suptitle("Routing divergence FP8 vs BF16")
   return _save(fig, out_dir, "routing")
+
+
+def format_width(res: results.Results, out_dir) -> pathlib.Path:
+  """Per-module relative gradient error of each GEMM recipe of the formats grid, widest
+  element format first (log scale); "no data" without such recipes."""
+  pols = narrowing.format_policies(res)
+  names = [f["policy"] for f in pols]
+  mods = narrowing.modules(res, names)
+  fig, (ax,) = _figure(1, size=(max(6.0, 0.5 * len(mods) + 3), 3.6))
+  if not pols or not mods:
+    _empty(ax, "no GEMM-recipe policies (formats grid)")
+    return _save(fig, out_dir, "format_width")
+  x = np.arange(len(mods))
+  for f in pols:
+    y = [stats.stat(res, f"module/{m}/rel_err", f["policy"]).mean for m in mods]
+    ax.plot(x, y, marker="o" if f["bits"] == 8 else "s",
+            linestyle="-" if f["bits"] == 8 else "--", label=f"{f['policy']} ({f['bits']}-bit)")
+  ax.set_xticks(x, mods, rotation=60, ha="right", fontsize=7)
+  ax.set_yscale("log")
+  ax.set_ylabel("relative gradient error")
+  ax.set_title("gradient error per module as the format narrows")
+  ax.legend(fontsize=7)
+  return _save(fig, out_dir, "format_width")
 
 
 def write_all(res: results.Results, out_dir, answers: dict[str, dict] | None = None,

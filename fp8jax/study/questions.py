@@ -1,9 +1,11 @@
-"""The four questions of the precision study, answered from a loaded sweep.
+"""The questions of the precision study, answered from a loaded sweep.
 
 (1) module: attention vs MoE at the same depth and format; (2) depth: the fewest vs the
 most quantized layers per module and format; (3) format: E4M3 vs E5M2 per module and depth;
 (4) redistribution: how the top-k parameters by gradient difference norm move across
-checkpoints, and the share of the difference inside the directly quantized modules.
+checkpoints, and the share of the difference inside the directly quantized modules;
+(5) narrowing: how the perturbation grows from 8-bit to 4-bit GEMM recipes, per module
+(:mod:`fp8jax.study.narrowing`).
 
 Each answer is a dict (numbers, :class:`~fp8jax.study.stats.Stat` means with 95% CIs, and
 a ``summary`` sentence derived from the numbers); :func:`markdown` renders them. A grid that
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import ranking
+from fp8jax.study import narrowing
 from fp8jax.study.results import Results, depth_layers, parse_seed_name
 from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, trajectory
 
@@ -217,9 +220,11 @@ def redistribution_answer(res: Results, k: int = 10) -> dict[str, Any]:
 
 
 def answers(res: Results, top_k: int = 10) -> dict[str, dict]:
-  """The four answers as data: ``module``, ``depth``, ``format``, ``redistribution``."""
+  """The answers as data: ``module``, ``depth``, ``format``, ``redistribution``,
+  ``narrowing``."""
   return {"module": module_answer(res), "depth": depth_answer(res),
-          "format": format_answer(res), "redistribution": redistribution_answer(res, top_k)}
+          "format": format_answer(res), "redistribution": redistribution_answer(res, top_k),
+          "narrowing": narrowing.narrowing_answer(res)}
 
 
 
@@ -309,7 +314,7 @@ def _redistribution_md(a: dict) -> list[str]:
 
 
 def markdown(ans: dict[str, dict], figures: dict[str, Any] | None = None) -> list[str]:
-  """The four answers as markdown lines (figure links for names in ``figures``)."""
+  """The answers as markdown lines (figure links for names in ``figures``)."""
   figures = figures or {}
   sections = [("module", "1. Module sensitivity: attention vs MoE", _module_md,
                ("grad_error", "loss_curves")),
@@ -317,9 +322,13 @@ def markdown(ans: dict[str, dict], figures: dict[str, Any] | None = None) -> lis
               ("format", "3. Format sensitivity: E4M3 vs E5M2", _format_md,
                ("grad_error", "loss_vs_grad")),
               ("redistribution", "4. Perturbation redistribution", _redistribution_md,
-               ("migration", "heatmaps", "routing"))]
+               ("migration", "heatmaps", "routing")),
+              ("narrowing", "5. Format width: from FP8 to FP4 recipes", narrowing.markdown,
+               ("format_width",))]
   lines = []
   for key, title, table, figs in sections:
+    if key not in ans:
+      continue
     a = ans[key]
     lines += [f"## {title}", "", _cap(a["summary"]), ""]
     if a["available"]:

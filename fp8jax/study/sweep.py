@@ -58,8 +58,11 @@ def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
   out = []
   for spec in specs:
     grid = policy_lib.GRIDS.get(spec)
-    names = list(grid(num_layers)) if grid else [spec]
-    out.extend(policy_lib.parse_policy(n) for n in names)
+    if grid is None:
+      out.append(policy_lib.parse_policy(spec))
+      continue
+    out.extend(dataclasses.replace(policy_lib.parse_policy(expr), name=name)
+               for name, expr in grid(num_layers).items())
   if not out:
     raise ValueError("no policies to compare")
   return out
@@ -211,8 +214,11 @@ def _expression(policy: policy_lib.PrecisionPolicy) -> str:
   """The site rules of a policy as an expression (``site@layers:format``)."""
   terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
            f"{r.spec.format}/{r.spec.granularity.kind}" for r in policy.rules]
-  return "+".join(terms + (["gemm:fp32_blockwise"] if policy.gemm is not None else [])
-                  ) or "bf16"
+  if policy.gemm is not None:
+    name = next((n for n, c in policy_lib.GEMMS.items() if c == policy.gemm), "custom")
+    layers = "" if policy.gemm_layers is None else "@" + ",".join(map(str, policy.gemm_layers))
+    terms.append(f"gemm:{name}{layers}")
+  return "+".join(terms) or "bf16"
 
 
 def _baseline_row(base: paired.Baseline, params) -> dict:
