@@ -1,4 +1,5 @@
-"""fp8jax: simulated FP8 numerics for JAX, to study FP8 in sparse-MoE LLM training.
+"""fp8jax: simulated FP8, MX and NVFP4 numerics for JAX, to study low precision in
+sparse-MoE LLM training.
 
 The quantization core::
 
@@ -25,15 +26,15 @@ The package is layered; each layer imports only the ones above it in this list:
 Importing fp8jax has no side effects: it defines functions and types only.
 """
 
-from fp8jax.gemm import accumulate, transpose
+from fp8jax.gemm import accumulate, hadamard, recipes, transpose
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm.accumulate import Accumulation
 from fp8jax.gemm.dense import GemmConfig, dot_general_fn, fp8_dot_general, fp8_einsum
-from fp8jax.numerics.formats import FORMATS, Fp8Format, get_format, saturating_cast
+from fp8jax.numerics.formats import FORMATS, FloatFormat, Fp8Format, get_format, saturating_cast
 from fp8jax.numerics.granularity import Granularity, block, per_axis, per_tensor, tile
 from fp8jax.numerics.presets import PRESETS, preset
 from fp8jax.numerics.roles import RoleSpecs, deepseek_v3_roles
-from fp8jax.numerics.scales import compute_scale, round_pow2
+from fp8jax.numerics.scales import compute_scale, compute_scales, round_pow2
 from fp8jax.numerics.spec import QuantSpec
 from fp8jax.quant import delayed
 from fp8jax.quant.delayed import DelayedState
@@ -52,10 +53,10 @@ __version__ = "0.1.0"
 __all__ = [
     # GEMM simulation (fp8jax.gemm): the subpackage and the modules users configure it with.
     "Accumulation", "GemmConfig", "accumulate", "dot_general_fn", "fp8_dot_general",
-    "fp8_einsum", "gemm", "grouped_gemm", "transpose",
+    "fp8_einsum", "gemm", "grouped_gemm", "hadamard", "recipes", "transpose",
     # Formats, granularities, specs and scales (fp8jax.numerics).
-    "FORMATS", "PRESETS", "Fp8Format", "Granularity", "QuantSpec", "RoleSpecs", "block",
-    "compute_scale", "deepseek_v3_roles", "get_format", "per_axis", "per_tensor", "preset",
+    "FORMATS", "PRESETS", "FloatFormat", "Fp8Format", "Granularity", "QuantSpec",
+    "RoleSpecs", "block", "compute_scale", "compute_scales", "deepseek_v3_roles", "get_format", "per_axis", "per_tensor", "preset",
     "round_pow2", "saturating_cast", "tile",
     # Quantize ops (fp8jax.quant).
     "DelayedState", "QTensor", "QuantTelemetry", "delayed", "dequantize", "fake_quant",

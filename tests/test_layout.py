@@ -32,10 +32,11 @@ ALLOWED = {
 }
 
 PUBLIC_API = sorted([
-    "Accumulation", "DelayedState", "FORMATS", "Fp8Format", "GemmConfig", "Granularity",
-    "PRESETS", "QTensor", "QuantSpec", "QuantTelemetry", "RoleSpecs", "accumulate", "block",
-    "compute_scale", "deepseek_v3_roles", "delayed", "dequantize", "dot_general_fn",
-    "fake_quant", "fp8_dot_general", "fp8_einsum", "gemm", "get_format", "grouped_gemm",
+    "Accumulation", "DelayedState", "FORMATS", "FloatFormat", "Fp8Format", "GemmConfig",
+    "Granularity", "PRESETS", "QTensor", "QuantSpec", "QuantTelemetry", "RoleSpecs",
+    "accumulate", "block", "compute_scale", "compute_scales", "deepseek_v3_roles", "delayed",
+    "dequantize", "dot_general_fn", "fake_quant", "fp8_dot_general", "fp8_einsum", "gemm",
+    "get_format", "grouped_gemm", "hadamard", "recipes",
     "per_axis", "per_tensor", "preset", "quantize", "quantize_and_update",
     "quantize_dequantize", "round_pow2", "saturating_cast", "tile", "transpose",
 ])

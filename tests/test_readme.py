@@ -16,6 +16,10 @@ def test_readme_python_blocks_run():
   qt = namespace["qt"]
   assert str(qt.data.dtype) == "float8_e4m3fn" and qt.scale_inv.shape == (4, 8)
   assert namespace["state"].fwd.shape == (1024,)
+  q4 = namespace["q4"]
+  assert str(q4.data.dtype) == "float4_e2m1fn" and str(q4.scale_inv.dtype) == "float8_e4m3fn"
+  assert q4.scale_inv.shape == (4, 64) and q4.tensor_scale_inv.shape == ()
+  assert namespace["fp4_model"].bf16_tail_layers(9) == 1
 
 
 def test_readme_map_lists_every_folder():

@@ -6,6 +6,8 @@
   straight-through or a cotangent spec), with telemetry;
 * :mod:`~fp8jax.quant.fast_quant`: the fused round trip without a payload;
 * :mod:`~fp8jax.quant.delayed`: delayed scaling (amax histories as explicit state);
+* :mod:`~fp8jax.quant.rounding_bits`: random bits for stochastic rounding (keyed, or
+  derived from the tensor);
 * :mod:`~fp8jax.quant.telemetry`: per-quantization statistics.
 
 Import the modules directly; nothing is imported here.
