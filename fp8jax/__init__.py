@@ -56,7 +56,8 @@ __all__ = [
     "fp8_einsum", "gemm", "grouped_gemm", "hadamard", "recipes", "transpose",
     # Formats, granularities, specs and scales (fp8jax.numerics).
     "FORMATS", "PRESETS", "FloatFormat", "Fp8Format", "Granularity", "QuantSpec",
-    "RoleSpecs", "block", "compute_scale", "compute_scales", "deepseek_v3_roles", "get_format", "per_axis", "per_tensor", "preset",
+    "RoleSpecs", "block", "compute_scale", "compute_scales", "deepseek_v3_roles",
+    "get_format", "per_axis", "per_tensor", "preset",
     "round_pow2", "saturating_cast", "tile",
     # Quantize ops (fp8jax.quant).
     "DelayedState", "QTensor", "QuantTelemetry", "delayed", "dequantize", "fake_quant",
