@@ -26,7 +26,8 @@
 #
 # * the sweep's grid and the summary of every policy, with 95% confidence intervals over the
 #   evaluation batches;
-# * the answers to the study's four questions (module, depth, format, redistribution);
+# * the answers to the study's five questions (module, depth, format, redistribution and,
+#   for the `formats` grid, format width);
 # * interactive plots of one policy, metric and checkpoint at a time: a metric over the
 #   checkpoints, the FP8 loss against the BF16 loss, the module x layer heatmap of the gradient
 #   difference and the routing divergence of every MoE layer.
@@ -179,7 +180,7 @@ for (p, s), st in stats.summary(res, "rel_err").items():
     print(f"{p:16s} step {s}: rel_err {stats.fmt_stat(st)}")
 
 # %% [markdown]
-# ## 3. The four questions
+# ## 3. The five questions
 #
 # `questions.answers(res)` (`fp8jax.study.questions`) answers the study's questions from the
 # rows:
@@ -189,7 +190,9 @@ for (p, s), st in stats.summary(res, "rel_err").items():
 # 2. **depth**: the first layer only vs every layer, per module and format;
 # 3. **format**: E4M3 vs E5M2, per module and depth;
 # 4. **redistribution**: how the parameters with the largest gradient difference move across
-#    the checkpoints, and how much of the difference stays in the directly quantized modules.
+#    the checkpoints, and how much of the difference stays in the directly quantized modules;
+# 5. **narrowing**: how each module's gradient error grows from the 8-bit (FP8, MXFP8) to the
+#    4-bit (MXFP4, NVFP4) GEMM recipes of the `formats` grid.
 #
 # A question whose policies are missing from the grid says so. Each answer is a dict of
 # numbers with a `summary` sentence built from them; `questions.markdown` renders them as in
@@ -358,7 +361,7 @@ for r in res.rows:
   if r["finite"]:
     assert math.isclose(r["loss_abs_err"], abs(r["loss_fp8"] - r["loss_bf16"]),
                         rel_tol=1e-4, abs_tol=1e-7), r
-assert set(answers) == {"module", "depth", "format", "redistribution"}
+assert set(answers) == {"module", "depth", "format", "redistribution", "narrowing"}
 if RESULTS_DIR is None:
   assert len(res.rows) == len(res.steps) * per_step * len(res.policies)
   assert answers["module"]["available"]

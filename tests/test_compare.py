@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from fp8jax.study import figures as figs
 from fp8jax.study import report, results_io, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   # The report reads the sweep: every figure and the four answers.
   md = pathlib.Path(report.write_report(out)).read_text()
   figures = sorted((out / "figures").glob("*.png"))
-  assert len(figures) == 7 and all(f.stat().st_size > 1000 for f in figures)
+  assert len(figures) == len(figs.NAMES) and all(f.stat().st_size > 1000 for f in figures)
   for policy in POLICIES:
     assert policy in md
   assert "nan" not in md.split("## Question")[0].lower().replace("nan%", "")
