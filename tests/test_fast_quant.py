@@ -369,3 +369,28 @@ def test_pallas_kernel_refuses_what_it_cannot_tile():
     fqp.fake_quant_pallas(jnp.ones((4, 256)), spec, split="other", interpret=True)
   assert fqp.block_shape((4, 2, 2048), spec, 64, 4, split="flat") == (64, 1)
   assert fqp.block_shape((3, 384), spec, 64, 4, split="flat") == (1, 1)
+
+
+@pytest.mark.parametrize("name,split", [("mxfp4", "flat"), ("mxfp6_e3m2", "loop"),
+                                        ("nvfp4", "flat"), ("nvfp4", "reshape"),
+                                        ("mxfp8_ocp", "loop")])
+def test_pallas_kernel_mx_and_nvfp4_match_fused(name, split):
+  """MX and NVFP4 in the one-pass kernel (interpreted): NaN blocks of formats without NaN,
+  the two-level scale from the tensor amax passed in, tiles at different scales."""
+  from fp8jax.kernels import fake_quant_pallas as fqp
+
+  spec = fp8jax.preset(name)
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((16, 256)).astype(np.float32)
+  x[0, :6] = [np.nan, np.inf, -np.inf, 3e4, 1e-30, -0.0]
+  x[1, :] = 0.0
+  x[4, :128] *= 1e-3
+  x = jnp.asarray(x, jnp.bfloat16)
+  assert fqp.supports(x.shape, spec)
+  got = fqp.fake_quant_pallas(x, spec, block_rows=4, tiles_per_block=2, split=split,
+                              **{k: v for k, v in fqp.auto_config(spec).items()
+                                 if k == "rounding" and v == "integer"}, interpret=True)
+  want = fast_quant.quantize_dequantize_fused(x, spec)
+  assert ref.same_bits(np.asarray(got), np.asarray(want))
+  assert np.isnan(np.asarray(got, np.float32)[0]).sum() == (
+      1 if spec.fmt.has_nan else spec.granularity.sizes[0])

@@ -58,12 +58,12 @@ from fp8jax.numerics import spec as spec_lib
 
 def tile_size(spec: spec_lib.QuantSpec) -> int | None:
   """The tile length ``t`` when ``spec`` is current-scaled 1 x t tiles along the last
-  axis with ``t`` a power of two, one-level scales, round-to-nearest and a format with a
-  NaN code, else None (the kernel does not handle it)."""
+  axis with ``t`` a power of two and round-to-nearest, else None (the kernel does not
+  handle it)."""
   g = spec.granularity
   if spec.scaling != "current" or g.kind != "tile" or g.axes != (-1,):
     return None
-  if spec.scale_format == "e4m3" or spec.rounding != "nearest" or not spec.fmt.has_nan:
+  if spec.rounding != "nearest":
     return None
   t = g.sizes[0]
   return t if t & (t - 1) == 0 else None
@@ -133,29 +133,43 @@ def apply_scales_cast(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
 _APPLY = {"integer": scales.apply_scales, "cast": apply_scales_cast}
 
 
-def _round_tile(x, spec: spec_lib.QuantSpec, dtype, axis: int, rounding: str):
+def _round_tile(x, spec: spec_lib.QuantSpec, dtype, axis: int, rounding: str, g=None):
+  """One tile's round trip; ``g`` [1, 1] is the tensor's amax (two-level scales)."""
   amax = jnp.max(blocks.finite_abs(x), axis=axis, keepdims=True)
-  s, scale_inv = scales.compute_scale(amax, spec)  # per tile: [.., 1] along `axis`
+  # Per tile: [.., 1] along `axis`; the two-level rule reads the tensor amax from `g`.
+  s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec, g)
+  if not spec.fmt.has_nan:  # a NaN in the tile marks the whole tile through its scale
+    has_nan = jnp.max(jnp.isnan(x).astype(jnp.float32), axis=axis, keepdims=True) > 0
+    scale_inv = scales.mark_nan_blocks(scale_inv, has_nan, spec.fmt)
+  if tensor_scale_inv is not None:
+    return scales.apply_scales(x, s, scale_inv, spec.fmt, dtype, tensor_scale_inv)
   return _APPLY[rounding](x, s, scale_inv, spec.fmt, dtype)
 
 
-def _kernel_loop(x_ref, o_ref, *, spec: spec_lib.QuantSpec, t: int, tiles: int,
-                 rounding: str):
+def _refs(refs):
+  """(x_ref, g_ref or None, o_ref) of a kernel called with or without the tensor amax."""
+  return (refs[0], None, refs[1]) if len(refs) == 2 else refs
+
+
+def _kernel_loop(*refs, spec: spec_lib.QuantSpec, t: int, tiles: int, rounding: str):
+  x_ref, g_ref, o_ref = _refs(refs)
+  g = None if g_ref is None else g_ref[...]
   if tiles == 1:
-    o_ref[...] = _round_tile(x_ref[...], spec, o_ref.dtype, 1, rounding)  # [bm, t]
+    o_ref[...] = _round_tile(x_ref[...], spec, o_ref.dtype, 1, rounding, g)  # [bm, t]
     return
   from jax.experimental import pallas as pl
 
   for j in range(tiles):  # static: one load and one store of [bm, t] per tile
     cols = pl.ds(j * t, t)
-    o_ref[:, cols] = _round_tile(x_ref[:, cols], spec, o_ref.dtype, 1, rounding)
+    o_ref[:, cols] = _round_tile(x_ref[:, cols], spec, o_ref.dtype, 1, rounding, g)
 
 
-def _kernel_reshape(x_ref, o_ref, *, spec: spec_lib.QuantSpec, t: int, tiles: int,
-                    rounding: str):
+def _kernel_reshape(*refs, spec: spec_lib.QuantSpec, t: int, tiles: int, rounding: str):
+  x_ref, g_ref, o_ref = _refs(refs)
   x = x_ref[...]  # [bm, tiles * t]
   bm = x.shape[0]
-  y = _round_tile(x.reshape(bm, tiles, t), spec, o_ref.dtype, 2, rounding)
+  g = None if g_ref is None else g_ref[...][:, :, None]
+  y = _round_tile(x.reshape(bm, tiles, t), spec, o_ref.dtype, 2, rounding, g)
   o_ref[...] = y.reshape(bm, tiles * t)
 
 
@@ -183,14 +197,27 @@ def _check_cast(spec: spec_lib.QuantSpec, interpret: bool) -> None:
 AUTO = dict(block_rows=32, split="flat", rounding="cast", num_warps=4)  # best on H100/H200
 
 
+def auto_config(spec: spec_lib.QuantSpec) -> dict:
+  """:data:`AUTO`, with integer rounding where the hardware cast does not apply (formats
+  other than E4M3/E5M2, two-level scales)."""
+  if spec.fmt.name in CAST_FORMATS and spec.scale_format != "e4m3":
+    return AUTO
+  return {**AUTO, "rounding": "integer"}
+
+
 def auto_applies(x_shape: tuple[int, ...], dtype, spec: spec_lib.QuantSpec) -> bool:
   """Whether :func:`fp8jax.fake_quant` takes this kernel (with :data:`AUTO`) for an input
   of ``x_shape``: a Hopper or newer GPU outside a multi-device context mesh
-  (:mod:`fp8jax.kernels.placement`), 1 x t tiles (:func:`supports`), an E4M3/E5M2 format
-  and a 16- or 32-bit float input."""
+  (:mod:`fp8jax.kernels.placement`), 1 x t tiles (:func:`supports`), an OCP format (FP8,
+  FP6, FP4) with one-level scales and a 16- or 32-bit float input. Use it with
+  :func:`auto_config`. Two-level (NVFP4) scales are left to the fused XLA path: on an H100
+  the kernel, which needs the tensor amax first, ran at 38.8% of a copy's bandwidth against
+  46.1% for XLA (docs/performance.md)."""
   from fp8jax.kernels import placement
 
-  if not (supports(tuple(x_shape), spec) and spec.fmt.name in CAST_FORMATS
+  if spec.scale_format == "e4m3":
+    return False
+  if not (supports(tuple(x_shape), spec) and not spec.fmt.name.endswith("fnuz")
           and jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize >= 2):
     return False
   if not placement.kernels_allowed():
@@ -249,18 +276,22 @@ def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int
     from jax.experimental.pallas import triton as pl_triton
     compiler_params = pl_triton.CompilerParams(num_warps=num_warps)
   spec_block = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+  in_specs, args = [spec_block], [x2]
+  if spec.scale_format == "e4m3":  # two-level: the tensor amax first (one XLA reduction)
+    in_specs.append(pl.BlockSpec((1, 1), lambda i, j: (0, 0)))
+    args.append(jnp.max(blocks.finite_abs(x2), initial=0.0).reshape(1, 1))
   out = pl.pallas_call(
       functools.partial(_KERNELS[split], spec=spec, t=t, tiles=tiles, rounding=rounding),
       out_shape=jax.ShapeDtypeStruct((rows, k), x.dtype),
       grid=(rows // bm, k // bn),
-      in_specs=[spec_block],
+      in_specs=in_specs,
       out_specs=spec_block,
       compiler_params=compiler_params,
       interpret=interpret,
       name="fp8jax_fake_quant",
-  )(x2)
+  )(*args)
   return out.reshape(x.shape)
 
 
-__all__ = ["CAST_FORMATS", "ROUNDINGS", "apply_scales_cast", "block_shape", "fake_quant_pallas",
-           "supports", "tile_size"]
+__all__ = ["CAST_FORMATS", "ROUNDINGS", "apply_scales_cast", "auto_config", "block_shape",
+           "fake_quant_pallas", "supports", "tile_size"]

@@ -102,13 +102,16 @@ _E4M3_MAX = 448.0
 _FLT_MAX = float(jnp.finfo(jnp.float32).max)
 
 
-def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec):
+def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec,
+                   tensor_amax: jnp.ndarray | None = None):
   """Scales for blocks whose largest finite magnitudes are ``amax``, any spec.
 
   Args:
     amax: float array of the per-block amax values of ONE tensor (any shape: the
       two-level rule takes the tensor's amax as their maximum).
     spec: the quantization spec.
+    tensor_amax: the tensor's amax when ``amax`` holds only some of its blocks (a
+      kernel's tile); None: ``max(amax)``.
 
   Returns:
     ``(s, scale_inv, tensor_scale_inv)``: float32 arrays shaped like ``amax`` (quantize
@@ -119,7 +122,8 @@ def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec):
     return (*compute_scale(amax, spec), None)
   amax = amax.astype(jnp.float32)
   elem_max = spec.fmt.max
-  g = jnp.maximum(jnp.max(amax, initial=0.0), jnp.float32(spec.eps))
+  g = jnp.max(amax, initial=0.0) if tensor_amax is None else tensor_amax.astype(jnp.float32)
+  g = jnp.maximum(g, jnp.float32(spec.eps))
   s_enc = jnp.clip(jnp.float32(_E4M3_MAX * elem_max) / g, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
   s_enc = jnp.where(g > 0, s_enc, jnp.float32(1.0))
   tensor_scale_inv = 1.0 / s_enc

@@ -89,7 +89,7 @@ def _fused(x, spec, key=None):
   """The one-pass round trip: the Pallas kernel on Hopper GPUs (bit-identical, see
   ``fp8jax.kernels.fake_quant_pallas``), else the fused XLA path."""
   if fqp.auto_applies(x.shape, x.dtype, spec):
-    return fqp.fake_quant_pallas(x, spec, **fqp.AUTO)
+    return fqp.fake_quant_pallas(x, spec, **fqp.auto_config(spec))
   return fast_quant.quantize_dequantize_fused(x, spec, key)
 
 

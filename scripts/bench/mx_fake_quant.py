@@ -11,10 +11,12 @@ two-level scale needs the tensor's amax before any block is scaled, so it reads 
 twice: its floor is 6 bytes per element, at most 4/6 = 67% of copy on this count, and the
 table also gives the share of copy on the 6 bytes it must move.
 
-Checks on the device (in the JSON): the Pallas kernel's MXFP8 equals the fused XLA path
-bit for bit (power-of-two scales), the fused NVFP4/MXFP4 equal the payload path
-(``quantize_dequantize``) bit for bit, and no output holds a NaN after a poisoned buffer
-(an element never written). With ``$OUT`` set, writes ``$OUT/mx_fake_quant.json``.
+Checks on the device (in the JSON): the Pallas kernel (``*_auto``: what ``fake_quant``
+takes; ``nvfp4_kernel``: called directly) against the fused XLA path, elements that differ
+(MX scales are exponent arithmetic and must agree; NVFP4's divide), the fused NVFP4/MXFP4
+against the payload path (``quantize_dequantize``) bit for bit, and no output holds a NaN
+after a poisoned buffer (an element never written). With ``$OUT`` set, writes
+``$OUT/mx_fake_quant.json``.
 """
 
 from __future__ import annotations
@@ -65,8 +67,12 @@ def main():
       "mxfp8_auto": jax.jit(lambda x: fp8jax.fake_quant(x, fp8jax.preset("mxfp8"))),
       "mxfp8_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
           x, fp8jax.preset("mxfp8"))),
+      "mxfp4_auto": jax.jit(lambda x: fp8jax.fake_quant(x, fp8jax.preset("mxfp4"))),
       "mxfp4_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
           x, fp8jax.preset("mxfp4"))),
+      # NVFP4 in the kernel, called directly: fake_quant leaves two-level scales to XLA.
+      "nvfp4_kernel": jax.jit(lambda x: fqp.fake_quant_pallas(
+          x, fp8jax.preset("nvfp4"), interpret=cpu, **fqp.auto_config(fp8jax.preset("nvfp4")))),
       "nvfp4_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
           x, fp8jax.preset("nvfp4"))),
       "nvfp4_sr_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
@@ -94,7 +100,9 @@ def main():
 
   x = xs[0]
   checks = {"pallas_kernel_used_for_mxfp8": bool(kernel_ok)}
-  checks["mxfp8_auto_vs_xla_diffs"] = _bits_equal(fns["mxfp8_auto"](x), fns["mxfp8_xla"](x))
+  for name, path in (("mxfp8", "auto"), ("mxfp4", "auto"), ("nvfp4", "kernel")):
+    checks[f"{name}_{path}_vs_xla_diffs"] = _bits_equal(fns[f"{name}_{path}"](x),
+                                                        fns[f"{name}_xla"](x))
   for name in ("mxfp4", "nvfp4"):
     ref = qtensor.quantize_dequantize(x, fp8jax.preset(name))
     checks[f"{name}_fused_vs_payload_diffs"] = _bits_equal(fns[f"{name}_xla"](x), ref)
