@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def num_blocks(shape: tuple[int, ...], block: tuple[int, ...]) -> tuple[int, ...]:
@@ -30,9 +31,13 @@ def align_block(block: tuple[int, ...], rank: int) -> tuple[int, ...]:
 
 
 def finite_abs(x: jnp.ndarray) -> jnp.ndarray:
-  """|x| in float32 with NaN and ±inf replaced by 0 (they never enter an amax)."""
+  """|x| in float32 with NaN, ±inf and float32 subnormals replaced by 0 (they never enter
+  an amax). Subnormals are dropped explicitly: XLA:CPU flushes them to zero in arithmetic
+  but not always in abs/max, and GPUs keep them, so a block holding only subnormals would
+  otherwise get a scale that depends on the platform and the fusion (found by the MX
+  property tests: 2**-126 instead of the all-zero block's 1)."""
   a = jnp.abs(x.astype(jnp.float32))
-  return jnp.where(jnp.isfinite(a), a, 0.0)
+  return jnp.where(jnp.isfinite(a) & (a >= np.float32(np.finfo(np.float32).tiny)), a, 0.0)
 
 
 def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
