@@ -1,8 +1,10 @@
-r"""FP8 numerics study: accumulation, granularity, double quantization, delayed scaling.
+r"""FP8 numerics study: accumulation, granularity, double quantization, delayed scaling;
+MX / NVFP4 formats under outliers, stochastic rounding, the random Hadamard transform.
 
-Flags and ``main`` only, over :mod:`fp8jax.study.numerics_study` (the studies) and
-:mod:`fp8jax.study.numerics_report` (figures, markdown, verdict). Writes ``numerics.json``,
-``report.md`` and four PNG figures to ``--out``::
+Flags and ``main`` only, over :mod:`fp8jax.study.numerics_study` and
+:mod:`fp8jax.study.numerics_formats` (the studies) and :mod:`fp8jax.study.numerics_report`
+(figures, markdown, verdict). Writes ``numerics.json``, ``report.md`` and seven PNG figures
+to ``--out``::
 
   python -m fp8jax.experiments.numerics --out=out/numerics
   python -m fp8jax.experiments.numerics --quick --out=/tmp/numerics   # smoke size
@@ -16,7 +18,7 @@ import time
 
 from absl import app, flags
 
-from fp8jax.study import numerics_report, numerics_study
+from fp8jax.study import numerics_formats_report, numerics_report, numerics_study
 
 _OUT = flags.DEFINE_string("out", "out/numerics", "Output folder.")
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes (seconds), for smoke tests.")
@@ -35,6 +37,7 @@ def main(argv):
   print(f"no promotion, K={v['k']}: same-sign operands {100 * v['positive_norm']:.2f}%, "
         f"zero-mean operands {100 * v['gaussian_norm']:.3f}% (normwise); "
         f"{v['bits_for_2pct']} fraction bits give 2% for same-sign operands")
+  print(numerics_formats_report.headline(results))
 
 
 if __name__ == "__main__":

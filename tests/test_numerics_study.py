@@ -1,20 +1,39 @@
 """The numerics study binary at smoke size: files, and the facts its report states."""
 
 import json
+import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from fp8jax.study import numerics_report, numerics_study
+import fp8jax
+from fp8jax.study import numerics_formats, numerics_report, numerics_study
+
+_qd = jax.jit(fp8jax.quantize_dequantize, static_argnums=1)
+_draws = jax.jit(lambda x, keys, spec: jax.vmap(
+    lambda k: fp8jax.quantize_dequantize(x, spec, key=k))(keys), static_argnums=2)
 
 
-def test_numerics_study_quick(tmp_path):
-  results = numerics_report.run(tmp_path, numerics_study.StudySizes.quick())
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+  """The whole study at smoke size, run once: ``(results, folder)``."""
+  out = tmp_path_factory.mktemp("numerics")
+  return numerics_report.run(out, numerics_study.StudySizes.quick()), out
+
+
+def test_numerics_study_quick(quick_report):
+  results, tmp_path = quick_report
   names = {p.name for p in tmp_path.iterdir()}
   assert {"numerics.json", "report.md", "accumulation_error.png", "quantization_snr.png",
-          "double_quant.png", "delayed_vs_current.png"} <= names
+          "double_quant.png", "delayed_vs_current.png", "formats_snr.png",
+          "stochastic_rounding.png", "hadamard_wgrad.png"} <= names
   assert json.loads((tmp_path / "numerics.json").read_text())["sizes"]["ks"] == [256, 1024, 4096]
   report = (tmp_path / "report.md").read_text()
   assert "Which protocol gives the DeepSeek-V3 figure" in report
+  for title in ("## 5. MX and NVFP4", "## 6. Stochastic rounding", "## 7. The random Hadamard"):
+    assert title in report
 
   acc = results["accumulation"]
   def norm(dist, name, k):
@@ -40,3 +59,125 @@ def test_numerics_study_quick(tmp_path):
   assert results["seed_delayed_example"]["delayed_saturated"] == 1
   verdict = numerics_report.deepseek_verdict(results)
   assert verdict["bits_for_2pct"] in (13, 15) and np.isfinite(verdict["positive_norm"])
+
+
+KEYS = {
+    "formats_snr": {"format", "spec", "outlier_ratio", "bulk_shared_frac", "snr_db",
+                    "bulk_snr_db", "outlier_snr_db", "saturated_frac", "underflow_frac"},
+    "sr_bias": {"format", "rounding", "keys", "elements", "in_range_frac",
+                "mean_abs_bias_steps", "max_abs_bias_steps", "saturated_mean_abs_bias_steps",
+                "hoeffding_steps"},
+    "sr_sum": {"distribution", "format", "rounding", "k", "bias", "bias_z", "rms", "rel_rms",
+               "in_range_bias", "in_range_bias_z"},
+    "hadamard": {"magnitude", "format", "hadamard", "max_rel", "p99_rel", "median_rel",
+                 "norm_rel", "max_over_range"},
+    "hadamard_exact": {"magnitude", "rel_diff", "f32_gemm_rel_err", "unit_roundoff"},
+}
+
+
+def test_format_sections_rows_have_their_keys_and_no_nan(quick_report):
+  results, _ = quick_report
+  sizes = numerics_study.StudySizes.quick()
+  counts = {"formats_snr": len(numerics_formats.FORMATS) * len(sizes.format_ratios),
+            "sr_bias": 2 * len(numerics_formats.SR_FORMATS),
+            "sr_sum": 2 * len(numerics_formats.SR_FORMATS) * len(sizes.sr_ks)
+            * len(numerics_formats.SUM_DISTRIBUTIONS),
+            "hadamard": 4 * len(sizes.rht_magnitudes),
+            "hadamard_exact": len(sizes.rht_magnitudes)}
+  for table, keys in KEYS.items():
+    rows = results[table]
+    assert len(rows) == counts[table], table
+    for row in rows:
+      assert set(row) == keys, (table, row)
+      for k, v in row.items():
+        assert not (isinstance(v, float) and math.isnan(v)), (table, k, row)
+
+
+def test_ocp_rule_saturates_where_round_up_does_not(quick_report):
+  rows = {(r["format"], r["outlier_ratio"]): r for r in quick_report[0]["formats_snr"]}
+  for ratio in numerics_study.StudySizes.quick().format_ratios:
+    for ocp, up in (("mxfp8_ocp", "mxfp8"), ("mxfp4", "mxfp4_rceil")):
+      assert rows[(ocp, ratio)]["saturated_frac"] > 0, (ocp, ratio)
+      assert rows[(up, ratio)]["saturated_frac"] == 0, (up, ratio)
+    for name in ("fp8 per-tensor", "deepseek-v3 1x128", "nvfp4"):
+      assert rows[(name, ratio)]["saturated_frac"] == 0, (name, ratio)
+  hi = max(numerics_study.StudySizes.quick().format_ratios)
+  # Clipped outliers cost overall SNR once they dominate; the ordinary channels keep it.
+  assert rows[("mxfp8_ocp", hi)]["snr_db"] < rows[("mxfp8", hi)]["snr_db"] - 2
+  assert rows[("mxfp8_ocp", hi)]["bulk_snr_db"] > 28
+  # FP4 loses the ordinary values sharing a block with an outlier; NVFP4's smaller blocks
+  # share fewer, and its E4M3 block scales keep the outliers themselves more accurate.
+  for name in ("mxfp4", "nvfp4"):
+    r = rows[(name, hi)]
+    assert r["bulk_snr_db"] < -10 * math.log10(r["bulk_shared_frac"]) + 3, name
+  assert rows[("nvfp4", hi)]["bulk_shared_frac"] < rows[("mxfp4", hi)]["bulk_shared_frac"]
+  assert rows[("nvfp4", hi)]["outlier_snr_db"] > rows[("mxfp4", hi)]["outlier_snr_db"] + 6
+
+
+def test_stochastic_rounding_is_unbiased_and_round_to_nearest_is_not(quick_report):
+  results = quick_report[0]
+  for r in results["sr_bias"]:
+    if r["rounding"] == "stochastic":
+      assert r["max_abs_bias_steps"] <= r["hoeffding_steps"], r
+      assert r["mean_abs_bias_steps"] < 0.05, r
+    else:
+      assert 0.2 < r["mean_abs_bias_steps"] <= 0.5, r
+  kmax = max(numerics_study.StudySizes.quick().sr_ks)
+  sums = {(r["distribution"], r["format"], r["rounding"], r["k"]): r for r in results["sr_sum"]}
+  # Round to nearest accumulates a bias on positive data; rounding up-scaled SR does not.
+  assert abs(sums[("narrow positive", "mxfp4", "nearest", kmax)]["bias_z"]) > 10
+  for dist in ("narrow positive", "log-normal"):
+    assert abs(sums[(dist, "mxfp4_rceil", "stochastic", kmax)]["bias_z"]) < 4
+    for name in numerics_formats.SR_FORMATS:
+      assert abs(sums[(dist, name, "stochastic", kmax)]["in_range_bias_z"]) < 4, (dist, name)
+  slope = numerics_formats.growth_exponent
+  assert slope(results["sr_sum"], distribution="narrow positive", format="mxfp4",
+               rounding="nearest") > 0.85
+  assert slope(results["sr_sum"], distribution="narrow positive", format="mxfp4",
+               rounding="stochastic") < 0.8
+
+
+def test_stochastic_rounding_on_a_constructed_input():
+  """Blocks [6, 1.15 x 15] have scale 1: 1.15 lies 0.3 steps above the grid point 1."""
+  x = np.full((4, 32), 1.15, np.float32)
+  x[:, ::16] = 6.0
+  n = 2000
+  keys = jax.random.split(jax.random.key(3), n)
+  for name in ("nvfp4", "mxfp4_rceil"):
+    spec = numerics_formats.spec_of(name)
+    step, ok = numerics_formats.rounding_step(x, spec)
+    small = x < 6
+    np.testing.assert_allclose(step[small], 0.5)
+    assert ok.all()
+    rn = np.asarray(_qd(jnp.asarray(x), spec), np.float64)
+    np.testing.assert_allclose(rn[small], 1.0)  # bias -0.3 steps everywhere
+    draws = _draws(jnp.asarray(x), keys, spec.replace(rounding="stochastic"))
+    bias = np.mean(np.asarray(draws, np.float64), axis=0) - x
+    bound = numerics_formats.hoeffding_steps(n, x.size, delta=1e-6)
+    assert bound < 0.1
+    assert np.max(np.abs(bias) / step) <= bound, name
+
+
+def test_rounding_step_is_the_grid_spacing_round_to_nearest_sees():
+  x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+  for name in ("nvfp4", "mxfp4", "mxfp4_rceil", "mxfp6_e2m3"):
+    spec = numerics_formats.spec_of(name)
+    step, ok = numerics_formats.rounding_step(x, spec)
+    err = np.abs(np.asarray(_qd(jnp.asarray(x), spec), np.float64) - x)
+    ratio = err[ok] / step[ok]
+    assert ratio.max() <= 0.5 + 1e-6 and ratio.max() > 0.45, name  # half a step, not less
+
+
+def test_hadamard_alone_is_exact_to_float32_rounding(quick_report):
+  results = quick_report[0]
+  for r in results["hadamard_exact"]:
+    assert r["rel_diff"] < 8 * r["unit_roundoff"], r
+    assert r["f32_gemm_rel_err"] < 1e-5, r
+  had = {(r["magnitude"], r["format"], r["hadamard"]): r["norm_rel"]
+         for r in results["hadamard"]}
+  # No outliers: a Gaussian block stays Gaussian, the transform changes little.
+  for name in numerics_formats.HADAMARD_FORMATS:
+    assert abs(had[(1.0, name, True)] - had[(1.0, name, False)]) < 0.01, name
+    assert all(0.01 < had[(m, name, h)] < 0.5 for m in (1.0, 64.0) for h in (False, True))
+  # Outlier tokens: the transform helps MXFP4's power-of-two scales.
+  assert had[(64.0, "mxfp4", True)] < had[(64.0, "mxfp4", False)] - 0.01

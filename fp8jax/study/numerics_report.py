@@ -1,7 +1,9 @@
 """The FP8 numerics study's report: figures, markdown, the run, the DeepSeek-V3 verdict.
 
-:func:`run` runs every study of :mod:`fp8jax.study.numerics_study` and writes
-``numerics.json``, ``report.md`` and four PNG figures to a folder;
+:func:`run` runs every study of :mod:`fp8jax.study.numerics_study` and of
+:mod:`fp8jax.study.numerics_formats` (MX / NVFP4; its figures and text are in
+:mod:`fp8jax.study.numerics_formats_report`) and writes ``numerics.json``, ``report.md``
+and seven PNG figures to a folder;
 :func:`deepseek_verdict` extracts the numbers behind the answer to "which protocol gives
 ~2% at K = 4096". From a notebook::
 
@@ -18,7 +20,7 @@ import json
 import math
 import pathlib
 
-from fp8jax.study import numerics_study
+from fp8jax.study import numerics_formats, numerics_formats_report, numerics_study
 
 TARGET = 0.02  # DeepSeek-V3: "maximum relative error of nearly 2%" at K = 4096
 METRICS = {"max_rel": "max elementwise relative error",
@@ -138,6 +140,8 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   names.append("delayed_vs_current.png")
   fig.savefig(out / names[-1], dpi=120)
   plt.close(fig)
+  if "formats_snr" in results:
+    names += numerics_formats_report.write_figures(results, out)
   return names
 
 
@@ -264,13 +268,15 @@ def markdown(results: dict, figures: list[str]) -> str:
             "the range doubles saturates every element above the old amax; after a drop the "
             "stale (too large) history amax wastes range instead. Current scaling adapts at "
             "every step.", "", f"![delayed]({figures[3]})", ""]
+  if "formats_snr" in results:
+    lines += numerics_formats_report.markdown(results, figures[4:])
   return "\n".join(lines)
 
 
 def run(out: pathlib.Path, sizes: numerics_study.StudySizes) -> dict:
   """Runs every study and writes the JSON table, figures and markdown to ``out``."""
   out.mkdir(parents=True, exist_ok=True)
-  results = numerics_study.run_all(sizes)
+  results = numerics_study.run_all(sizes) | numerics_formats.run_all(sizes)
   (out / "numerics.json").write_text(json.dumps(results, indent=1))
   figures = write_figures(results, out)
   (out / "report.md").write_text(markdown(results, figures))

@@ -13,6 +13,7 @@ Four studies, each a function of :class:`StudySizes` returning JSON-ready rows:
 
 :func:`run_all` runs them all into the JSON table that :mod:`fp8jax.study.numerics_report`
 turns into figures and markdown (``python -m fp8jax.experiments.numerics`` is its binary).
+The MX / NVFP4 sections are in :mod:`fp8jax.study.numerics_formats` (same sizes).
 From a notebook, one study at chosen sizes::
 
   from fp8jax.study import numerics_study
@@ -43,11 +44,20 @@ class StudySizes:
   outlier_ratios: tuple[float, ...] = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6)
   steps: int = 8
   seed: int = 0
+  # MX / NVFP4 sections (fp8jax.study.numerics_formats):
+  format_ratios: tuple[float, ...] = (1, 4, 16, 64, 256, 1024)
+  sr_keys: int = 512
+  sr_trials: int = 32
+  sr_ks: tuple[int, ...] = (256, 1024, 4096, 16384, 65536)
+  rht_tokens: int = 4096
+  rht_magnitudes: tuple[float, ...] = (1, 4, 16, 64, 256, 1024)
 
   @classmethod
   def quick(cls) -> StudySizes:
     return cls(ks=(256, 1024, 4096), gemm_rows=16, fraction_bits=(13, 15), tokens=128,
-               channels=256, outlier_ratios=(1e2, 1e5), steps=5)
+               channels=256, outlier_ratios=(1e2, 1e5), steps=5, format_ratios=(1, 64, 1024),
+               sr_keys=128, sr_trials=16, sr_ks=(256, 4096), rht_tokens=512,
+               rht_magnitudes=(1, 64))
 
 
 # --- 1. accumulation error -------------------------------------------------------
