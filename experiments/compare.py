@@ -6,9 +6,12 @@
 
 ``--policies`` takes grid names (``seed`` = {attn, moe} x {layer 0, all layers} x
 {e4m3, e5m2}) or policy expressions (``attn@0-8:e4m3+gemm:fp32_blockwise``), comma- or
-space-separated. The sweep resumes when rerun with the same ``--out``. Each checkpoint is
-verified as it is read: a corrupt or incomplete one stops the sweep (exit 2) unless
-``--skip_corrupt_checkpoints``, which skips it without rows and names it. The logic is
+space-separated. The sweep resumes when rerun with the same ``--out``. The evaluation
+batches come from the training run's data (or ``--data``: a prepared folder or shards);
+data other than the checkpoints were trained on is refused unless ``--allow_other_data``.
+Each checkpoint is verified as it is read: a corrupt or incomplete one stops the sweep
+(exit 2) unless ``--skip_corrupt_checkpoints``, which skips it without rows and names it. The
+logic is
 :func:`fp8jax.study.sweep.run`; ``python -m fp8jax.experiments.report`` writes the report.
 """
 
@@ -30,6 +33,16 @@ _SPLIT = flags.DEFINE_string("split", "", "Data split (default: the training run
 _MOE_IMPL = flags.DEFINE_enum("moe_impl", "dispatch", ["dispatch", "pallas", "reference"],
                               "MoE implementation of both passes ('pallas': the grouped-GEMM "
                               "kernel, GPU).")
+_DATA = flags.DEFINE_string("data", "", "Evaluation data instead of the training run's: a "
+                            "prepared folder (prepare_data --out), shard files/globs "
+                            "(comma-separated) or tfds:<name>.")
+_ALLOW_OTHER_DATA = flags.DEFINE_bool("allow_other_data", False,
+                                      "Compare even if the evaluation data differs from "
+                                      "the data the checkpoints were trained on.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
+                                 "Join a multi-process run: jax.distributed.initialize() from the "
+                                 "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
+                                 "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
 _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
                                   "Skip checkpoints that fail verification (corrupt or "
                                   "incomplete; they get no rows) instead of stopping.")
@@ -37,17 +50,22 @@ _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
 
 def main(argv):
   del argv
+  from fp8jax.data import pipeline  # pylint: disable=import-outside-toplevel
   from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
   from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
 
   windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                           batches=_BATCHES.value, batch_size=_BATCH_SIZE.value,
                           seq_len=_SEQ_LEN.value, seed=_SEED.value, split=_SPLIT.value)
   steps = [int(s) for s in _STEPS.value] or None
   try:
+    multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
                         windows=windows, moe_impl=_MOE_IMPL.value,
-                        skip_corrupt=_SKIP_CORRUPT.value)
+                        skip_corrupt=_SKIP_CORRUPT.value,
+                        data=pipeline.override(_DATA.value) if _DATA.value else None,
+                        allow_other_data=_ALLOW_OTHER_DATA.value)
   except integrity.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",
@@ -58,7 +76,8 @@ def main(argv):
     return 2
   skipped = summary["skipped"]
   print(f"done: {summary['rows_written']} new rows in {summary['out']}"
-        + (f"; skipped corrupt or incomplete checkpoints {sorted(skipped)}" if skipped else ""))
+        + (f"; skipped corrupt or incomplete checkpoints {sorted(skipped)}" if skipped else ""),
+        file=multihost.main_stream(sys.stdout))
   return 0
 
 

@@ -20,6 +20,7 @@ import sys
 from absl import app, flags
 
 from fp8jax.models.params_io import hf_to_orbax, orbax_to_hf
+from fp8jax.train import multihost
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory (input, or output "
                               "with --reverse).", required=True)
@@ -32,6 +33,7 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing output."
 
 def main(argv):
   del argv
+  multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
   try:
     if _REVERSE.value:
       orbax_to_hf(_OUT.value, _HF_DIR.value, overwrite=_OVERWRITE.value)

@@ -19,6 +19,7 @@ import time
 from absl import app, flags
 
 from fp8jax.study import numerics_formats_report, numerics_report, numerics_study
+from fp8jax.train import multihost
 
 _OUT = flags.DEFINE_string("out", "out/numerics", "Output folder.")
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes (seconds), for smoke tests.")
@@ -27,6 +28,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 
 def main(argv):
   del argv
+  multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
   sizes = numerics_study.StudySizes.quick() if _QUICK.value else numerics_study.StudySizes()
   sizes = dataclasses.replace(sizes, seed=_SEED.value)
   start = time.time()

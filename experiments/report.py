@@ -12,6 +12,7 @@ from __future__ import annotations
 from absl import app, flags
 
 from fp8jax.study import report
+from fp8jax.train import multihost
 
 _RESULTS = flags.DEFINE_string("results", None, "Folder of the comparison sweep.",
                                required=True)
@@ -21,6 +22,7 @@ _TOP_K = flags.DEFINE_integer("top_k", 10, "Depth of the parameter rankings.")
 
 def main(argv):
   del argv
+  multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
   path = report.write_report(_RESULTS.value, out=_OUT.value, top_k=_TOP_K.value)
   print(f"wrote {path}")
 

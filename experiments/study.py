@@ -6,6 +6,8 @@
 
 Writes ``<out>/train`` (checkpoints, metrics), ``<out>/compare`` (rows, details) and
 ``<out>/compare/report.md`` with its figures. Rerunning continues where it stopped.
+Library INFO logs (Orbax, absl) show only with ``--verbosity=0``; ``--distributed`` runs
+it over several processes (README: Several hosts).
 """
 
 import pathlib
@@ -22,6 +24,10 @@ _POLICIES = flags.DEFINE_list("policies", ["seed"], "Grid names or policy expres
 _OFFSETS = flags.DEFINE_list("offsets", ["0", "10"], "Evaluation window offsets (batches).")
 _BATCHES = flags.DEFINE_integer("batches", 2, "Evaluation batches per offset.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation batch.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
+                                 "Join a multi-process run: jax.distributed.initialize() from the "
+                                 "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
+                                 "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
 
 
 def main(argv):
@@ -30,16 +36,24 @@ def main(argv):
     pipeline,  # pylint: disable=import-outside-toplevel
     sweep,  # pylint: disable=import-outside-toplevel
   )
+  from fp8jax.train import (  # pylint: disable=import-outside-toplevel
+    multihost,
+    preemption,
+  )
 
   windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                           batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
   try:
+    multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
                                 windows=windows)
+  except preemption.Preempted as e:
+    print(e, file=multihost.main_stream(sys.stderr))
+    return preemption.EXIT_CODE
   except (ValueError, FileNotFoundError, FileExistsError, KeyError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)  # bad input, found before any compute
     return 2
-  print(f"report: {report}")
+  print(f"report: {report}", file=multihost.main_stream(sys.stdout))
   return 0
 
 

@@ -13,11 +13,14 @@ import sys
 
 from absl import app, flags
 
+from fp8jax.train import multihost
+
 _WORKDIR = flags.DEFINE_string("workdir", "out/train", "Training run folder.")
 
 
 def main(argv):
   del argv
+  multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
   from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
   from fp8jax.train import verify  # pylint: disable=import-outside-toplevel
 

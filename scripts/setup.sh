@@ -49,6 +49,13 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 echo "setup: installing fp8jax[$extras] into $venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -c "$repo/constraints.txt" -e "$repo[$extras]"
+# pip's and the build backend's warnings go to a log, shown only if the install fails.
+log="$venv/.fp8jax-install.log"
+if ! { "$venv/bin/python" -m pip install --quiet --upgrade pip &&
+       "$venv/bin/python" -m pip install --quiet -c "$repo/constraints.txt" \
+           -e "$repo[$extras]"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "error: installing fp8jax[$extras] failed (the output above is in $log)" >&2
+  exit 1
+fi
 echo "$want" > "$stamp"

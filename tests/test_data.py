@@ -16,16 +16,18 @@ def test_embedded_corpus_is_real_english():
   assert words.count("the") > 0.02 * len(words)  # English prose, not code or noise
 
 
-def test_text_and_jsonl_files(tmp_path):
-  (tmp_path / "a.txt").write_text("hello world")
+def test_text_and_jsonl_files_stream(tmp_path):
+  (tmp_path / "a.txt").write_text("hello world\nsecond line\n")  # one document per line
   (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"text": "two"}\n')
-  assert sources.text_files([tmp_path / "a.txt", tmp_path / "b.jsonl"]) == [
-      "hello world", "one", "two"]
+  docs = sources.text_files([tmp_path / "a.txt", tmp_path / "b.jsonl"])
+  assert next(docs) == "hello world"  # a generator: documents are read one at a time
+  assert list(docs) == ["second line", "one", "two"]
   (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "x"}\n')
-  with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON object with a 'text'"):
-    sources.text_files([tmp_path / "bad.jsonl"])
-  with pytest.raises(FileNotFoundError, match="no such data file"):
-    sources.text_files([tmp_path / "missing.txt"])
+  with pytest.raises(ValueError, match=r"bad.jsonl:2: no field 'text' \(has \['body'\]\)"):
+    list(sources.text_files([tmp_path / "bad.jsonl"]))
+  assert list(sources.text_files([tmp_path / "bad.jsonl"], skip_bad=True)) == ["ok"]
+  with pytest.raises(FileNotFoundError, match="no data shard matches"):
+    list(sources.text_files([tmp_path / "missing.txt"]))
 
 
 def test_byte_tokenizer_round_trip():

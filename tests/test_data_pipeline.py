@@ -1,4 +1,7 @@
-"""Data pipeline: tfds streaming batches (exact packing, resume, processes), the factory."""
+"""Data pipeline: tfds streaming batches (exact packing, resume, processes), the factory.
+
+The shard sources are tested in tests/test_data_shards.py, prepared data in
+tests/test_prepare_data.py."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from fp8jax.data import packing, pipeline, sources, tfds_source, tokenizers
+from fp8jax.data import packing, pipeline, shards, sources, tfds_source, tokenizers
 
 tfds = pytest.importorskip("tensorflow_datasets")
 grain = pytest.importorskip("grain")
@@ -161,7 +164,7 @@ def test_errors_name_the_problem(data_dir, tmp_path):
     pipeline.validate("tfds:")
   with pytest.raises(ValueError, match="'files' needs at least one path"):
     pipeline.make_batches("files", TOK, 16, 4)
-  with pytest.raises(FileNotFoundError, match="no such data file: .*nope.txt"):
+  with pytest.raises(FileNotFoundError, match="no data shard matches .*nope.txt"):
     pipeline.validate("files", paths=(str(tmp_path / "nope.txt"),))
   missing = str(tmp_path / "no_such_dir")
   with pytest.raises(FileNotFoundError, match=f"data_dir {missing} does not exist"):
@@ -197,10 +200,51 @@ def test_in_memory_sources_match_batch_iterator(tmp_path):
   want = packing.BatchIterator(packing.pack(sources.embedded_corpus(), TOK, 64), 8, seed=2,
                                process_index=1, process_count=2)
   got = pipeline.make_batches("embedded", TOK, 64, 8, seed=2, process_index=1, process_count=2)
-  assert isinstance(got, packing.BatchIterator)
+  assert isinstance(got.batches, packing.BatchIterator)
   np.testing.assert_array_equal(take(got, 5), take(want, 5))
+  assert got.get_state()["data"].startswith("embedded:")
+  # "files" streams its shards (tests/test_data_shards.py); one window of one shard here
+  # packs the non-empty documents in their window permutation.
   (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"body": d}) for d in DOCS))
   files = pipeline.make_batches("files", TOK, 16, 4, paths=(str(tmp_path / "a.jsonl"),),
                                 field="body")
-  want = packing.BatchIterator(packing.pack(DOCS, TOK, 16), 4)
-  np.testing.assert_array_equal(take(files, 5), take(want, 5))
+  order = np.random.default_rng([0, 0, 0, 0]).permutation(len(DOCS) - 1)
+  kept = [d for d in DOCS if d]
+  want = packing.BatchIterator(packing.pack([kept[i] for i in order], TOK, 16), 4)
+  want.set_state({"epoch": 0, "step": 0})
+  stream_ = np.concatenate([t.ravel() for t in take(files, 5)])
+  np.testing.assert_array_equal(stream_, want.sequences.ravel()[:len(stream_)])
+
+
+def test_tfrecord_c4_streams_through_tensorflow(tmp_path):
+  """The prepared tfds C4 is TFRecord: read through the ``tf`` extra, as shards."""
+  pytest.importorskip("tensorflow", reason="TFRecord sources need the tf extra "
+                      "(tensorflow-cpu), which CI does not install")
+  data_dir = str(tmp_path / "tfds")
+  Fp8jaxTestDocs(data_dir=data_dir, file_format="tfrecord").download_and_prepare()
+  files = tfds_source.tfds_source("fp8jax_test_docs", data_dir=data_dir)
+  assert isinstance(files, list) and all(".tfrecord" in f for f in files)
+  it = pipeline.make_batches("tfds:fp8jax_test_docs", TOK, 16, 4, seed=1, data_dir=data_dir)
+  assert it.get_state()["data"].startswith("files:")
+  texts = []
+  for f in files:
+    with shards.ShardReader(f) as reader:
+      texts += [t for _, t in reader]
+  assert sorted(texts) == sorted(d for d in DOCS if d)
+  got = take(it, 40)
+  assert got.shape == (40, 4, 16)
+  flat = TOK.decode(np.where(got.ravel() == TOK.eos_id, ord("|"), got.ravel())).split("|")
+  assert set(flat[1:-1]) <= set(DOCS)
+
+
+def test_tfrecord_without_tensorflow_says_how_to_install(tmp_path):
+  path = tmp_path / "c4-train.tfrecord-00000-of-00001"
+  path.write_bytes(b"")
+  code = ("import sys; sys.modules['tensorflow'] = None\n"
+          "from fp8jax.data import pipeline, tokenizers\n"
+          f"try:\n  pipeline.make_batches('files', tokenizers.ByteTokenizer(), 8, 2, "
+          f"paths=({str(path)!r},))\n"
+          "except ImportError as e:\n  print(e)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True).stdout
+  assert "needs TensorFlow: pip install fp8jax[tf] (tensorflow-cpu)" in out

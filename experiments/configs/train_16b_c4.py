@@ -7,6 +7,23 @@
 16.4B float32 params plus two AdamW moments are ~197 GB: ``train.fsdp`` splits them over
 the ``data`` axis (8 x H200 should hold them with activations at batch 1 x 4096 per
 device; not measured). The tokenizer is the public model's (vocabulary 102400).
+
+Beyond one host (README, Several hosts), every process runs the same command with
+``--distributed``, and the global batch must split over all devices (one sequence per
+device: ``--config.data.global_batch=16`` on 2 x 8 GPUs)::
+
+    # SLURM, one process per GPU (sbatch --nodes=2 --ntasks-per-node=8 --gpus-per-node=8)
+    srun python -m fp8jax.experiments.train --distributed \
+        --config=experiments/configs/train_16b_c4.py --config.data.global_batch=16 ...
+    # one machine, 2 processes of 4 GPUs each (a rehearsal of the multi-host run)
+    python scripts/launch_local.py --processes=2 --gpus_per_process=4 -- \
+        python -m fp8jax.experiments.train --distributed \
+        --config=experiments/configs/train_16b_c4.py ...
+    # GKE GPU pods: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID in the pod
+    # spec, then the SLURM command without srun; Cloud TPU: plain --distributed
+
+A SIGTERM saves a checkpoint at the next step on every process and exits with 75;
+``--resume`` continues exactly.
 """
 
 from fp8jax.train import run_config

@@ -1,13 +1,18 @@
 """The seed study's baseline: DeepSeek-MoE-2B, BF16, C4 English, 4 GPUs, data parallel.
 
     python -m fp8jax.experiments.train --config=experiments/configs/train_2b_c4.py \
-        --workdir=$WORK/ds2b_bf16 --config.data.data_dir=$TFDS_DATA_DIR \
-        --config.data.tokenizer=$DEEPSEEK_TOKENIZER_JSON
+        --workdir=$WORK/ds2b_bf16 --config.data.source=prepared \
+        --config.data.data_dir=$WORK/c4_8k --config.data.tokenizer=$WORK/tok8k/tokenizer.json
 
-Needs the ``data`` extra and C4 prepared as ArrayRecord in ``data_dir``
-(``tfds build c4/en --file_format=array_record``, a large download), and a tokenizer
-whose vocabulary fits the model's 8192 ids (the paper's 2B model uses an 8K BPE
-vocabulary; train one with ``tokenizers`` on C4, or pass ``--config.data.tokenizer=bytes``).
+Needs the ``data`` extra and a tokenizer whose vocabulary fits the model's 8192 ids (the
+paper's 2B model uses an 8K BPE vocabulary: ``python -m
+fp8jax.experiments.train_tokenizer --vocab_size=8192``). C4 is read in any of the forms
+of the README's "real study" section: a folder that ``prepare_data`` tokenized once
+(``source=prepared``, as above), the allenai/c4 ``json.gz`` shards streamed directly
+(``--config.data.source=files --config.data.paths='/data/c4/en/c4-train.*.json.gz'``),
+the prepared tfds C4 in TFRecord (``--config.data.source=tfds:c4/en:3.0.1``, needs the
+``tf`` extra) or in ArrayRecord (the default source below, with
+``--config.data.data_dir=$TFDS_DATA_DIR``).
 
 Recipe (DeepSeekMoE paper, section 4.1, and the seed study): AdamW (0.9, 0.95), weight
 decay 0.1, clip 1.0, peak LR 1.08e-3 with 2000 warmup steps and x0.316 at 80% and 90%

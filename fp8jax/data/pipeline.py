@@ -4,56 +4,81 @@ Sources (:data:`SOURCES`):
 
 * ``"embedded"``: the Python documentation's help topics
   (:func:`fp8jax.data.sources.embedded_corpus`), packed in memory.
-* ``"files"``: local ``.txt`` / ``.jsonl`` files given as ``paths``, packed in memory.
-* ``"tfds:<name>"``: a prepared tensorflow-datasets dataset, e.g. ``"tfds:c4/en:3.1.0"``,
-  streamed from ArrayRecord files (:mod:`fp8jax.data.tfds_source`).
+* ``"files"``: document shards given as ``paths`` (files, folders or globs: ``.json.gz``
+  such as the allenai/c4 shards, ``.jsonl[.gz]``, ``.txt[.gz]``, ``.parquet``, TFRecord),
+  streamed with flat memory (:mod:`fp8jax.data.stream`).
+* ``"prepared"``: a folder written by ``python -m fp8jax.experiments.prepare_data``, given
+  as ``data_dir``: token ids read at random from ArrayRecord (:mod:`fp8jax.data.prepared`).
+* ``"tfds:<name>"``: a prepared tensorflow-datasets dataset, e.g. ``"tfds:c4/en:3.1.0"``:
+  ArrayRecord read at random without TensorFlow (:mod:`fp8jax.data.tfds_source`), or
+  TFRecord (``"tfds:c4/en:3.0.1"``) streamed as shards through TensorFlow (``tf`` extra).
 
-In-memory sources give a :class:`fp8jax.data.packing.BatchIterator`, tfds sources a
-:class:`fp8jax.data.tfds_source.StreamingBatches`; both yield this process's int32
-``[global_batch / process_count, seq_len]`` batches and save their position with
-``get_state()`` / ``set_state()``. :func:`validate` and :func:`check_vocab` find a wrong
-data configuration before any model is built or compiled.
+Every iterator yields this process's int32 ``[global_batch / process_count, seq_len]``
+batches and saves its position with ``get_state()`` / ``set_state()``; the position also
+holds ``"data"``, the :func:`data_id` of the data (for prepared data, the manifest hash),
+so checkpoints record which data a run used and a restore on other data fails.
+:func:`validate` and :func:`check_vocab` find a wrong data configuration before any
+model is built or compiled.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pathlib
 
-from fp8jax.data import packing, sources, tfds_source
+from fp8jax.data import packing, prepared, shards, sources, stream, tfds_source
 
-SOURCES = ("embedded", "files", "tfds:<name>")
+SOURCES = ("embedded", "files", "prepared", "tfds:<name>")
 
 
 def _parse(source: str) -> tuple[str, str]:
   """``(kind, tfds name)`` of a source string; ValueError listing the valid forms."""
-  if source in ("embedded", "files"):
+  if source in ("embedded", "files", "prepared"):
     return source, ""
   if source.startswith("tfds:") and source[len("tfds:"):].strip():
     return "tfds", source[len("tfds:"):].strip()
   raise ValueError(f"unknown data source {source!r}; valid forms: 'embedded', 'files' "
-                   "(with paths) or 'tfds:<name>' such as 'tfds:c4/en:3.1.0'")
+                   "(with paths), 'prepared' (with data_dir) or 'tfds:<name>' such as "
+                   "'tfds:c4/en:3.1.0'")
+
+
+def _open(source, paths=(), data_dir=None, split="train", field="text"):
+  """(kind, what to read): shard paths, a PreparedDocs, a TextSource or None."""
+  kind, name = _parse(source)
+  if kind == "files":
+    if not paths:
+      raise ValueError("data source 'files' needs at least one path (files, folders or "
+                       "globs of .json.gz, .jsonl, .txt, .parquet or TFRecord shards)")
+    return kind, shards.list_shards(paths)
+  if kind == "prepared":
+    if not data_dir:
+      raise ValueError("data source 'prepared' needs data_dir: the folder written by "
+                       "python -m fp8jax.experiments.prepare_data")
+    return kind, prepared.PreparedDocs(data_dir)
+  if kind == "tfds":
+    found = tfds_source.tfds_source(name, split=split, data_dir=data_dir, field=field)
+    return ("files", [pathlib.Path(f) for f in found]) if isinstance(found, list) else (
+        kind, found)
+  return kind, None
 
 
 def validate(source: str, paths: tuple[str, ...] = (), data_dir: str | None = None,
-             split: str = "train", field: str = "text") -> None:
+             split: str = "train", field: str = "text", skip_bad_records: bool = False) -> None:
   """Checks a data configuration without tokenizing or packing anything.
 
-  For tfds sources this opens the dataset (metadata and one record), so a missing
-  package, data_dir, prepared dataset or field is reported here.
+  Opens the data: lists the shards and reads their first document, reads a prepared
+  folder's manifest, or opens a tfds dataset (metadata and one record).
 
   Raises:
     ValueError, FileNotFoundError, ImportError, KeyError: the configuration cannot work;
       the message names the source, path or field.
   """
-  kind, name = _parse(source)
+  kind, what = _open(source, paths, data_dir, split, field)
   if kind == "files":
-    if not paths:
-      raise ValueError("data source 'files' needs at least one path (.txt or .jsonl)")
-    missing = [str(p) for p in paths if not pathlib.Path(p).exists()]
-    if missing:
-      raise FileNotFoundError(f"no such data file: {', '.join(missing)}")
-  elif kind == "tfds":
-    tfds_source.tfds_source(name, split=split, data_dir=data_dir, field=field)
+    with shards.ShardReader(what[0], field, skip_bad=skip_bad_records,
+                            skips=shards.Skips(stream=False)) as reader:
+      next(iter(reader), None)
 
 
 def check_vocab(tokenizer, model_vocab_size: int) -> None:
@@ -65,37 +90,109 @@ def check_vocab(tokenizer, model_vocab_size: int) -> None:
                      f"vocabulary has only {model_vocab_size}")
 
 
+def _digest(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def data_id(kind: str, what, tokenizer, split: str = "train", field: str = "text") -> str:
+  """Names the token data: ``"prepared:<manifest hash>"``, or ``"<kind>:<digest>"`` of the
+  shards' names and sizes (or the corpus, or the tfds dataset), field and tokenizer."""
+  tok = getattr(tokenizer, "fingerprint", type(tokenizer).__name__)
+  if kind == "prepared":
+    return f"prepared:{what.hash}"
+  if kind == "files":
+    return "files:" + _digest([[p.name, p.stat().st_size] for p in what] + [field, tok])
+  if kind == "tfds":
+    return "tfds:" + _digest([what.name, len(what), field, tok])
+  return "embedded:" + _digest([sources.embedded_corpus(), tok])
+
+
+def describe(source: str, tokenizer, paths=(), data_dir: str | None = None,
+             split: str = "train", field: str = "text") -> str:
+  """The :func:`data_id` of a data configuration (opens the data's metadata only)."""
+  kind, what = _open(source, paths, data_dir, split, field)
+  return data_id(kind, what, tokenizer, split, field)
+
+
+def override(source_or_path: str) -> dict:
+  """Data settings from one string: a prepared folder (``source="prepared"``), a
+  ``tfds:<name>`` source, or comma-separated shard files, folders or globs
+  (``source="files"``)."""
+  if source_or_path.startswith("tfds:"):
+    return {"source": source_or_path}
+  if prepared.is_prepared(source_or_path):
+    return {"source": "prepared", "data_dir": source_or_path}
+  return {"source": "files", "paths": tuple(p for p in source_or_path.split(",") if p)}
+
+
+class DataStream:
+  """A batch iterator whose position also names its data (``"data"``, :func:`data_id`)."""
+
+  def __init__(self, batches, data: str):
+    self.batches, self.data = batches, data
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self.batches)
+
+  def get_state(self) -> dict:
+    return {**self.batches.get_state(), "data": self.data}
+
+  def set_state(self, state: dict) -> None:
+    """Restores a position; ValueError if it was saved on other data."""
+    saved = state.get("data")
+    if saved is not None and saved != self.data:
+      raise ValueError(f"the saved data position is in data {saved}, but this run reads "
+                       f"{self.data}: the data (files, preparation or tokenizer) changed")
+    self.batches.set_state({k: v for k, v in state.items() if k != "data"})
+
+  def close(self) -> None:
+    if hasattr(self.batches, "close"):
+      self.batches.close()
+
+
 def make_batches(source: str, tokenizer, seq_len: int, global_batch: int, seed: int = 0,
                  process_index: int = 0, process_count: int = 1, data_dir: str | None = None,
-                 paths: tuple[str, ...] = (), split: str = "train", field: str = "text"):
+                 paths: tuple[str, ...] = (), split: str = "train", field: str = "text",
+                 skip_bad_records: bool = False) -> DataStream:
   """This process's batch iterator for ``source`` (see :data:`SOURCES`).
 
   Args:
-    source: "embedded", "files" or "tfds:<name>".
-    tokenizer: e.g. from :func:`fp8jax.data.tokenizers.get_tokenizer`.
+    source: "embedded", "files", "prepared" or "tfds:<name>".
+    tokenizer: e.g. from :func:`fp8jax.data.tokenizers.get_tokenizer`; for "prepared",
+      the tokenizer the data was prepared with (checked).
     seq_len: tokens per sequence.
     global_batch: sequences per step over all processes (divisible by process_count).
     seed: shuffle seed.
     process_index, process_count: this process and the number of processes.
-    data_dir: tfds data directory (tfds sources only).
-    paths: ``.txt`` / ``.jsonl`` files ("files" only).
+    data_dir: the tfds data directory, or the prepared folder.
+    paths: shard files, folders or globs ("files" only).
     split: tfds split (tfds sources only), e.g. "train" or "validation".
-    field: the text field of JSONL lines and tfds records.
+    field: the text field of JSON lines, Parquet rows and tfds records.
+    skip_bad_records: skip (and count) bad records of shards instead of failing.
 
   Returns:
-    An iterator of int32 ``[global_batch / process_count, seq_len]`` arrays with
-    ``get_state() -> dict`` and ``set_state(dict)``.
+    A :class:`DataStream` of int32 ``[global_batch / process_count, seq_len]`` arrays.
   """
-  kind, name = _parse(source)
   if global_batch < 1 or global_batch % process_count:
     raise ValueError(f"global batch {global_batch} is not divisible by the "
                      f"{process_count} processes")
-  if kind == "tfds":
-    docs = tfds_source.tfds_source(name, split=split, data_dir=data_dir, field=field)
-    return tfds_source.StreamingBatches(docs, tokenizer, seq_len, global_batch, seed=seed,
-                                        process_index=process_index,
-                                        process_count=process_count)
-  validate(source, paths=paths)
-  docs = sources.embedded_corpus() if kind == "embedded" else sources.text_files(paths, field)
-  return packing.BatchIterator(packing.pack(docs, tokenizer, seq_len), global_batch, seed=seed,
-                               process_index=process_index, process_count=process_count)
+  kind, what = _open(source, paths, data_dir, split, field)
+  ident = data_id(kind, what, tokenizer, split, field)
+  procs = {"seed": seed, "process_index": process_index, "process_count": process_count}
+  if kind == "files":
+    if any(shards.shard_format(p) == "tfrecord" for p in what):
+      shards.import_tensorflow("the TFRecord shards of this data source")
+    it = stream.ShardBatches(what, tokenizer, seq_len, global_batch, field=field,
+                             skip_bad=skip_bad_records, **procs)
+  elif kind == "prepared":
+    prepared.check_tokenizer(what.manifest, tokenizer, what.folder)
+    it = tfds_source.StreamingBatches(what, tokenizer, seq_len, global_batch, **procs)
+  elif kind == "tfds":
+    it = tfds_source.StreamingBatches(what, tokenizer, seq_len, global_batch, **procs)
+  else:
+    it = packing.BatchIterator(packing.pack(sources.embedded_corpus(), tokenizer, seq_len),
+                               global_batch, **procs)
+  return DataStream(it, ident)

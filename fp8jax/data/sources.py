@@ -3,14 +3,13 @@
 * :func:`embedded_corpus`: real English that ships with every CPython: the help topics of
   the Python documentation (``pydoc_data.topics``, generated from the Python Language
   Reference; about 0.5 MB in 79 documents for Python 3.12).
-* :func:`text_files`: local ``.txt`` files (one document each) or ``.jsonl`` files (one
-  document per line, in the ``text`` field).
+* :func:`text_files`: the documents of local shards (``.jsonl``, ``.json.gz``, ``.txt``
+  with one document per line, ...), streamed.
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
+from fp8jax.data import shards
 
 
 def embedded_corpus() -> list[str]:
@@ -20,25 +19,16 @@ def embedded_corpus() -> list[str]:
   return [topics[name] for name in sorted(topics)]
 
 
-def text_files(paths, field: str = "text") -> list[str]:
-  """Documents from ``.txt`` (whole file) and ``.jsonl`` (``field`` per line) files.
+def text_files(paths, field: str = "text", skip_bad: bool = False):
+  """Yields the documents of local shards (files, folders or globs; formats in
+  :mod:`fp8jax.data.shards`), one at a time, in file and record order.
 
   Raises:
-    FileNotFoundError: a path does not exist.
-    ValueError: a JSONL line is not JSON or lacks ``field``, named by file and line.
+    FileNotFoundError: a path matches no file.
+    fp8jax.data.shards.BadRecordError: a bad record (unless ``skip_bad``), named by file
+      and line.
   """
-  docs = []
-  for path in map(pathlib.Path, paths):
-    if not path.exists():
-      raise FileNotFoundError(f"no such data file: {path}")
-    if path.suffix == ".jsonl":
-      for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-          continue
-        try:
-          docs.append(json.loads(line)[field])
-        except (json.JSONDecodeError, KeyError, TypeError):
-          raise ValueError(f"{path}:{n}: not a JSON object with a {field!r} field") from None
-    else:
-      docs.append(path.read_text(encoding="utf-8"))
-  return docs
+  for path in shards.list_shards(paths):
+    with shards.ShardReader(path, field, skip_bad=skip_bad) as reader:
+      for _, text in reader:
+        yield text

@@ -70,12 +70,15 @@ class TextSource:
 
 
 def tfds_source(name: str, split: str = "train", data_dir: str | None = None,
-                field: str = "text") -> TextSource:
+                field: str = "text") -> TextSource | list[str]:
   """The documents of a prepared tfds dataset, e.g. ``tfds_source("c4/en:3.1.0")``.
 
   Nothing is downloaded or generated: the dataset must already be prepared in
-  ``data_dir`` (default: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``) in the
-  ArrayRecord format. Opening reads metadata and one record only.
+  ``data_dir`` (default: ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``). Prepared as
+  ArrayRecord, its records are returned as a random-access :class:`TextSource` (opening
+  reads metadata and one record only). Prepared as TFRecord (the public ``c4/en:3.0.1``),
+  which allows no random access, the split's files are returned as a list of paths, to
+  stream as shards (:mod:`fp8jax.data.stream`; reading them needs TensorFlow).
 
   Raises:
     ImportError: tensorflow-datasets is not installed.
@@ -96,16 +99,37 @@ def tfds_source(name: str, split: str = "train", data_dir: str | None = None,
   except tfds.core.registered.DatasetNotFoundError as e:
     raise ValueError(f"tfds has no dataset {name!r}: {str(e).splitlines()[0]}") from e
   except (NotImplementedError, AssertionError, FileNotFoundError, OSError) as e:
+    files = tfrecord_files(tfds, name, split, data_dir) if isinstance(
+        e, NotImplementedError) else []
+    if files:
+      return files
     raise FileNotFoundError(
-        f"tfds dataset {name!r} (split {split!r}) is not prepared as ArrayRecord in data_dir "
-        f"{where}. Prepare it first, e.g. `tfds build {name.split(':')[0]} --data_dir={where} "
-        "--file_format=array_record`, or copy prepared ArrayRecord files (with their "
-        f"dataset_info.json) under {where}. tfds said: {str(e).splitlines()[0]}") from e
+        f"tfds dataset {name!r} (split {split!r}) is not prepared as ArrayRecord or TFRecord "
+        f"in data_dir {where}. Copy the prepared files (with their dataset_info.json) under "
+        f"{where}, or prepare it, e.g. `tfds build {name.split(':')[0]} --data_dir={where} "
+        "--file_format=array_record` (README: the real study). tfds said: "
+        f"{str(e).splitlines()[0]}") from e
   source = TextSource(records, field, f"tfds {name}[{split}]")
   if len(source) == 0:
     raise ValueError(f"{source.name} holds no records")
   source[0]  # noqa: B018  # fails now, naming the keys, if the records lack `field`
   return source
+
+
+def tfrecord_files(tfds, name: str, split: str, data_dir: str | None) -> list[str]:
+  """The files of ``split`` of a dataset prepared as TFRecord ([] if it is not)."""
+  try:
+    info = tfds.builder(name, data_dir=data_dir).info
+    if str(getattr(info.file_format, "value", info.file_format)) != "tfrecord":
+      return []
+    files = [str(p) for p in info.splits[split].filepaths]
+  except (KeyError, ValueError, OSError):
+    return []
+  missing = [f for f in files if not pathlib.Path(f).is_file()]
+  if missing:
+    raise FileNotFoundError(f"tfds dataset {name!r} lacks {len(missing)} of its {split} "
+                            f"TFRecord files, e.g. {missing[0]}")
+  return files
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -117,7 +141,8 @@ class StreamingBatches:
   """Per-process packed batches streamed from a random-access sequence of documents.
 
   Args:
-    docs: random-access documents (``len`` and ``docs[i] -> str``), e.g. a
+    docs: random-access documents (``len`` and ``docs[i]``: a ``str``, or int token ids
+      such as :class:`fp8jax.data.prepared.PreparedDocs` gives), e.g. a
       :class:`TextSource` or a list.
     tokenizer: has ``encode(str) -> int array`` and ``eos_id``.
     seq_len: tokens per row.
@@ -153,8 +178,9 @@ class StreamingBatches:
     self._it = None  # token arrays of this process's documents from `self.doc` on
     self._tokens = None  # tokens (EOS included) of document `self.doc`, once read
 
-  def _encode(self, text: str) -> np.ndarray:
-    ids = np.asarray(self.tokenizer.encode(text), np.int32)
+  def _encode(self, doc) -> np.ndarray:
+    """Token ids of a document (a str, or already int token ids), then EOS."""
+    ids = doc if isinstance(doc, np.ndarray) else np.asarray(self.tokenizer.encode(doc), np.int32)
     return np.concatenate([ids, np.asarray([self.tokenizer.eos_id], np.int32)])
 
   def _epoch_docs(self, epoch: int):

@@ -1,4 +1,8 @@
-"""The study end to end: baseline training, the comparison sweep, the report."""
+"""The study end to end: baseline training, the comparison sweep, the report.
+
+In a multi-process run every process trains and compares; process 0 alone prints and
+writes the report.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,14 @@ import sys
 import time
 
 from fp8jax.study import report, sweep
-from fp8jax.train import loop
+from fp8jax.train import loop, multihost
 
 
 def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | None = None,
               stream=None) -> pathlib.Path:
   """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` on
   every checkpoint in ``<out>/compare`` and returns the path of the report."""
-  stream = stream or sys.stderr
+  stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or sweep.Windows()
   out = pathlib.Path(out)
   t0 = time.perf_counter()
@@ -30,6 +34,7 @@ def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | No
   sweep.run(train_dir, out / "compare", policies=policies, windows=windows, stream=stream,
             moe_impl=train_config.train.moe_impl)
   stage("3/3 writing the report")
-  path = report.write_report(out / "compare")
+  path = (report.write_report(out / "compare") if multihost.is_main()
+          else out / "compare" / "report.md")
   stage(f"done: {path}")
   return pathlib.Path(path)

@@ -18,6 +18,10 @@ its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for
 Every checkpoint is verified as it is restored (:mod:`fp8jax.models.integrity`): a corrupt
 or incomplete one stops the sweep with its error, or with ``skip_corrupt=True`` is
 skipped, reported in the summary and given no row.
+
+In a multi-process run (:mod:`fp8jax.train.multihost`) every process computes, on its
+share of each batch; process 0 alone reads and writes the results folder and prints
+progress, and tells the others which results are missing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
@@ -37,7 +42,7 @@ from fp8jax.models import policy as policy_lib
 from fp8jax.study import paired, results_io
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import mesh as mesh_lib
-from fp8jax.train import metrics_log, run_config
+from fp8jax.train import metrics_log, multihost, run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,21 +73,53 @@ def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
   return out
 
 
-def eval_batches(train_cfg, windows: Windows) -> dict[tuple[int, int], np.ndarray]:
+def data_config(train_cfg, data: dict | None = None) -> dict:
+  """The training run's data settings, with ``data`` (e.g. from
+  :func:`fp8jax.data.pipeline.override`: a prepared folder or shards) put over them."""
+  d = {"skip_bad_records": False, **dict(train_cfg.data), **(data or {})}
+  d["paths"], d["data_dir"] = tuple(d["paths"]), d["data_dir"] or None
+  return d
+
+
+def _trained_on(ckpt, step: int) -> str | None:
+  """The data id in checkpoint ``step``'s data position (None: not recorded)."""
+  try:
+    position = ckpt.manager.restore(step, args=ocp.args.Composite(
+        data=ocp.args.JsonRestore())).data
+  except Exception:  # pylint: disable=broad-except  # a damaged one is reported when read
+    return None
+  return position.get("data") if isinstance(position, dict) else None
+
+
+def check_data(ckpt, steps, data_id: str, allow_other_data: bool = False) -> None:
+  """Raises ValueError if a checkpoint was trained on data other than ``data_id``."""
+  other = {s: d for s in steps if (d := _trained_on(ckpt, s)) not in (None, data_id)}
+  if other and not allow_other_data:
+    step, trained = next(iter(other.items()))
+    raise ValueError(f"checkpoints {sorted(other)} were trained on data {trained}, but the "
+                     f"evaluation reads {data_id} (checkpoint {step}); compare on the "
+                     "training data, or pass allow_other_data (--allow_other_data) to "
+                     "compare anyway")
+
+
+def eval_batches(train_cfg, windows: Windows,
+                 data: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
   """{(offset, batch index): this process's int32 [batch_size / processes, S] tokens}."""
-  d = train_cfg.data
-  tok = tokenizers.get_tokenizer(d.tokenizer)
+  d = data_config(train_cfg, data)
+  tok = tokenizers.get_tokenizer(d["tokenizer"])
   out = {}
   for offset in windows.offsets:
     it = pipeline.make_batches(
-        d.source, tok, seq_len=windows.seq_len or d.seq_len, global_batch=windows.batch_size,
-        seed=windows.seed, process_index=jax.process_index(),
-        process_count=jax.process_count(), data_dir=d.data_dir or None, paths=tuple(d.paths),
-        split=windows.split or d.split, field=d.field)
+        d["source"], tok, seq_len=windows.seq_len or d["seq_len"],
+        global_batch=windows.batch_size, seed=windows.seed, process_index=jax.process_index(),
+        process_count=jax.process_count(), data_dir=d["data_dir"], paths=d["paths"],
+        split=windows.split or d["split"], field=d["field"],
+        skip_bad_records=d["skip_bad_records"])
     for _ in range(offset):
       next(it)
     for b in range(windows.batches):
       out[(offset, b)] = next(it)
+    it.close()  # stops a streaming source's reading thread
   return out
 
 
@@ -91,16 +128,20 @@ def _key(row) -> tuple:
 
 
 class _Output:
-  """The results folder: meta check, done sets, appends."""
+  """The results folder: meta check, done sets, appends (all empty and no-ops unless
+  ``write``: processes other than 0 leave the folder alone)."""
 
-  def __init__(self, out: pathlib.Path, meta: dict):
-    self.dir = out
+  def __init__(self, out: pathlib.Path, meta: dict, write: bool = True):
+    self.dir, self.write = out, write
+    self.rows, self.base, self.base_nonfinite, self.weights = set(), set(), set(), set()
+    if not write:
+      return
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "meta.json"
     if meta_path.exists():
       old = json.loads(meta_path.read_text())
-      for key in ("model", "windows", "train_workdir"):
-        if old.get(key) != json.loads(json.dumps(meta[key])):
+      for key in ("model", "windows", "train_workdir", "data"):
+        if (key in old or key != "data") and old.get(key) != json.loads(json.dumps(meta[key])):
           raise ValueError(f"{out} holds a sweep with a different {key}; use another "
                            "output folder")
       meta["steps"] = sorted(set(old["steps"]) | set(meta["steps"]))
@@ -118,20 +159,27 @@ class _Output:
     self.weights = {r["step"] for r in results_io.repair(out / "weights.jsonl")}
 
   def append(self, name: str, row: dict) -> None:
-    results_io.append(self.dir / name, row)
+    if self.write:
+      results_io.append(self.dir / name, row)
 
 
 def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
-        stream=None) -> dict:
+        stream=None, data: dict | None = None, allow_other_data: bool = False) -> dict:
   """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
 
+  The evaluation batches come from the training run's data, or from ``data`` (settings
+  over it, e.g. ``{"source": "prepared", "data_dir": ...}``). Their data id
+  (:func:`fp8jax.data.pipeline.data_id`) must be the one the checkpoints recorded, unless
+  ``allow_other_data``; ``meta.json`` records it.
+
   Raises:
+    ValueError: the evaluation data differs from the training data (see above).
     fp8jax.models.integrity.CheckpointError: a checkpoint is corrupt or incomplete (unless
       ``skip_corrupt``); the rows of the checkpoints before it are kept.
   """
-  stream = stream or sys.stderr
+  stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
   train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
@@ -146,21 +194,37 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   if missing or not steps:
     raise ValueError(f"checkpoints {missing or steps} are not in {train_workdir}; available: "
                      f"{available}")
-  batches = eval_batches(train_cfg, windows)
+  d = data_config(train_cfg, data)
+  data_id = pipeline.describe(d["source"], tokenizers.get_tokenizer(d["tokenizer"]),
+                              d["paths"], d["data_dir"], windows.split or d["split"],
+                              d["field"])
+  check_data(ckpt, steps, data_id, allow_other_data)
+  batches = eval_batches(train_cfg, windows, data)
   meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
           "policies": {p.name: {"expr": _expression(p),
                                 "direct": sorted(metrics.direct_modules(
                                     p, cfg.num_hidden_layers))} for p in pols},
-          "steps": steps, "windows": dataclasses.asdict(windows),
+          "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
           "code_version": ckpt_lib.code_version()}
   evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)  # checks the policies
-  output = _Output(out, meta)
+  try:
+    output, refused = _Output(out, meta, write=multihost.is_main()), None
+  except ValueError as e:  # process 0 checks the folder: every process stops with it
+    refused = e
+  if multihost.any_process(refused is not None):
+    raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
   abstract = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
       deepseek_moe.abstract_params(cfg))
   weight_norms = jax.jit(metrics.weights.norms_by_module)
-  todo = [(s, k) for s in steps for k in batches if (s, *k) not in output.base_nonfinite
-          and any((s, *k, p.name) not in output.rows for p in pols)]
+  # Process 0's view of the missing rows, so that every process runs the same computations.
+  cells = [(s, k) for s in steps for k in batches]
+  missing = multihost.broadcast(np.array(
+      [[(s, *k) not in output.base_nonfinite and (s, *k, p.name) not in output.rows
+        for p in pols] for s, k in cells], np.int32).reshape(len(cells), len(pols)))
+  todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
+  todo_pols = {(s, k): [p for p, m in zip(pols, row) if m]
+               for (s, k), row in zip(cells, missing)}
   progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
   written, skipped = 0, {}
   try:
@@ -176,22 +240,22 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
           skipped[step] = str(e)
           print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
           continue
+        norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
         if step not in output.weights:
-          norms = jax.device_get(weight_norms(params))
           output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
                                                            for k, v in norms.items()}})
-      written += _evaluate(evaluator, output, pols, step, key, params,
+      written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
                            mesh_lib.global_batch(batches[key], mesh))
       progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
-                       f"{len(pols)} policies")
+                       f"{len(todo_pols[(step, key)])} policies")
   finally:
     ckpt.close()
   return {"rows_written": written, "out": str(out), "skipped": skipped}
 
 
 def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens) -> int:
-  """The baseline and every missing policy row of one (checkpoint, batch); returns the
-  number of rows written (none when the BF16 baseline is non-finite)."""
+  """The baseline and the rows of ``pols`` (those missing) of one (checkpoint, batch);
+  returns the number of rows written (none when the BF16 baseline is non-finite)."""
   ids = {"step": step, "offset": key[0], "batch": key[1]}
   base = evaluator.baseline(params, tokens)
   if (step, *key) not in output.base:
@@ -200,8 +264,6 @@ def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens) 
     return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
   written = 0
   for p in pols:
-    if (step, *key, p.name) in output.rows:
-      continue
     res = jax.device_get(evaluator.variant(p.name, params, tokens, base))
     row, details = _result_rows(res, params, {**ids, "policy": p.name})
     output.append("details.jsonl", details)

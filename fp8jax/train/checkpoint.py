@@ -6,6 +6,10 @@ so a killed run leaves no partial checkpoint behind. The ``meta`` item records a
 of every saved array (:func:`fp8jax.models.integrity.record`), and every restore verifies
 the arrays it read against them: a file damaged later (a bad copy between machines, a
 disk error) that still decodes is caught as well as one that does not restore.
+
+In a multi-process run every process saves its own data position (the ``positions`` item,
+:mod:`fp8jax.train.data_positions`) and restores its own; a checkpoint that does not
+restore on one process is incomplete for all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import orbax.checkpoint as ocp
 
 import fp8jax
 from fp8jax.models import integrity
+from fp8jax.train import data_positions, multihost
 
 
 def code_version() -> str:
@@ -65,7 +70,8 @@ class Checkpointer:
       meta["digests"] = integrity.record(state)
     return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
-        meta=ocp.args.JsonSave(meta)), force=force)
+        meta=ocp.args.JsonSave(meta),
+        **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -89,13 +95,15 @@ class Checkpointer:
 
   def verify(self, step: int, abstract_state) -> integrity.Status:
     """What a restore of ``step`` finds (:data:`~fp8jax.models.integrity.Status`), without
-    raising or warning."""
-    return self._restore(step, abstract_state, partial=False)[1]
+    raising or warning (from any number of processes: the data positions are a resume's)."""
+    return self._restore(step, abstract_state, partial=False, own_position=False)[1]
 
-  def _restore(self, step, abstract, partial: bool):
+  def _restore(self, step, abstract, partial: bool, own_position: bool = True):
     """((tree, data position or None, meta), status): the arrays are restored in their
-    saved dtype, verified, then cast to ``abstract``'s dtypes."""
+    saved dtype, verified, then cast to ``abstract``'s dtypes; the data position is this
+    process's (``own_position``) or process 0's."""
     _quiet_closed_loop_callbacks()
+    error = None
     try:
       meta = self.manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore())).meta
@@ -110,12 +118,20 @@ class Checkpointer:
         args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                   data=ocp.args.JsonRestore())
       out = self.manager.restore(step, args=args)
+      position = None if partial else out.data
+      if own_position and not partial:
+        position = data_positions.restore(self.manager, step, out.data)
+    except data_positions.ProcessCountError:
+      raise  # a run resumed with another process count: bad input, not a damaged checkpoint
     except Exception as e:  # pylint: disable=broad-except
-      return None, integrity.Incomplete(str(self.step_path(step)), integrity.short_error(e))
+      error = integrity.short_error(e)
+    if multihost.any_process(error is not None):  # then every process skips the collectives
+      return None, integrity.Incomplete(str(self.step_path(step)),
+                                        error or "does not restore on another process")
     status = integrity.verify_tree(str(self.step_path(step)), out.state, recorded)
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
                          out.state, abstract)
-    return (state, None if partial else out.data, meta), status
+    return (state, position, meta), status
 
   def wait(self):
     self.manager.wait_until_finished()

@@ -13,7 +13,13 @@ run resumes from the one before (:func:`_restore_latest`).
 
 A step whose loss or gradients are not finite stops the run with :class:`NonFiniteError`
 naming the step and the first non-finite parameter or gradient; that step changed
-nothing and the checkpoints already written stay.
+nothing and the checkpoints already written stay. A preemption notice (SIGTERM) saves a
+checkpoint at the next step boundary and raises
+:class:`~fp8jax.train.preemption.Preempted` (:mod:`fp8jax.train.preemption`).
+
+Several processes (``jax.distributed``) run the same loop, each on its share of every
+batch (:mod:`fp8jax.train.multihost`); only process 0 writes ``config.json`` and
+``metrics.jsonl`` and prints progress, and Orbax writes each checkpoint once.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
 from fp8jax.models import deepseek_moe, integrity
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import flops, metrics_log, optim, run_config
+from fp8jax.train import flops, metrics_log, multihost, optim, preemption, run_config
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
 
@@ -48,7 +54,8 @@ def make_data(cfg, mesh, model_vocab: int):
   return pipeline.make_batches(
       d.source, tok, seq_len=d.seq_len, global_batch=d.global_batch, seed=d.seed,
       process_index=jax.process_index(), process_count=jax.process_count(),
-      data_dir=d.data_dir or None, paths=tuple(d.paths), split=d.split, field=d.field)
+      data_dir=d.data_dir or None, paths=tuple(d.paths), split=d.split, field=d.field,
+      skip_bad_records=d.get("skip_bad_records", False))
 
 
 def state_layout(cfg, model_cfg, tx, mesh):
@@ -80,6 +87,18 @@ def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
   return out
 
 
+def _with_defaults(saved: dict, defaults: dict) -> dict:
+  """``saved`` with the keys it lacks (added to the defaults after it was written) filled
+  in from ``defaults``."""
+  out = dict(saved)
+  for key, value in defaults.items():
+    if key not in out:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(out[key], dict):
+      out[key] = _with_defaults(out[key], value)
+  return out
+
+
 def _check_workdir(workdir: pathlib.Path, cfg, resume: bool) -> bool:
   """Returns whether there is a run to resume; refuses to overwrite one."""
   saved = workdir / "config.json"
@@ -90,6 +109,7 @@ def _check_workdir(workdir: pathlib.Path, cfg, resume: bool) -> bool:
                           "continue it or choose a new workdir")
   if has_run and saved.exists():
     old, new = json.loads(saved.read_text()), json.loads(cfg.to_json())
+    old = _with_defaults(old, json.loads(run_config.defaults().to_json()))  # keys added since
     # train.steps may grow, unless the LR schedule follows it (optim.total_steps = 0).
     allowed = {"train.steps"} if old["optim"]["total_steps"] else set()
     changed = [k for k in _config_changes(old, new) if k not in allowed]
@@ -119,7 +139,9 @@ def _restore_latest(ckpt, target, stream):
     kind = "corrupt" if isinstance(e, integrity.CorruptCheckpointError) else "incomplete"
     print(f"warning: {e}; moved it to {path}.{kind}, resuming from the previous checkpoint, "
           f"step {steps[-2]}", file=stream or sys.stderr)
-    path.rename(path.with_name(f"{steps[-1]}.{kind}"))
+    if multihost.is_main():
+      path.rename(path.with_name(f"{steps[-1]}.{kind}"))
+    multihost.barrier("fp8jax_checkpoint_set_aside")
     ckpt.manager.reload()
     return steps[-2], state, position
 
@@ -128,13 +150,17 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
   """Runs (or resumes) the training run ``cfg`` in ``workdir`` on ``devices`` (default
   all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``)."""
   workdir = pathlib.Path(workdir)
+  main, stream = multihost.is_main(), multihost.main_stream(stream or sys.stderr)
   model_cfg, policy = run_config.validate(cfg)
   opt_cfg = run_config.optim_config(cfg)
   mesh = mesh_lib.data_mesh(devices)
   data = make_data(cfg, mesh, model_cfg.vocab_size)
   has_run = _check_workdir(workdir, cfg, resume)
-  workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / "config.json").write_text(cfg.to_json(indent=2))
+  if main:
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp = workdir / "config.json.tmp"  # the other processes may be reading config.json
+    tmp.write_text(cfg.to_json(indent=2))
+    tmp.replace(workdir / "config.json")
 
   tx = optim.optimizer(opt_cfg)
   init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh)
@@ -142,7 +168,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
       step_lib.make_train_step(model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
                                moe_groups=mesh.devices.size), mesh, sharding)
   ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
-  writer = metrics_log.MetricsWriter(workdir, cfg.train.tensorboard)
+  writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
+            else metrics_log.NoWriter())
   meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),
           "policy": policy.name}
   try:
@@ -151,12 +178,14 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
                                                stream)
       data.set_state(position)
       writer.truncate_after(start)
+      print(f"[train] resuming from checkpoint {start}", file=stream, flush=True)
     else:
       start = 0
       state = jax.jit(init, out_shardings=sharding)()
       ckpt.save(0, state, data.get_state(), meta, force=True)
-    return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
-                mesh, stream)
+    with preemption.Watch(ckpt.manager) as watch:
+      return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
+                  mesh, stream, watch)
   finally:
     ckpt.wait()
     ckpt.close()
@@ -164,7 +193,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
 
 
 def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta, mesh,
-         stream) -> dict:
+         stream, watch) -> dict:
   total, log_every = cfg.train.steps, cfg.train.log_every
   lr_at = optim.schedule(opt_cfg)
   tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
@@ -173,8 +202,11 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   progress = metrics_log.Progress(total, start, stream)
   weight_norms = jax.jit(weights.norms_by_module)
   batch = next(data) if start < total else None
-  t_last, steps_since, loss = time.perf_counter(), 0, None
+  t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False
   for step in range(start, total):
+    if preempted:  # saved (and logged if due) at the previous step
+      ckpt.wait()
+      raise preemption.Preempted(step, ckpt.manager.directory)
     position = data.get_state()  # the data position after this step's batch
     state, m = step_fn(state, mesh_lib.global_batch(batch, mesh))
     batch = next(data) if step + 1 < total else None  # host work overlaps the device
@@ -186,7 +218,8 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
           f"step {done}: non-finite loss or gradients (first non-finite: {where}); the run "
           f"stopped without applying the step; last good checkpoint: step "
           f"{ckpt.latest_step()} in {ckpt.manager.directory}")
-    ckpt.save(done, state, position, meta, force=done == total)
+    preempted = watch.reached(done) and done < total  # the same step on every process
+    ckpt.save(done, state, position, meta, force=done == total or preempted)
     if done % log_every and done != total:
       continue
     now = time.perf_counter()

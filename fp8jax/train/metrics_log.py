@@ -59,6 +59,20 @@ class MetricsWriter:
       self._tb.close()
 
 
+class NoWriter:
+  """The :class:`MetricsWriter` of processes other than 0 in a multi-process run: the
+  rows are process 0's to write."""
+
+  def truncate_after(self, step: int) -> None:
+    del step
+
+  def write(self, row: dict) -> None:
+    del row
+
+  def close(self) -> None:
+    pass
+
+
 def read_rows(path) -> list[dict]:
   """The rows of a ``metrics.jsonl`` (skipping a torn last line)."""
   rows = []

@@ -29,10 +29,11 @@ def defaults() -> ml_collections.ConfigDict:
   c.policy = "bf16"                     # fp8jax.models.policy.parse_policy expression
   c.seed = 0                            # parameter init
   c.data = ml_collections.ConfigDict(dict(
-      source="embedded",                # "embedded", "files" or "tfds:<name>"
-      paths=(),                         # for "files": .txt / .jsonl files
-      field="text",                     # JSONL / tfds text field
-      data_dir="",                      # tfds data_dir ("" = tfds default)
+      source="embedded",                # "embedded", "files", "prepared" or "tfds:<name>"
+      paths=(),                         # for "files": shard files, folders or globs
+      field="text",                     # JSON / Parquet / tfds text field
+      data_dir="",                      # tfds data_dir ("" = tfds default); "prepared": folder
+      skip_bad_records=False,           # "files": skip (and count) bad records, not fail
       split="train",
       tokenizer="bytes",                # "bytes" or a tokenizer.json path
       seq_len=128,
