@@ -1,0 +1,336 @@
+"""Pallas (GPU Triton backend) grouped GEMM with blockwise FP8 scales, FP32 promotion.
+
+The MoE experts' GEMMs of ``gemm:fp32_blockwise`` (DeepSeek-V3: FP8 operands, 1x128 tiles
+for rows, 128x128 blocks for weights, FP32 promotion every 128 elements of the contraction)
+with the scales applied per promotion interval inside the kernel. Every program reads its
+expert's payload tiles and scales in place: there is no weight copy per row tile (the
+XLA simulation, ``fp8jax.gemm.grouped.tiled_matmul``, gathers a float32 weight per tile).
+
+* :func:`grouped_scaled_matmul` (Fprop ``Y = X W_g``, Dgrad ``dX = dY W_g^T``): rows
+  ``a`` [N, K] sorted by group, ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j, :]) *
+  sa[n, j] * sb[g(n), j, :]``. Row tiles never cross a group boundary
+  (:func:`grouped_matmul_pallas.row_tiles`); program ``(t, c)`` walks K in intervals.
+* :func:`grouped_scaled_wgrad` (Wgrad ``dW_g = X_g^T dY_g``): the contraction runs over
+  the rows, both operands in contraction-last layout (X^T [K, N], dY^T [F, N]) with one
+  scale per 128-row interval and per column. Program ``(c, i, g)`` walks the intervals
+  that group ``g``'s rows touch, masking the rows of other groups: the rows may be
+  unpadded (an interval shared by two groups has one scale for both, as in the XLA
+  simulation) or each group padded to whole intervals (``pad_groups``; as real kernels
+  do, no scale spans two experts), where ``groups_aligned=True`` drops the row masks.
+
+Inside an interval, ``bf16 x bf16 -> float32`` dots of ``block.k`` elements (FP8 payloads
+are exact in bfloat16: exact products, float32 sums in the tensor cores' order) chain in
+one float32 accumulator; at its end ``acc = acc + partial * (sa[:, None] * sb[None, :])``
+in float32 (Triton may fuse this into an FMA: at most one float32 ulp per promotion
+against the XLA reference, which rounds the product first). Output float32 (or
+``out_dtype``). Payloads are 8-bit floats or bfloat16; 8-bit ones are converted to
+bfloat16 by XLA before the kernel (or in it: ``convert_in_kernel``). Two-level (NVFP4)
+per-tensor levels are not applied: multiply the output by them.
+
+JAX has deprecated its Pallas Triton backend, but the project's GEMM kernels use it
+(:mod:`scaled_matmul_pallas`, :mod:`grouped_matmul_pallas`), and the Mosaic GPU grouped
+kernels that JAX ships (:mod:`grouped_matmul_mosaic`) take no scales. Pallas is imported
+when a kernel is called; on CPU pass ``interpret=True``. XLA references:
+:mod:`grouped_scaled_reference`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from fp8jax.kernels import grouped_matmul_pallas as gmp
+from fp8jax.kernels import scaled_matmul_pallas as smp
+
+Blocks = gmp.Blocks
+ROWS = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
+"""Fprop / Dgrad default. On an H100 at the 2B shapes (``scripts/bench/grouped_scaled.py``,
+``docs/perf_raw/2026-11-23_h100_grouped_scaled.json``) it ties the fastest tile tried
+(64x128x128, 4 warps: 1.84 / 1.90 ms Fprop / Dgrad against 1.87 / 1.94 ms with
+``convert_in_kernel``, which also drops the bf16 payload copy: 6.5 MiB of temporaries
+against 424); tiles with k = 64 and 4 stages or n = 256 exceed the shared memory."""
+WGRAD = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
+"""Wgrad default: the fastest of the tiles tried on the H100 (1.67 ms with
+``convert_in_kernel``, 1.73 ms without)."""
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _and(*masks):
+  """The conjunction of the masks that are not None (None: no mask at all)."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  out = masks[0]
+  for m in masks[1:]:
+    out = out & m
+  return out
+
+
+def _chunk(interval: int, blocks: Blocks, payloads) -> int:
+  """Elements of the contraction per dot; validates interval, blocks and payloads."""
+  for p in payloads:
+    if not smp.supports_payload(p.dtype):
+      raise TypeError(f"payloads must be 8-bit floats or bfloat16, got {p.dtype}")
+  if not smp.supports_interval(interval):
+    raise ValueError(f"unsupported promotion interval {interval}: need a power of two "
+                     "from 16 to 128 or a multiple of 128")
+  chunk = min(interval, blocks.k)
+  if interval % chunk:
+    raise ValueError(f"block k ({blocks.k}) must divide the interval ({interval})")
+  return chunk
+
+
+def _load(ref, mask):
+  """``ref``'s block, zero where ``mask`` (None: no mask) is False (Triton refuses a fill
+  value without a mask; a float fill casts to 8-bit payloads)."""
+  from jax.experimental.pallas import triton as plgpu
+  return plgpu.load(ref, mask=mask, other=None if mask is None else 0.0)
+
+
+def _payload(x: jax.Array, convert_in_kernel: bool) -> jax.Array:
+  if convert_in_kernel or x.dtype == jnp.bfloat16:
+    return x
+  # The barrier keeps XLA from folding an f32 -> fp8 -> bf16 round trip away.
+  return lax.optimization_barrier(x).astype(jnp.bfloat16)
+
+
+def _pad_last(x: jax.Array, size: int) -> jax.Array:
+  extra = size - x.shape[-1]
+  return x if extra == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+
+
+def _params(blocks: Blocks, interpret: bool):
+  if interpret:
+    return None
+  from jax.experimental.pallas import triton as plgpu
+  return plgpu.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
+
+
+def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *,
+                 blocks: Blocks, chunk: int, n_int: int, interval: int, transpose_b: bool):
+  """Program (t, c): o[start:end, c-block] = sum_j promote_j(x[start:end, I_j] . w_g[I_j])."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+
+  t, c = pl.program_id(0), pl.program_id(1)
+  g, start, end = group_ref[t], start_ref[t], end_ref[t]
+  bm, bn = blocks.m, blocks.n
+  n_out, depth = o_ref.shape[1], a_ref.shape[1]
+  e = b_ref.shape[0]
+  row_ok = start + lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < end
+  row_ok1 = start + lax.broadcasted_iota(jnp.int32, (bm,), 0) < end
+  col_ok = None  # [1, bn]; None where every column block is whole
+  if n_out % bn:
+    col_ok = c * bn + lax.broadcasted_iota(jnp.int32, (1, bn), 1) < n_out
+  k_tail = depth % interval != 0  # chunks past K in the last interval: masked to zero
+
+  def dot_chunk(k0):
+    k_ok = (k0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1) < depth) if k_tail else None
+    x = _load(a_ref.at[pl.ds(start, bm), pl.ds(k0, chunk)], _and(row_ok, k_ok))
+    x = x.astype(jnp.bfloat16)
+    if transpose_b:  # b[g] is [F, K]: load [bn, chunk], contract the last axes
+      mask = _and(None if col_ok is None else col_ok.reshape(bn, 1), k_ok)
+      y = _load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, chunk)], mask).astype(jnp.bfloat16)
+      return lax.dot_general(x, y, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    mask = _and(None if k_ok is None else k_ok.reshape(chunk, 1), col_ok)  # b[g] is [K, F]
+    y = _load(b_ref.at[g, pl.ds(k0, chunk), pl.ds(c * bn, bn)], mask).astype(jnp.bfloat16)
+    return jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+  def interval_step(jj, acc):
+    part = None
+    for i in range(interval // chunk):
+      prod = dot_chunk(pl.multiple_of(jj * interval + i * chunk, chunk))
+      part = prod if part is None else part + prod
+    sa = _load(sa_ref.at[jj, pl.ds(start, bm)], row_ok1)
+    sb = sb_ref[g, jj, pl.ds(c * bn, bn)]  # padded to whole column blocks
+    return acc + part * (sa[:, None] * sb[None, :])
+
+  def store(acc):
+    plgpu.store(o_ref.at[pl.ds(start, bm), pl.ds(c * bn, bn)], acc.astype(o_ref.dtype),
+                mask=_and(row_ok, col_ok))
+
+  @pl.when((end > start) & (g < e))
+  def _():  # a static trip count (Triton pipelines the loads across intervals)
+    store(lax.fori_loop(0, n_int, interval_step, jnp.zeros((bm, bn), jnp.float32)))
+
+  @pl.when((end > start) & (g == e))
+  def _():  # rows past sum(group_sizes)
+    store(jnp.zeros((bm, bn), jnp.float32))
+
+
+def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
+                          b_scale_inv: jax.Array, group_sizes: jax.Array, *,
+                          transpose_b: bool = False, interval: int = 128,
+                          b_block_n: int = 128, out_dtype=jnp.float32, blocks: Blocks = ROWS,
+                          convert_in_kernel: bool = False, interpret: bool = False
+                          ) -> jax.Array:
+  """Fprop / Dgrad: ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j]) * sa[n, j] * sb[g(n), j]``.
+
+  Args:
+    a: payload [N, K], rows sorted by group (8-bit float or bfloat16).
+    a_scale_inv: [N, J] one multiplier per row and interval of K, ``J = ceil(K /
+      interval)`` (a 1 x ``interval`` tile QTensor's ``scale_inv``).
+    b: payload [E, K, F]; with ``transpose_b`` [E, F, K] (contraction-last, the layout of
+      ``fp8jax.gemm.grouped``'s quantized weights for both Fprop and Dgrad).
+    b_scale_inv: [E, J, ceil(F / b_block_n)]; with ``transpose_b`` [E, ceil(F / b_block_n),
+      J] (a ``[b_block_n, interval]`` block QTensor's ``scale_inv``).
+    group_sizes: int [E] rows per group, summing to at most N; rows past the sum give 0.
+    transpose_b: the layout of ``b`` (above).
+    interval: promotion interval along K (see ``scaled_matmul_pallas.supports_interval``).
+    b_block_n: columns of F per weight scale (1: per-column scales).
+    out_dtype: output dtype (float32 accumulation).
+    blocks: output tile ``m x n`` per program, ``k`` elements of K per dot (dividing the
+      interval), Triton warps and stages.
+    convert_in_kernel: load 8-bit payloads as they are, convert in the kernel.
+    interpret: run with the Pallas interpreter (CPU).
+
+  Returns:
+    [N, F] in ``out_dtype``.
+  """
+  from jax.experimental import pallas as pl
+
+  if a.ndim != 2 or b.ndim != 3 or group_sizes.shape != (b.shape[0],):
+    raise ValueError(f"need a [N, K], b [E, K, F] (or [E, F, K]) and group_sizes [E]; got "
+                     f"{a.shape}, {b.shape} and {group_sizes.shape}")
+  n, k = a.shape
+  e = b.shape[0]
+  f, depth = (b.shape[1], b.shape[2]) if transpose_b else (b.shape[2], b.shape[1])
+  if depth != k:
+    raise ValueError(f"a's K ({k}) does not match b's contraction axis ({depth}) for b of "
+                     f"shape {b.shape} (transpose_b={transpose_b})")
+  chunk = _chunk(interval, blocks, (a, b))
+  n_int, n_sb = _cdiv(k, interval), _cdiv(f, b_block_n)
+  want_sb = (e, n_sb, n_int) if transpose_b else (e, n_int, n_sb)
+  if a_scale_inv.shape != (n, n_int) or b_scale_inv.shape != want_sb:
+    raise ValueError(f"scales must be [N, J] = {(n, n_int)} and {want_sb}, got "
+                     f"{a_scale_inv.shape} and {b_scale_inv.shape}")
+  if n == 0 or f == 0:
+    return jnp.zeros((n, f), out_dtype)
+  sa = jnp.swapaxes(a_scale_inv.astype(jnp.float32), 0, 1)  # [J, N]: one row per interval
+  sb = b_scale_inv.astype(jnp.float32)
+  if transpose_b:
+    sb = jnp.swapaxes(sb, 1, 2)
+  # Per column [E, J, F_pad] (E * J * F floats, 1/interval of the weight's elements).
+  sb = _pad_last(jnp.repeat(sb, b_block_n, axis=2)[:, :, :f], _cdiv(f, blocks.n) * blocks.n)
+  group, start, end = gmp.row_tiles(group_sizes.astype(jnp.int32), n, blocks.m)
+  kernel = functools.partial(_rows_kernel, blocks=blocks, chunk=chunk, n_int=n_int,
+                             interval=interval, transpose_b=transpose_b)
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((n, f), out_dtype),
+      grid=(group.shape[0], pl.cdiv(f, blocks.n)),
+      compiler_params=_params(blocks, interpret),
+      interpret=interpret,
+      name="fp8jax_grouped_scaled_dgrad" if transpose_b else "fp8jax_grouped_scaled_rows",
+  )(group, start, end, _payload(a, convert_in_kernel), sa, _payload(b, convert_in_kernel), sb)
+
+
+def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, blocks: Blocks,
+                  chunk: int, interval: int, aligned: bool):
+  """Program (c, i, g): dw[g, i-block, c-block] over the intervals group g's rows touch."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+
+  c, i, g = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  start, end = start_ref[g], end_ref[g]
+  bm, bn = blocks.m, blocks.n
+  kd, fd = o_ref.shape[1], o_ref.shape[2]
+  k_ok = (i * bm + lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < kd) if kd % bm else None
+  f_ok = (c * bn + lax.broadcasted_iota(jnp.int32, (bn, 1), 0) < fd) if fd % bn else None
+  first = lax.div(start, jnp.int32(interval))  # sizes are >= 0
+  steps = jnp.where(end > start, lax.div(end + (interval - 1), jnp.int32(interval)) - first,
+                    0)
+
+  def interval_step(s, acc):
+    jj = first + s
+    part = None
+    for q in range(interval // chunk):
+      r0 = pl.multiple_of(jj * interval + q * chunk, chunk)
+      rows = None
+      if not aligned:  # rows of this group only (also keeps loads inside the array)
+        r = r0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
+        rows = (r >= start) & (r < end)
+      x = _load(a_ref.at[pl.ds(i * bm, bm), pl.ds(r0, chunk)], _and(k_ok, rows))
+      y = _load(b_ref.at[pl.ds(c * bn, bn), pl.ds(r0, chunk)], _and(f_ok, rows))
+      x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
+      prod = lax.dot_general(x, y, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+      part = prod if part is None else part + prod
+    sa = sa_ref[jj, pl.ds(i * bm, bm)]  # scales padded to whole blocks
+    sb = sb_ref[jj, pl.ds(c * bn, bn)]
+    return acc + part * (sa[:, None] * sb[None, :])
+
+  acc = lax.fori_loop(jnp.int32(0), steps, interval_step, jnp.zeros((bm, bn), jnp.float32))
+  mask = _and(k_ok, None if f_ok is None else f_ok.reshape(1, bn))
+  plgpu.store(o_ref.at[g, pl.ds(i * bm, bm), pl.ds(c * bn, bn)], acc.astype(o_ref.dtype),
+              mask=mask)
+
+
+def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
+                         b_scale_inv: jax.Array, group_sizes: jax.Array, *,
+                         interval: int = 128, groups_aligned: bool = False,
+                         out_dtype=jnp.float32, blocks: Blocks = WGRAD,
+                         convert_in_kernel: bool = False, interpret: bool = False
+                         ) -> jax.Array:
+  """Wgrad: ``dw[g] = sum_j (a[:, R_gj] . b[:, R_gj]^T) * sa[:, j] sb[:, j]^T`` with
+  ``R_gj`` the rows of group g in interval j.
+
+  Args:
+    a: payload [K, N] (X^T; N rows sorted by group, quantized in 1 x ``interval`` tiles
+      along the rows).
+    a_scale_inv: [K, J], ``J = ceil(N / interval)``.
+    b: payload [F, N] (dY^T, the same rows).
+    b_scale_inv: [F, J].
+    group_sizes: int [E] rows per group in this layout, summing to at most N (rows past
+      the sum are ignored).
+    interval: promotion interval along the rows.
+    groups_aligned: every group starts and ends on an interval boundary (sizes multiples
+      of ``interval``, e.g. from ``fp8jax.gemm.grouped.pad_groups``): no row masks. With
+      other sizes the result is wrong.
+    out_dtype, blocks, convert_in_kernel, interpret: as :func:`grouped_scaled_matmul`
+      (``blocks.m`` along K, ``blocks.n`` along F, ``blocks.k`` rows per dot).
+
+  Returns:
+    [E, K, F] in ``out_dtype``; zeros for empty groups.
+  """
+  from jax.experimental import pallas as pl
+
+  if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or group_sizes.ndim != 1:
+    raise ValueError(f"need a [K, N], b [F, N] and group_sizes [E]; got {a.shape}, "
+                     f"{b.shape} and {group_sizes.shape}")
+  chunk = _chunk(interval, blocks, (a, b))
+  (kd, n), fd, e = a.shape, b.shape[0], group_sizes.shape[0]
+  n_int = _cdiv(n, interval)
+  if a_scale_inv.shape != (kd, n_int) or b_scale_inv.shape != (fd, n_int):
+    raise ValueError(f"scales must be {(kd, n_int)} and {(fd, n_int)}, got "
+                     f"{a_scale_inv.shape} and {b_scale_inv.shape}")
+  if n == 0 or kd == 0 or fd == 0 or e == 0:
+    return jnp.zeros((e, kd, fd), out_dtype)
+  sizes = group_sizes.astype(jnp.int32)
+  ends = jnp.cumsum(sizes)
+  sa = _pad_last(jnp.swapaxes(a_scale_inv.astype(jnp.float32), 0, 1),
+                 _cdiv(kd, blocks.m) * blocks.m)  # [J, K_pad]
+  sb = _pad_last(jnp.swapaxes(b_scale_inv.astype(jnp.float32), 0, 1),
+                 _cdiv(fd, blocks.n) * blocks.n)  # [J, F_pad]
+  kernel = functools.partial(_wgrad_kernel, blocks=blocks, chunk=chunk, interval=interval,
+                             aligned=groups_aligned)
+  # Column blocks fastest, then row blocks: the programs in flight share a group's rows.
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((e, kd, fd), out_dtype),
+      grid=(pl.cdiv(fd, blocks.n), pl.cdiv(kd, blocks.m), e),
+      compiler_params=_params(blocks, interpret),
+      interpret=interpret,
+      name="fp8jax_grouped_scaled_wgrad",
+  )(ends - sizes, ends, _payload(a, convert_in_kernel), sa, _payload(b, convert_in_kernel),
+    sb)
+
+
+__all__ = ["ROWS", "WGRAD", "Blocks", "grouped_scaled_matmul", "grouped_scaled_wgrad"]
