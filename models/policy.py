@@ -18,7 +18,7 @@ straight-through). Every policy works on the same params tree.
 ``gemm`` (a :class:`fp8jax.GemmConfig`, e.g. a recipe of ``fp8jax.gemm.recipes``) routes
 the FP8 linear layers of the DeepSeek-V3 precision map through the simulated low-precision
 GEMM: the attention projections, the dense MLPs, the shared experts and the routed experts
-(``fp8jax.gemm.grouped``, FP32 accumulation), on the layers ``gemm_layers`` (None: all)
+(``fp8jax.gemm.grouped``), on the layers ``gemm_layers`` (None: all)
 except the last ``gemm_bf16_tail`` share of the model's layers, which stay in BF16 (the
 NVFP4 recipe's BF16 layers). The embedding, head, router, norms and the attention core
 stay in high precision.
@@ -89,10 +89,6 @@ class PrecisionPolicy:
                        f"{self.gemm_bf16_tail}")
     if self.gemm is not None and not isinstance(self.gemm, gemm_lib.GemmConfig):
       raise TypeError(f"gemm must be an fp8jax GemmConfig or None, got {self.gemm!r}")
-    if self.gemm is not None and self.gemm.accumulation.mode != "fp32":
-      raise ValueError("the model's GEMM hook needs FP32 accumulation (the routed experts' "
-                       "grouped GEMM has no tensor-core model); got "
-                       f"{self.gemm.accumulation.describe()}")
     if self.gemm is not None and "fp8_native" in (self.gemm.fprop, self.gemm.dgrad,
                                                   self.gemm.wgrad):
       raise ValueError("the model's GEMM hook does not support fp8_native directions")

@@ -172,10 +172,38 @@ def test_gemm_hook_routes_linear_layers_through_fp8():
     assert 1e-3 < float(np.linalg.norm(a - b) / np.linalg.norm(b)) < 1.0
   with pytest.raises(TypeError, match="gemm must be an fp8jax GemmConfig"):
     pl.PrecisionPolicy(gemm="deepseek_v3")
-  with pytest.raises(ValueError, match="needs FP32 accumulation"):
-    pl.PrecisionPolicy(gemm=fp8jax.gemm.dense.DEEPSEEK_V3)
   with pytest.raises(ValueError, match="no FP8 GEMM hook"):
     dm.apply(params, tokens, cfg, fp8_policy, moe_impl="reference")
+
+
+@pytest.mark.slow
+def test_gemm_hook_hopper_blockwise_is_a_whole_model_policy():
+  """``gemm:hopper_blockwise`` (the Hopper tensor-core accumulator, promotion every 128)
+  runs forward and backward through every hooked GEMM, the routed experts' grouped GEMM
+  included, and differs from FP32 accumulation. ``moe_impl="pallas"`` takes the same
+  simulated grouped GEMM (the Pallas kernels accumulate in FP32): the same bits."""
+  tc = pl.parse_policy("gemm:hopper_blockwise")
+  assert tc.gemm == fp8jax.recipes.recipe("hopper_blockwise")
+  assert tc.gemm.accumulation == fp8jax.gemm.accumulate.HOPPER
+  fp32 = pl.parse_policy("gemm:fp32_blockwise")
+  assert fp32.gemm.replace(accumulation=tc.gemm.accumulation) == tc.gemm
+  cfg, params, tokens = _setup(6, num_hidden_layers=2)  # a dense layer, then an MoE layer
+
+  def loss(p, pol, impl):
+    logits, aux = dm.apply(p, tokens, cfg, pol, moe_impl=impl)
+    return dm.lm_loss(logits, tokens) + aux["aux_loss"], logits
+
+  g_tc, y_tc = jax.jit(jax.grad(loss, has_aux=True), static_argnums=(1, 2))(
+      params, tc, "dispatch")
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(g_tc))
+  for name in ("experts_gate", "experts_up", "experts_down"):
+    assert np.any(g_tc["layers"][1]["mlp"][name] != 0), name
+  forward = jax.jit(loss, static_argnums=(1, 2))
+  _, y_32 = forward(params, fp32, "dispatch")
+  assert not np.array_equal(y_tc, y_32)
+  assert float(np.linalg.norm(y_tc - y_32) / np.linalg.norm(y_32)) < 0.05
+  np.testing.assert_array_equal(forward(params, tc, "pallas")[1],
+                                forward(params, tc, "dispatch")[1])
 
 
 @pytest.mark.parametrize("sizes", [(5, 0, 130, 1), (0, 0, 0, 9), (128, 128, 0, 0),

@@ -192,8 +192,45 @@ def _fp32_products(a, bt, sa, sb, interval):
   return lax.fori_loop(0, k_pad // interval, step, jnp.zeros((b, m, n), jnp.float32))
 
 
-def _tensor_core_products(a, bt, sa, sb, interval, acc: Accumulation):
-  """Scan over blocks of K with the limited-precision accumulator."""
+def tensor_core_interval(k: int, acc: Accumulation) -> int:
+  """The promotion interval (elements of K) of the tensor-core model for a contraction of
+  ``k`` elements: ``acc.promotion_interval``, or all of K rounded up to whole blocks."""
+  return acc.promotion_interval or -(-k // acc.block_size) * acc.block_size
+
+
+def tensor_core_operand(qt: qtensor.QTensor, interval: int):
+  """An operand of :func:`tensor_core_products`.
+
+  Args:
+    qt: quantized [..., R, K], scales constant over every interval of K.
+    interval: the promotion interval (:func:`tensor_core_interval`).
+
+  Returns:
+    ``(payload float32 [..., R, K_pad], scale_inv float32 [..., R, J])``: K zero-padded to
+    ``J = K_pad / interval`` whole intervals.
+
+  Raises:
+    ValueError: when an interval straddles two scale blocks.
+  """
+  k_pad = -(-qt.shape[-1] // interval) * interval
+  return (_pad_k(qtensor.payload_f32(qt.data), k_pad),
+          _interval_scales(qt, interval, k_pad // interval))
+
+
+def tensor_core_products(a, bt, sa, sb, interval: int, acc: Accumulation) -> jax.Array:
+  """The tensor-core model (module docstring): a scan over blocks of K.
+
+  Args:
+    a: float32 payload [B, M, K_pad] (exact FP8 values), K_pad a multiple of ``interval``.
+    bt: float32 payload [B, N, K_pad].
+    sa: float32 scale_inv [B, M, J], one per row and interval.
+    sb: float32 scale_inv [B, N, J].
+    interval: promotion interval, a multiple of ``acc.block_size``.
+    acc: the tensor-core accumulator.
+
+  Returns:
+    float32 [B, M, N]; every element depends on its own row and column only.
+  """
   b, m, k_pad = a.shape
   n = bt.shape[1]
   bs = acc.block_size
@@ -303,7 +340,7 @@ def _scaled_matmul(a, bt, acc, impl):
   if acc.mode == "fp32":
     interval = math.gcd(ga, gb)
   else:
-    interval = acc.promotion_interval or -(-k // acc.block_size) * acc.block_size
+    interval = tensor_core_interval(k, acc)
   k_pad = -(-k // interval) * interval
   n_int = k_pad // interval
   sa = _interval_scales(a, interval, n_int)
@@ -324,4 +361,4 @@ def _scaled_matmul(a, bt, acc, impl):
     raise ValueError("the Pallas kernel implements FP32 accumulation only")
   a_f, b_f = lax.optimization_barrier((_pad_k(qtensor.payload_f32(a.data), k_pad),
                                        _pad_k(qtensor.payload_f32(bt.data), k_pad)))
-  return _tensor_core_products(a_f, b_f, sa, sb, interval, acc)
+  return tensor_core_products(a_f, b_f, sa, sb, interval, acc)

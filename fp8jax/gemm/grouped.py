@@ -8,13 +8,23 @@ transpose policy of a :class:`fp8jax.GemmConfig`:
 * Dgrad ``dX = Q_grad(dY) . Q_w(W_e)^T``;
 * Wgrad ``dW_e = Q_in(X_e)^T . Q_grad(dY_e)`` with X^T and dY^T tiled along the sorted rows.
 
-The products run through :func:`tiled_matmul` (static shapes; ``lax.ragged_dot`` falls back
-to a dense rewrite that runs out of memory at 2B shapes on the GPU image) on the
-dequantized operands in float32 (FP32 accumulation; per-element instead of per-interval
-scaling, which differs only by float32 rounding). Two simplifications, stated: the tensor-core
-accumulation model is not available here, and Wgrad tiles along the rows may span two
-experts' groups (kernels that pad each group to a multiple of 128 would not); with group
+With FP32 accumulation the products run through :func:`tiled_matmul` (static shapes;
+``lax.ragged_dot`` falls back to a dense rewrite that runs out of memory at 2B shapes on the
+GPU image) on the dequantized operands in float32 (per-element instead of per-interval
+scaling, which differs only by float32 rounding); Wgrad tiles along the rows may then span
+two experts' groups (kernels that pad each group to a multiple of 128 would not); with group
 sizes that are multiples of the tile they coincide.
+
+With the tensor-core accumulation model (``config.accumulation.mode == "tensor_core"``) the
+three GEMMs run through :mod:`fp8jax.gemm.grouped_tc` instead: every expert's rows of Y and
+dX and every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit
+for bit, wherever the rows' scales are the same (tiles and blocks, not the per-tensor levels
+that all experts share, see below). For Wgrad each group is zero-padded to whole promotion
+intervals and scale tiles along the tokens before X^T and dY^T are quantized, so that no
+tile or interval spans two experts. This is always the XLA simulation: the Pallas grouped
+kernels (``fp8jax.kernels.grouped_gpu``, used by ``moe_impl="pallas"`` without a GEMM
+policy) multiply BF16 operands with the tensor cores' own FP32 accumulation and never stand
+in for a simulated FP8 GEMM.
 
 Each expert's weight is quantized as a tensor of its own (its own per-tensor level with
 two-level NVFP4 scales); the rows X and dY share one per-tensor level over all experts.
@@ -24,13 +34,15 @@ With ``config.wgrad_hadamard`` the groups are zero-padded to whole transform blo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import hadamard, transpose
+from fp8jax.gemm import grouped_tc, hadamard, transpose
 from fp8jax.quant import qtensor
 
 
@@ -91,9 +103,10 @@ def _check(cfg: gemm_lib.GemmConfig):
   for direction in ("fprop", "dgrad", "wgrad"):
     if getattr(cfg, direction) == "fp8_native":
       raise ValueError(f"{direction}=fp8_native is not available for the grouped GEMM")
-  if cfg.accumulation.mode != "fp32":
-    raise ValueError("the grouped GEMM simulates FP32 accumulation only; got "
-                     f"{cfg.accumulation.describe()}")
+
+
+def _tensor_core(cfg: gemm_lib.GemmConfig) -> bool:
+  return cfg.accumulation.mode == "tensor_core"
 
 
 def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
@@ -107,33 +120,34 @@ def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
   Returns:
     ``(x_pad [N + E * (multiple - 1) rounded up to the multiple, C], padded_sizes [E])``.
   """
-  n = x.shape[0]
-  e = sizes.shape[0]
-  n_pad = -(-(n + e * (multiple - 1)) // multiple) * multiple
-  padded = (sizes + multiple - 1) // multiple * multiple
-  pad_start = jnp.cumsum(padded) - padded
-  start = jnp.cumsum(sizes) - sizes
-  group = jnp.repeat(jnp.arange(e), sizes, total_repeat_length=n)
-  dest = pad_start[group] + jnp.arange(n) - start[group]
-  dest = jnp.where(jnp.arange(n) < jnp.sum(sizes), dest, n_pad)  # out of range: dropped
+  dest, padded, n_pad = grouped_tc.group_layout(sizes, x.shape[0], multiple)
   out = jnp.zeros((n_pad, x.shape[1]), x.dtype).at[dest].set(x, mode="drop")
   return out, padded
 
 
+def _weight_q(w_t, spec):
+  """Each expert's weight [E, F, K] quantized on its own (one tensor scale each)."""
+  return jax.vmap(lambda m: qtensor.quantize(m, spec, key=gemm_lib.operand_key(m, spec, 2)))(
+      w_t)
+
+
 def _quantized_weight(w_t, spec):
-  """Each expert's weight [F, K] fake-quantized on its own (one tensor scale each)."""
-  return jax.vmap(lambda m: _deq(qtensor.quantize(
-      m, spec, key=gemm_lib.operand_key(m, spec, 2))))(w_t)
+  """:func:`_weight_q`, dequantized."""
+  return jax.vmap(_deq)(_weight_q(w_t, spec))
+
+
+def _dgrad_weight_q(w_e, cfg):
+  """One expert's weight [K, F] quantized for Dgrad (contraction over F): the transpose of
+  the Fprop operand W_e^T [F, K] by ``cfg.transpose``."""
+  spec = cfg.roles.weight
+  w_t = w_e.T
+  return transpose.transposed(w_t, qtensor.quantize(w_t, spec, key=gemm_lib.operand_key(
+      w_t, spec, 2)), spec, cfg.transpose, gemm_lib.operand_key(w_e, spec, 3))  # [K, F]
 
 
 def _dgrad_weight(w_e, cfg):
-  """One expert's weight [K, F] quantized for Dgrad (contraction over F), dequantized and
-  returned as [F, K]: the transpose of the Fprop operand W_e^T [F, K] by ``cfg.transpose``."""
-  spec = cfg.roles.weight
-  w_t = w_e.T
-  wtq = transpose.transposed(w_t, qtensor.quantize(w_t, spec, key=gemm_lib.operand_key(
-      w_t, spec, 2)), spec, cfg.transpose, gemm_lib.operand_key(w_e, spec, 3))  # [K, F]
-  return _deq(wtq).T
+  """:func:`_dgrad_weight_q` dequantized and returned as [F, K]."""
+  return _deq(_dgrad_weight_q(w_e, cfg)).T
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -145,8 +159,10 @@ def _fprop(x, w, sizes, cfg):
   if cfg.fprop == "bf16":
     return _rdot(x, w, sizes, "bf16")
   xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
-  w_hat = _quantized_weight(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
-  return _rdot(_deq(xq), jnp.swapaxes(w_hat, -1, -2), sizes, "fp8")
+  wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
+  if _tensor_core(cfg):
+    return grouped_tc.rows_product(xq, wq, sizes, cfg.accumulation)
+  return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
 def _fwd(x, w, sizes, cfg):
@@ -172,6 +188,51 @@ def _wgrad_operands(x, dy, sizes, cfg):
   return jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes
 
 
+def _token_block(spec) -> int:
+  """The scale block along the tokens of a Wgrad operand [C, tokens]; 0 when one scale
+  spans all tokens."""
+  probe = 2**40
+  g = spec.granularity.block_shape((1, probe))[-1]
+  return 0 if g == probe else g
+
+
+def _mask_padding_scales(qt, valid):
+  """``qt`` [N_pad, C] with the scale_inv of blocks holding padding rows only set to the
+  smallest normal float32, which no real scale_inv is below: a scaling-aware transpose
+  then takes each new block's scale from its real rows, as on the unpadded group."""
+  rb = qt.full_block[-2]
+  real = jax.ops.segment_max(valid.astype(jnp.int32), jnp.arange(valid.shape[0]) // rb,
+                             num_segments=qt.scale_inv.shape[-2]) > 0
+  scale_inv = jnp.where(real[:, None], qt.scale_inv.astype(jnp.float32),
+                        jnp.finfo(jnp.float32).tiny)
+  return dataclasses.replace(qt, scale_inv=scale_inv)
+
+
+def _wgrad_tensor_core(x, dy, sizes, cfg):
+  """dW [E, K, F] with the tensor-core model: each group zero-padded to whole promotion
+  intervals, scale tiles along the tokens and Hadamard blocks, then quantized."""
+  r, acc = cfg.roles, cfg.accumulation
+  multiple = acc.promotion_interval or acc.block_size
+  for g in (_token_block(r.input), _token_block(r.grad), cfg.wgrad_hadamard):
+    multiple = math.lcm(multiple, g or 1)
+  xp, padded = pad_groups(x, sizes, multiple)
+  dyp, _ = pad_groups(dy, sizes, multiple)
+  if cfg.wgrad_hadamard:
+    xt = hadamard.random_hadamard(xp.T, cfg.wgrad_hadamard, cfg.hadamard_seed)  # [K, rows]
+    dyt = hadamard.random_hadamard(dyp.T, cfg.wgrad_hadamard, cfg.hadamard_seed)
+    xtq = qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6))
+    dytq = qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5))
+  else:
+    valid = pad_groups(jnp.ones((x.shape[0], 1), bool), sizes, multiple)[0][:, 0]
+    mask = (lambda q: _mask_padding_scales(q, valid)) if cfg.transpose == "scaling_aware" \
+        else (lambda q: q)
+    xtq = transpose.transposed(xp, mask(qtensor.quantize(xp, r.input)), r.input,
+                               cfg.transpose, gemm_lib.operand_key(xp, r.input, 6))
+    dytq = transpose.transposed(dyp, mask(qtensor.quantize(dyp, r.grad)), r.grad,
+                                cfg.transpose, gemm_lib.operand_key(dyp, r.grad, 5))
+  return grouped_tc.wgrad_product(xtq, dytq, padded, acc)
+
+
 def _bwd(cfg, res, dy):
   x, w, sizes = res
   dy = dy.astype(jnp.float32)
@@ -179,14 +240,18 @@ def _bwd(cfg, res, dy):
   if cfg.dgrad == "bf16":
     dx = _rdot(dy, jnp.swapaxes(w, -1, -2), sizes, "bf16")
   else:
-    w_hat = jax.vmap(lambda w_e: _dgrad_weight(w_e, cfg))(w)  # [E, F, K]
+    wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
     dyq = qtensor.quantize(dy, r.grad, key=gemm_lib.operand_key(dy, r.grad, 4))
-    dx = _rdot(_deq(dyq), w_hat, sizes, "fp8")
+    if _tensor_core(cfg):
+      dx = grouped_tc.rows_product(dyq, wq, sizes, cfg.accumulation)
+    else:
+      dx = _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
   if cfg.wgrad == "bf16":
-    a, b, wsizes = x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), sizes
+    dw = _wgrad_product(x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), sizes)
+  elif _tensor_core(cfg):
+    dw = _wgrad_tensor_core(x, dy, sizes, cfg)
   else:
-    a, b, wsizes = _wgrad_operands(x, dy, sizes, cfg)
-  dw = _wgrad_product(a, b, wsizes)
+    dw = _wgrad_product(*_wgrad_operands(x, dy, sizes, cfg))
   return dx.astype(x.dtype), dw.astype(w.dtype), None
 
 
@@ -201,7 +266,8 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
     x: [N, K] rows sorted by group.
     w: [E, K, F] one weight per group.
     group_sizes: int32 [E], summing to at most N.
-    config: roles, per-direction precision and transpose policy (FP32 accumulation).
+    config: roles, per-direction precision, transpose policy and accumulation (FP32 or
+      the tensor-core model).
 
   Returns:
     [N, F] in x's dtype.

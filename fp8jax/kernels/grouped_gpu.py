@@ -13,6 +13,12 @@ with a custom VJP whose Fprop, Dgrad and Wgrad each run on
 kernel cannot take the shape (see :func:`grouped_matmul_mosaic.problem`) or that runs on a
 GPU other than Hopper uses the Triton kernel. Outputs equal those of either kernel alone
 (float32 accumulation, rows past ``sum(group_sizes)`` zero).
+
+These kernels multiply BF16 operands with the tensor cores' own FP32 accumulation; the
+model uses them (``moe_impl="pallas"``) only without a GEMM policy. A policy's simulated
+low-precision GEMM, whatever its accumulator, runs the XLA simulation of
+``fp8jax.gemm.grouped`` under every ``moe_impl``: no kernel here models the tensor-core
+accumulator (13 fraction bits, promotion every 128) of ``gemm:hopper_blockwise``.
 """
 
 from __future__ import annotations
