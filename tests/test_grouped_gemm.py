@@ -148,3 +148,35 @@ def test_tensor_core_never_promoting_needs_scales_constant_along_the_tokens():
   tiles = cfg.replace(roles=fp8jax.deepseek_v3_roles())  # 1x128 tiles along the tokens
   with pytest.raises(ValueError, match="never promotes"):
     wgrad(w, tiles)
+
+
+@pytest.mark.parametrize("policy", ["requant", "scaling_aware"])
+def test_blockwise_kernel_path_equals_the_xla_simulation(policy, monkeypatch):
+  """On one GPU the FP32-accumulation grouped GEMM runs in the blockwise-scaled kernel
+  (here interpreted): the same operands and scales as the XLA path, scaled per promotion
+  interval instead of per element, so equal to float32 rounding. Ragged sizes (a 128-row
+  Wgrad tile spanning two experts), an empty expert, rows past the sum."""
+  x, w, dy, _ = _case(sizes=(150, 0, 90), k=256, f=256)
+  sizes = jnp.asarray([150, 0, 70], jnp.int32)  # 20 rows past the sum
+  cfg = fp8jax.GemmConfig(transpose=policy)
+
+  def run():
+    y, vjp = jax.vjp(lambda a, b: grouped_gemm.fp8_ragged_dot(a, b, sizes, cfg), x, w)
+    return (y, *vjp(dy))
+
+  want = run()
+  monkeypatch.setattr(grouped_gemm, "KERNEL_INTERPRET", True)
+  calls = []
+  kernel = grouped_gemm.grouped_scaled_pallas
+  for name in ("grouped_scaled_matmul", "grouped_scaled_wgrad"):
+    fn = getattr(kernel, name)
+    monkeypatch.setattr(kernel, name, lambda *a, fn=fn, name=name, **k: (
+        calls.append(name), fn(*a, **k))[1])
+  got = run()
+  assert sorted(calls) == ["grouped_scaled_matmul"] * 2 + ["grouped_scaled_wgrad"]
+  for g, r, what in zip(got, want, ("y", "dx", "dw"), strict=True):
+    g, r = np.asarray(g), np.asarray(r)
+    assert not np.array_equal(g, 0), what
+    np.testing.assert_array_equal(g[220:] if what != "dw" else g[1], 0)
+    err = np.abs(g - r).max() / np.abs(r).max()
+    assert err < 1e-5, (what, err)

@@ -43,7 +43,11 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_tc, hadamard, transpose
+from fp8jax.kernels import grouped_scaled_pallas, placement
 from fp8jax.quant import qtensor
+
+KERNEL_INTERPRET = False
+"""Tests set it to run the blockwise-scaled kernel path in the Pallas interpreter on CPU."""
 
 
 def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
@@ -109,6 +113,34 @@ def _tensor_core(cfg: gemm_lib.GemmConfig) -> bool:
   return cfg.accumulation.mode == "tensor_core"
 
 
+def _kernel_interval(cfg: gemm_lib.GemmConfig, a, b) -> int:
+  """The promotion interval when the FP32-accumulation product of the quantized rows ``a``
+  ([N, K] or [K, N] for Wgrad) and ``b`` may run in the grouped blockwise-scaled kernel
+  (:mod:`fp8jax.kernels.grouped_scaled_pallas`), else 0: one GPU (or the interpreter,
+  :data:`KERNEL_INTERPRET`), FP32 accumulation, one-level float32 scales in 1 x I tiles
+  along the contraction for ``a`` and ``[c, I]`` blocks (c = 1 or I) for ``b``."""
+  if _tensor_core(cfg) or cfg.wgrad_hadamard or not (
+      KERNEL_INTERPRET or placement.kernels_allowed()):
+    return 0
+  ok = all(q.tensor_scale_inv is None and q.scale_inv.dtype == jnp.float32
+           and grouped_scaled_pallas.smp.supports_payload(q.data.dtype) for q in (a, b))
+  interval = a.block[-1]
+  if not ok or tuple(a.block[-2:]) != (1, interval) or b.block[-1] != interval:
+    return 0
+  if b.block[-2] not in (1, interval) or not grouped_scaled_pallas.smp.supports_interval(
+      interval):
+    return 0
+  return interval
+
+
+def _kernel_rows(aq, bq, sizes, interval):
+  """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K]."""
+  return grouped_scaled_pallas.grouped_scaled_matmul(
+      aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
+      interval=interval, b_block_n=bq.block[-2], convert_in_kernel=True,
+      interpret=KERNEL_INTERPRET)
+
+
 def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
   """Rows sorted by group, each group zero-padded to a multiple of ``multiple`` rows.
 
@@ -162,6 +194,8 @@ def _fprop(x, w, sizes, cfg):
   wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
   if _tensor_core(cfg):
     return grouped_tc.rows_product(xq, wq, sizes, cfg.accumulation)
+  if interval := _kernel_interval(cfg, xq, wq):
+    return _kernel_rows(xq, wq, sizes, interval)
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
@@ -186,6 +220,24 @@ def _wgrad_operands(x, dy, sizes, cfg):
   dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose,
                              gemm_lib.operand_key(dy, r.grad, 5))
   return jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes
+
+
+def _wgrad_fp32(x, dy, sizes, cfg):
+  """dW [E, K, F] with FP32 accumulation: in the blockwise-scaled kernel where it applies
+  (on the unpadded rows: a tile of 128 tokens spanning two experts has one scale, as in
+  the XLA simulation), else as the dequantized product."""
+  if not cfg.wgrad_hadamard and (KERNEL_INTERPRET or placement.kernels_allowed()):
+    r = cfg.roles
+    xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose,
+                              gemm_lib.operand_key(x, r.input, 6))  # [K, N]
+    dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose,
+                               gemm_lib.operand_key(dy, r.grad, 5))  # [F, N]
+    interval = _kernel_interval(cfg, xt, dyt)
+    if interval and dyt.block[-2] == 1:
+      return grouped_scaled_pallas.grouped_scaled_wgrad(
+          xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
+          groups_aligned=False, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
+  return _wgrad_product(*_wgrad_operands(x, dy, sizes, cfg))
 
 
 def _token_block(spec) -> int:
@@ -244,6 +296,8 @@ def _bwd(cfg, res, dy):
     dyq = qtensor.quantize(dy, r.grad, key=gemm_lib.operand_key(dy, r.grad, 4))
     if _tensor_core(cfg):
       dx = grouped_tc.rows_product(dyq, wq, sizes, cfg.accumulation)
+    elif interval := _kernel_interval(cfg, dyq, wq):
+      dx = _kernel_rows(dyq, wq, sizes, interval)
     else:
       dx = _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
   if cfg.wgrad == "bf16":
@@ -251,7 +305,7 @@ def _bwd(cfg, res, dy):
   elif _tensor_core(cfg):
     dw = _wgrad_tensor_core(x, dy, sizes, cfg)
   else:
-    dw = _wgrad_product(*_wgrad_operands(x, dy, sizes, cfg))
+    dw = _wgrad_fp32(x, dy, sizes, cfg)
   return dx.astype(x.dtype), dw.astype(w.dtype), None
 
 
