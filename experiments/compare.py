@@ -5,10 +5,13 @@
         [--batch_size=8]
 
 ``--policies`` takes grid names (``seed`` = {attn, moe} x {layer 0, all layers} x
-{e4m3, e5m2}) or policy expressions (``attn@0-8:e4m3+gemm:fp32_blockwise``), comma- or
-space-separated. The sweep resumes when rerun with the same ``--out``. The evaluation
-batches come from the training run's data (or ``--data``: a prepared folder or shards);
-data other than the checkpoints were trained on is refused unless ``--allow_other_data``.
+{e4m3, e5m2}; ``formats``; ``delayed`` = delayed vs current scaling) or policy expressions
+(``attn@0-8:e4m3+gemm:fp32_blockwise``, ``attn@0:e4m3/delayed(h=1024,reduce=max,margin=0)``),
+comma- or space-separated. A delayed-scaling policy's amax histories come from
+``--delayed_warmup`` warm-up passes over each evaluation window. The sweep resumes when
+rerun with the same ``--out``. The evaluation batches come from the training run's data
+(or ``--data``: a prepared folder or shards); data other than the checkpoints were trained
+on is refused unless ``--allow_other_data``.
 Each checkpoint is verified as it is read: a corrupt or incomplete one stops the sweep
 (exit 2) unless ``--skip_corrupt_checkpoints``, which skips it without rows and names it. The
 logic is
@@ -43,6 +46,10 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "Join a multi-process run: jax.distributed.initialize() from the "
                                  "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
                                  "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
+_DELAYED_WARMUP = flags.DEFINE_integer(
+    "delayed_warmup", 4, "Warm-up passes (forward and backward) of each delayed-scaling "
+    "policy over its evaluation window's batches in turn, filling the amax histories its "
+    "rows are computed with (0: empty histories).")
 _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
                                   "Skip checkpoints that fail verification (corrupt or "
                                   "incomplete; they get no rows) instead of stopping.")
@@ -65,7 +72,8 @@ def main(argv):
                         windows=windows, moe_impl=_MOE_IMPL.value,
                         skip_corrupt=_SKIP_CORRUPT.value,
                         data=pipeline.override(_DATA.value) if _DATA.value else None,
-                        allow_other_data=_ALLOW_OTHER_DATA.value)
+                        allow_other_data=_ALLOW_OTHER_DATA.value,
+                        delayed_warmup=_DELAYED_WARMUP.value)
   except integrity.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",

@@ -24,6 +24,9 @@ _POLICIES = flags.DEFINE_list("policies", ["seed"], "Grid names or policy expres
 _OFFSETS = flags.DEFINE_list("offsets", ["0", "10"], "Evaluation window offsets (batches).")
 _BATCHES = flags.DEFINE_integer("batches", 2, "Evaluation batches per offset.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation batch.")
+_DELAYED_WARMUP = flags.DEFINE_integer(
+    "delayed_warmup", 4, "Warm-up passes of each delayed-scaling policy over its evaluation "
+    "window, filling its amax histories (0: empty histories).")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "Join a multi-process run: jax.distributed.initialize() from the "
                                  "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
@@ -46,7 +49,7 @@ def main(argv):
   try:
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
-                                windows=windows)
+                                windows=windows, delayed_warmup=_DELAYED_WARMUP.value)
   except preemption.Preempted as e:
     print(e, file=multihost.main_stream(sys.stderr))
     return preemption.EXIT_CODE

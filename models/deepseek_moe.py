@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import fp8jax
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.kernels import grouped_gpu
-from fp8jax.models import moe
+from fp8jax.models import delayed_sites, moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
 
@@ -255,9 +255,10 @@ class DeepseekMoE(nnx.Module):
 
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
-               moe_groups: int = 1):
+               moe_groups: int = 1, delayed_state=None):
     cfg = self.cfg
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
+    delayed_sites.check(cfg, policy, delayed_state)
     tel = {}
     aux_losses, routing = {}, {}
     h = self.embed_tokens(tokens)
@@ -268,10 +269,11 @@ class DeepseekMoE(nnx.Module):
         spec = policy.spec_for(name, i)
         if spec is None:
           return x
+        state = delayed_sites.at(delayed_state, name, i, spec)  # None: current scaling
         if telemetry:
-          x, tel[f"layer_{i}/{name}"] = fp8jax.fake_quant(x, spec, telemetry=True)
+          x, tel[f"layer_{i}/{name}"] = fp8jax.fake_quant(x, spec, state, telemetry=True)
           return x
-        return fp8jax.fake_quant(x, spec)
+        return fp8jax.fake_quant(x, spec, state)
 
       lp = policy.at_layer(i, cfg.num_hidden_layers)  # the GEMM recipe, where it applies
       h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), lp))
@@ -312,7 +314,8 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
-          moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1):
+          moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
+          delayed_state=None):
   """Forward pass.
 
   Args:
@@ -326,6 +329,9 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     telemetry: also return per-site quantization telemetry.
     moe_groups: dispatch the MoE per group of B / moe_groups sequences (set it to the
       number of data-parallel devices; see :class:`MoE`).
+    delayed_state: the amax histories of the policy's delayed-scaled sites
+      (:func:`fp8jax.models.delayed_sites.init`; None or ``{}`` when it has none). Their
+      update is the gradient with respect to it (see :mod:`fp8jax.models.delayed_sites`).
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -337,7 +343,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   nnx.replace_by_pure_dict(state, params)
   model = nnx.merge(graphdef, state)
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
-               moe_groups=moe_groups)
+               moe_groups=moe_groups, delayed_state=delayed_state)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -13,7 +13,9 @@ Sites (per layer):
 
 A rule maps a site and a layer set ("0", "0-8", "1,3,5-7", "all") to a forward
 :class:`fp8jax.QuantSpec`; the spec's ``backward`` quantizes the cotangent there (None:
-straight-through). Every policy works on the same params tree.
+straight-through). Every policy works on the same params tree. A spec with delayed
+scaling (``attn@0:e4m3/delayed(h=1024,reduce=max,margin=0)``, the ``te_hybrid`` preset)
+reads and updates a per-site amax history: see :mod:`fp8jax.models.delayed_sites`.
 
 ``gemm`` (a :class:`fp8jax.GemmConfig`, e.g. a recipe of ``fp8jax.gemm.recipes``) routes
 the FP8 linear layers of the DeepSeek-V3 precision map through the simulated low-precision
@@ -68,9 +70,6 @@ class SiteRule:
       raise ValueError(f"unknown quantization site {self.site!r}; sites: {SITES}")
     if not isinstance(self.spec, fp8jax.QuantSpec):
       raise TypeError(f"site {self.site}: spec must be a QuantSpec, got {self.spec!r}")
-    if fp8jax.quant.delayed.needs_state(self.spec):
-      raise ValueError(f"site {self.site}: delayed scaling needs per-site state, which "
-                       "model sites do not carry; use current scaling")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,26 +156,72 @@ GRANULARITIES = {"tensor": fp8jax.per_tensor,
 GEMMS = recipes.RECIPES
 
 
+DELAYED_SYNTAX = "delayed(h=1024,reduce=max,margin=0)"
+"""The delayed-scaling suffix of a spec with its defaults (each argument optional)."""
+
+
 def parse_spec(text: str) -> fp8jax.QuantSpec:
-  """A preset name (``deepseek_v3``), or ``FORMAT[/GRANULARITY]``: ``e4m3``,
+  """A preset name (``deepseek_v3``), or ``FORMAT[/GRANULARITY][/delayed(ARGS)]``: ``e4m3``,
   ``e5m2/1x128`` (granularity ``tensor`` (default), ``channel``, ``1x128``, ``128x128``;
-  current scaling, FP32 scales, straight-through backward)."""
+  current scaling, FP32 scales, straight-through backward), ``e4m3/delayed(h=16)``
+  (per-tensor delayed scaling, Transformer Engine's recipe: ``h`` the amax history length,
+  ``reduce`` ``max`` or ``most_recent``, ``margin`` in powers of two; defaults
+  :data:`DELAYED_SYNTAX`)."""
   text = text.strip()
   if text in fp8jax.PRESETS:
     return fp8jax.preset(text)
-  fmt, _, gran = text.partition("/")
-  if fmt not in fp8jax.FORMATS:
+  parts = text.split("/")
+  delayed = parse_delayed(parts.pop(), text) if parts[-1].startswith("delayed") else None
+  if len(parts) > 2 or parts[0] not in fp8jax.FORMATS:
     raise ValueError(f"unknown spec {text!r}: use a preset {sorted(fp8jax.PRESETS)} or "
-                     f"FORMAT[/GRANULARITY] with a format in {sorted(fp8jax.FORMATS)}")
-  gran = gran or "tensor"
+                     f"FORMAT[/GRANULARITY][/{DELAYED_SYNTAX}] with a format in "
+                     f"{sorted(fp8jax.FORMATS)}")
+  fmt, gran = parts[0], parts[1] if len(parts) > 1 else "tensor"
   if gran not in GRANULARITIES:
     raise ValueError(f"unknown granularity {gran!r} in {text!r}; known: {sorted(GRANULARITIES)}")
-  return fp8jax.QuantSpec(format=fmt, granularity=GRANULARITIES[gran]())
+  if delayed is not None and gran != "tensor":
+    raise ValueError(f"delayed scaling is per-tensor only, but {text!r} asks for {gran}")
+  try:
+    return fp8jax.QuantSpec(format=fmt, granularity=GRANULARITIES[gran](), **(delayed or {}))
+  except ValueError as e:
+    raise ValueError(f"bad spec {text!r}: {e}") from None
+
+
+_DELAYED = re.compile(r"^delayed(?:\((?P<args>[^()]*)\))?$")
+_DELAYED_ARGS = {"h": "history_len", "reduce": "history_reduce", "margin": "margin"}
+
+
+def parse_delayed(text: str, context: str = "") -> dict:
+  """``delayed``, ``delayed()`` or ``delayed(h=16,reduce=most_recent,margin=1)`` (any
+  subset, each at most once) -> the :class:`fp8jax.QuantSpec` fields of delayed scaling."""
+  where = f" in {context!r}" if context else ""
+  m = _DELAYED.match(text.strip())
+  if not m:
+    raise ValueError(f"malformed {text!r}{where}: use {DELAYED_SYNTAX} (arguments optional)")
+  out = {"scaling": "delayed"}
+  for arg in filter(None, (a.strip() for a in (m.group("args") or "").split(","))):
+    key, eq, value = (s.strip() for s in arg.partition("="))
+    if key not in _DELAYED_ARGS:
+      raise ValueError(f"unknown delayed(...) argument {key!r}{where}; arguments: "
+                       f"{', '.join(_DELAYED_ARGS)} ({DELAYED_SYNTAX})")
+    if not eq or not value or _DELAYED_ARGS[key] in out:
+      raise ValueError(f"malformed delayed(...) argument {arg!r}{where}: give each of "
+                       f"h, reduce, margin at most once as KEY=VALUE ({DELAYED_SYNTAX})")
+    if key == "reduce":
+      out["history_reduce"] = value
+      continue
+    try:
+      out[_DELAYED_ARGS[key]] = int(value)
+    except ValueError:
+      raise ValueError(f"delayed(...) argument {key}={value!r}{where} is not an "
+                       "integer") from None
+  return out
 
 
 def parse_policy(expr: str) -> PrecisionPolicy:
   """A policy from an expression: ``bf16``, a grid name ``{attn,moe}_l<LAYERS>_{e4m3,e5m2}``
-  (:func:`seed_grid`, e.g. ``moe_l0-8_e4m3``), or
+  (:func:`seed_grid`, e.g. ``moe_l0-8_e4m3``; with the suffix ``_delayed``:
+  :func:`delayed_grid`'s delayed-scaling variant), or
   terms joined by ``+``: ``SITE@LAYERS:SPEC`` (SITE one of :data:`SITES` or an alias in
   :data:`SITE_ALIASES`; LAYERS as in :func:`parse_layers`; SPEC as in
   :func:`parse_spec`) and ``gemm:RECIPE[@LAYERS]`` (a recipe of ``fp8jax.gemm.recipes``,
@@ -188,8 +233,9 @@ def parse_policy(expr: str) -> PrecisionPolicy:
   expr = expr.strip()
   grid = _GRID_NAME.match(expr)
   if grid:
-    module, layers, fmt = grid.groups()
-    return dataclasses.replace(parse_policy(f"{module}@{layers}:{fmt}"), name=expr)
+    module, layers, fmt, delayed = grid.groups()
+    spec = fmt + ("/delayed()" if delayed else "")
+    return dataclasses.replace(parse_policy(f"{module}@{layers}:{spec}"), name=expr)
   if expr.lower() == "bf16":
     return BF16
   rules, gemm, gemm_layers, tail = [], None, None, 0.0
@@ -234,10 +280,24 @@ def formats_grid(num_layers: int = 9) -> dict[str, str]:
           "nvfp4_recipe": "gemm:nvfp4_recipe"}
 
 
+def delayed_grid(num_layers: int = 9) -> dict[str, str]:
+  """Delayed vs current scaling on the seed grid's sites and depths: {attention, MoE}
+  output x {layer 0, layers 0..L-1} in E4M3, with per-tensor current scaling (the seed
+  grid's ``attn_l0_e4m3``, ...) and with Transformer Engine's per-tensor delayed scaling
+  (``attn_l0_e4m3_delayed``, ...: history 1024, max, margin 0), straight-through backward.
+  The sweep fills the histories by warm-up passes over each evaluation window."""
+  out = {}
+  for name, expr in seed_grid(num_layers).items():
+    if name.endswith("_e4m3"):
+      out[name] = expr
+      out[f"{name}_delayed"] = f"{expr}/{DELAYED_SYNTAX}"
+  return out
+
+
 SEED_GRID = seed_grid(9)
 
-GRIDS = {"seed": seed_grid, "formats": formats_grid}
+GRIDS = {"seed": seed_grid, "formats": formats_grid, "delayed": delayed_grid}
 """Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
 ``--policies=NAME`` expands to the grid of the model's depth."""
 
-_GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)$")
+_GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)(_delayed)?$")

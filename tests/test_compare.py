@@ -104,6 +104,7 @@ def test_resume_after_a_kill_gives_the_same_rows(train_run, tmp_path):
     (dict(policies=["attn@9:e4m3"]), "names layer 9"),
     (dict(policies=["nonsense"]), "bad policy term"),
     (dict(steps=[3]), "checkpoints \\[3\\] are not in"),
+    (dict(delayed_warmup=-1), "delayed_warmup must be >= 0"),
 ])
 def test_bad_input(train_run, tmp_path, kwargs, error):
   with pytest.raises(ValueError, match=error):

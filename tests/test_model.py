@@ -128,9 +128,9 @@ def test_policy_validation():
     pl.site_policy("ffn_out", "0", spec)
   with pytest.raises(ValueError, match="bad layer set"):
     pl.parse_layers("first")
-  with pytest.raises(ValueError, match="delayed scaling needs per-site state"):
-    pl.site_policy("attn_out", "0", fp8jax.preset("te_hybrid"))
   cfg, params, tokens = _setup()
+  with pytest.raises(ValueError, match="delayed_state does not fit policy .* lacks"):
+    dm.apply(params, tokens, cfg, pl.site_policy("attn_out", "0", fp8jax.preset("te_hybrid")))
   with pytest.raises(ValueError, match="names layer 8 but the model has 3 layers"):
     dm.apply(params, tokens, cfg, pl.site_policy("attn_out", "0-8", spec))
 

@@ -57,6 +57,14 @@ def test_numerics_study_quick(quick_report):
   jump = [r for r in results["delayed"] if r["step"] == 3]
   assert {r["scaling"]: r["saturated"] > 0 for r in jump} == {"delayed": True, "current": False}
   assert results["seed_delayed_example"]["delayed_saturated"] == 1
+  # The same at a model site: the site's range doubles exactly at step 3 and only delayed
+  # scaling (history of steps 0-2) saturates there; the logits suffer for it.
+  site = {(r["step"], r["scaling"]): r for r in results["delayed_model_site"]}
+  assert site[(3, "current")]["amax"] == 2 * site[(2, "current")]["amax"]
+  assert [site[(3, s)]["saturated"] > 0 for s in ("delayed", "current")] == [True, False]
+  assert site[(2, "delayed")]["saturated"] == 0
+  assert site[(3, "delayed")]["logits_rel_err"] > site[(3, "current")]["logits_rel_err"]
+  assert "The same jump at a model site" in report
   verdict = numerics_report.deepseek_verdict(results)
   assert verdict["bits_for_2pct"] in (13, 15) and np.isfinite(verdict["positive_norm"])
 

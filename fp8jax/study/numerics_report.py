@@ -268,9 +268,32 @@ def markdown(results: dict, figures: list[str]) -> str:
             "the range doubles saturates every element above the old amax; after a drop the "
             "stale (too large) history amax wastes range instead. Current scaling adapts at "
             "every step.", "", f"![delayed]({figures[3]})", ""]
+  lines += _model_site_lines(results.get("delayed_model_site"))
   if "formats_snr" in results:
     lines += numerics_formats_report.markdown(results, figures[4:])
   return "\n".join(lines)
+
+
+def _model_site_lines(rows: list[dict] | None) -> list[str]:
+  """Section 4's table at a model site (absent from tables of earlier versions)."""
+  if not rows:
+    return []
+  lines = ["The same jump at a model site: the tiny DeepSeek-MoE's (two layers, float32) "
+           "`attn_out` of layer 0 in E4M3 per-tensor (`attn@0:e4m3/delayed(h=16)` vs "
+           "`attn@0:e4m3`), its amax history carried through `deepseek_moe.apply` step to "
+           "step; layer 0's `o_proj` is scaled so that the site's amax follows the schedule "
+           "above.", "",
+           "| step | site amax | delayed saturated | delayed SNR | delayed logits error "
+           "| current saturated | current SNR | current logits error |",
+           "|---|---|---|---|---|---|---|---|"]
+  for s in sorted({r["step"] for r in rows}):
+    d = _rows(rows, step=s, scaling="delayed")[0]
+    c = _rows(rows, step=s, scaling="current")[0]
+    lines.append(f"| {s} | {d['amax']:.0f} | {d['saturated']} | {d['snr_db']:.1f} | "
+                 f"{_fmt(d['logits_rel_err'])} | {c['saturated']} | {c['snr_db']:.1f} | "
+                 f"{_fmt(c['logits_rel_err'])} |")
+  return lines + ["", "Logits errors are relative L2 against the unquantized model with the "
+                  "same weights.", ""]
 
 
 def run(out: pathlib.Path, sizes: numerics_study.StudySizes) -> dict:

@@ -9,7 +9,9 @@ Four studies, each a function of :class:`StudySizes` returning JSON-ready rows:
   activations with injected outliers, E4M3 and E5M2;
 * :func:`double_quant_error` - error of the three transposed-operand policies with FP32
   and power-of-two scales;
-* :func:`delayed_vs_current` - delayed vs current scaling when the range jumps.
+* :func:`delayed_vs_current` - delayed vs current scaling when the range jumps, on a
+  synthetic tensor and at a site of the tiny model
+  (:func:`fp8jax.study.numerics_model_site.delayed_at_model_site`).
 
 :func:`run_all` runs them all into the JSON table that :mod:`fp8jax.study.numerics_report`
 turns into figures and markdown (``python -m fp8jax.experiments.numerics`` is its binary).
@@ -30,6 +32,7 @@ import numpy as np
 
 import fp8jax
 from fp8jax.gemm import accumulate, transpose
+from fp8jax.study import numerics_model_site
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,4 +303,6 @@ def run_all(sizes: StudySizes) -> dict:
       "double_quant": double_quant_error(sizes),
       "delayed": delayed_vs_current(sizes),
       "seed_delayed_example": seed_delayed_example(),
+      "delayed_model_site": numerics_model_site.delayed_at_model_site(
+          range_schedule(sizes.steps), sizes.seed),
   }

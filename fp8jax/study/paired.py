@@ -9,6 +9,14 @@ the same params. Each policy's function is jitted once and stays compiled; the B
 gradients stay on the devices and are reused across the whole grid. Only the comparison
 (``fp8jax.metrics.compare_grads``), the routing divergence and the finiteness flags leave
 the jitted function, so a policy costs one forward + backward plus the metrics.
+
+A policy with delayed-scaled sites (:mod:`fp8jax.models.delayed_sites`) is evaluated with
+amax histories from warm-up passes: :meth:`PairedEvaluator.warm_state` runs its forward and
+backward ``steps`` times over the batches of an evaluation window in turn (params fixed),
+starting from empty histories, and :meth:`~PairedEvaluator.variant` takes the result::
+
+    state = ev.warm_state("attn_l0_e4m3_delayed", params, window_batches, steps=4)
+    result = ev.variant("attn_l0_e4m3_delayed", params, tokens, base, state)
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from fp8jax import metrics
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
 from fp8jax.train import mesh as mesh_lib
@@ -39,9 +47,9 @@ class Baseline(NamedTuple):
 
 
 def _objective(cfg, policy, moe_impl, moe_groups):
-  def loss_fn(params, tokens):
+  def loss_fn(params, tokens, delayed=None):
     logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
-                                     moe_groups=moe_groups)
+                                     moe_groups=moe_groups, delayed_state=delayed)
     lm = deepseek_moe.lm_loss(logits, tokens)
     return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"])
   return loss_fn
@@ -90,19 +98,28 @@ class PairedEvaluator:
     grads = mesh_lib.fsdp_sharding(deepseek_moe.abstract_params(cfg), mesh)
     base = Baseline(rep, rep, rep, grads, rep, rep, rep, rep)
     self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
-    self.variant_jits = {}
+    self.variant_jits, self.warmup_jits = {}, {}
+    self.empty_state = {name: delayed_sites.init(cfg, p) for name, p in self.policies.items()}
     for name, policy in self.policies.items():
       direct = metrics.direct_modules(policy, cfg.num_hidden_layers)
       self.variant_jits[name] = jax.jit(
-          self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, base),
+          self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, base, rep),
           out_shardings=rep)
+      if self.empty_state[name]:
+        loss_fn = _objective(cfg, policy, moe_impl, self.moe_groups)
+
+        def warm(delayed, params, tokens, f=loss_fn):  # the updated histories: the gradient
+          return jax.grad(lambda d: f(params, tokens, d)[0])(delayed)
+
+        self.warmup_jits[name] = jax.jit(warm, in_shardings=(rep, rep, data),
+                                         out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
     grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl, self.moe_groups),
                                   has_aux=True)
 
-    def variant(params, tokens, base: Baseline):
-      (loss, (lm, aux, routing)), grads = grad_fp8(params, tokens)
+    def variant(params, tokens, base: Baseline, delayed):
+      (loss, (lm, aux, routing)), grads = grad_fp8(params, tokens, delayed)
       finite, first = _finiteness(loss, grads)
       result = metrics.compare_grads(base.grads, grads, base.routing, routing, direct=direct,
                                      loss_bf16=base.loss, loss_fp8=loss)
@@ -114,12 +131,34 @@ class PairedEvaluator:
   def baseline(self, params, tokens) -> Baseline:
     return mesh_lib.under_mesh(self.baseline_jit, self.mesh)(params, tokens)
 
-  def variant(self, name: str, params, tokens, base: Baseline) -> dict:
-    """The comparison of policy ``name`` against ``base`` (small device arrays)."""
+  def variant(self, name: str, params, tokens, base: Baseline, delayed=None) -> dict:
+    """The comparison of policy ``name`` against ``base`` (small device arrays); ``delayed``:
+    its amax histories (:meth:`warm_state`; None: empty, as after no warm-up)."""
+    self._check_name(name)
+    delayed = self.empty_state[name] if delayed is None else delayed
+    return mesh_lib.under_mesh(self.variant_jits[name], self.mesh)(params, tokens, base,
+                                                                   delayed)
+
+  def warm_state(self, name: str, params, window, steps: int):
+    """The amax histories of policy ``name`` after ``steps`` warm-up passes (forward and
+    backward, params unchanged) over the batches of ``window`` (a list of token arrays, as
+    :meth:`variant` takes them) in turn, from empty histories; ``{}`` for a policy without
+    delayed-scaled sites."""
+    self._check_name(name)
+    if steps < 0:
+      raise ValueError(f"delayed-scaling warm-up steps must be >= 0, got {steps}")
+    state = self.empty_state[name]
+    if state and steps and not window:
+      raise ValueError(f"policy {name!r}: warm-up needs at least one batch")
+    for i in range(steps if state else 0):
+      state = mesh_lib.under_mesh(self.warmup_jits[name], self.mesh)(
+          state, params, window[i % len(window)])
+    return state
+
+  def _check_name(self, name: str) -> None:
     if name not in self.variant_jits:
       raise ValueError(f"unknown policy {name!r}; this evaluator has "
                        f"{sorted(self.variant_jits)}")
-    return mesh_lib.under_mesh(self.variant_jits[name], self.mesh)(params, tokens, base)
 
 
 def leaf_path(params, index: int) -> str:

@@ -15,9 +15,10 @@ from fp8jax.train import loop, multihost
 
 
 def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | None = None,
-              stream=None) -> pathlib.Path:
+              stream=None, delayed_warmup: int = sweep.DELAYED_WARMUP) -> pathlib.Path:
   """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` on
-  every checkpoint in ``<out>/compare`` and returns the path of the report."""
+  every checkpoint in ``<out>/compare`` (``delayed_warmup``: see :func:`sweep.run`) and
+  returns the path of the report."""
   stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or sweep.Windows()
   out = pathlib.Path(out)
@@ -32,7 +33,7 @@ def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | No
   loop.train(train_config, train_dir, resume=has_run, stream=stream)
   stage("2/3 comparing the precision policies on every checkpoint")
   sweep.run(train_dir, out / "compare", policies=policies, windows=windows, stream=stream,
-            moe_impl=train_config.train.moe_impl)
+            moe_impl=train_config.train.moe_impl, delayed_warmup=delayed_warmup)
   stage("3/3 writing the report")
   path = (report.write_report(out / "compare") if multihost.is_main()
           else out / "compare" / "report.md")

@@ -15,6 +15,13 @@ that is itself non-finite is a data problem (a bad checkpoint or batch), not an 
 its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
 (checkpoint, batch).
 
+A policy with delayed-scaled sites (``attn@0:e4m3/delayed(h=1024)``, the ``delayed`` grid)
+is evaluated, at each (checkpoint, offset), with the amax histories left by
+``delayed_warmup`` warm-up passes of that policy over the window's batches in turn
+(:meth:`fp8jax.study.paired.PairedEvaluator.warm_state`); every batch of the window is
+evaluated with the same histories, so a row does not depend on which rows came before and
+the sweep resumes exactly. ``meta.json`` records the warm-up of each such policy.
+
 Every checkpoint is verified as it is restored (:mod:`fp8jax.models.integrity`): a corrupt
 or incomplete one stops the sweep with its error, or with ``skip_corrupt=True`` is
 skipped, reported in the summary and given no row.
@@ -37,7 +44,7 @@ import orbax.checkpoint as ocp
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
-from fp8jax.models import deepseek_moe, integrity
+from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import paired, results_io
 from fp8jax.train import checkpoint as ckpt_lib
@@ -144,6 +151,12 @@ class _Output:
         if (key in old or key != "data") and old.get(key) != json.loads(json.dumps(meta[key])):
           raise ValueError(f"{out} holds a sweep with a different {key}; use another "
                            "output folder")
+      for name in set(old["policies"]) & set(meta["policies"]):
+        was, now = (m["policies"][name].get("delayed_warmup") for m in (old, meta))
+        if was != now:
+          raise ValueError(f"{out} holds policy {name!r} evaluated after {was} "
+                           f"delayed-scaling warm-up steps, not {now}; use another "
+                           "output folder")
       meta["steps"] = sorted(set(old["steps"]) | set(meta["steps"]))
       meta["policies"] = {**old["policies"], **meta["policies"]}
     tmp = meta_path.with_suffix(".json.tmp")
@@ -163,11 +176,20 @@ class _Output:
       results_io.append(self.dir / name, row)
 
 
+DELAYED_WARMUP = 4
+"""Default warm-up passes of a delayed-scaling policy over an evaluation window."""
+
+
 def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
-        stream=None, data: dict | None = None, allow_other_data: bool = False) -> dict:
+        stream=None, data: dict | None = None, allow_other_data: bool = False,
+        delayed_warmup: int = DELAYED_WARMUP) -> dict:
   """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
+
+  ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
+  histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
+  scaling takes each tensor's own amax).
 
   The evaluation batches come from the training run's data, or from ``data`` (settings
   over it, e.g. ``{"source": "prepared", "data_dir": ...}``). Their data id
@@ -185,6 +207,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
   cfg = run_config.model_config(train_cfg)
   pols = expand_policies(policies, cfg.num_hidden_layers)
+  if delayed_warmup < 0:
+    raise ValueError(f"delayed_warmup must be >= 0, got {delayed_warmup}")
   mesh = mesh_lib.data_mesh(devices)
   mesh_lib.check_global_batch(windows.batch_size, mesh)
   ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
@@ -203,7 +227,9 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
           "policies": {p.name: {"expr": _expression(p),
                                 "direct": sorted(metrics.direct_modules(
-                                    p, cfg.num_hidden_layers))} for p in pols},
+                                    p, cfg.num_hidden_layers)),
+                                **({"delayed_warmup": delayed_warmup}
+                                   if delayed_sites.sites(cfg, p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
           "code_version": ckpt_lib.code_version()}
   evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)  # checks the policies
@@ -226,7 +252,9 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   todo_pols = {(s, k): [p for p, m in zip(pols, row) if m]
                for (s, k), row in zip(cells, missing)}
   progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
-  written, skipped = 0, {}
+  written, skipped, warm = 0, {}, {}
+  window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
+                           for b in range(windows.batches)]
   try:
     for i, (step, key) in enumerate(todo):
       if step in skipped:
@@ -244,8 +272,14 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
         if step not in output.weights:
           output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
                                                            for k, v in norms.items()}})
+        warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
+      for p in todo_pols[(step, key)]:
+        if evaluator.empty_state[p.name] and (key[0], p.name) not in warm:
+          warm[(key[0], p.name)] = evaluator.warm_state(p.name, params, window(key[0]),
+                                                        delayed_warmup)
       written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
-                           mesh_lib.global_batch(batches[key], mesh))
+                           mesh_lib.global_batch(batches[key], mesh),
+                           {p.name: warm.get((key[0], p.name)) for p in todo_pols[(step, key)]})
       progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
                        f"{len(todo_pols[(step, key)])} policies")
   finally:
@@ -253,9 +287,11 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   return {"rows_written": written, "out": str(out), "skipped": skipped}
 
 
-def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens) -> int:
-  """The baseline and the rows of ``pols`` (those missing) of one (checkpoint, batch);
-  returns the number of rows written (none when the BF16 baseline is non-finite)."""
+def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens,
+              delayed: dict) -> int:
+  """The baseline and the rows of ``pols`` (those missing) of one (checkpoint, batch), with
+  each policy's amax histories ``delayed[name]`` (None: none); returns the number of rows
+  written (none when the BF16 baseline is non-finite)."""
   ids = {"step": step, "offset": key[0], "batch": key[1]}
   base = evaluator.baseline(params, tokens)
   if (step, *key) not in output.base:
@@ -264,7 +300,7 @@ def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens) 
     return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
   written = 0
   for p in pols:
-    res = jax.device_get(evaluator.variant(p.name, params, tokens, base))
+    res = jax.device_get(evaluator.variant(p.name, params, tokens, base, delayed[p.name]))
     row, details = _result_rows(res, params, {**ids, "policy": p.name})
     output.append("details.jsonl", details)
     output.append("rows.jsonl", row)
@@ -275,12 +311,20 @@ def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens) 
 def _expression(policy: policy_lib.PrecisionPolicy) -> str:
   """The site rules of a policy as an expression (``site@layers:format``)."""
   terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
-           f"{r.spec.format}/{r.spec.granularity.kind}" for r in policy.rules]
+           f"{r.spec.format}/{r.spec.granularity.kind}{_delayed_suffix(r.spec)}"
+           for r in policy.rules]
   if policy.gemm is not None:
     name = next((n for n, c in policy_lib.GEMMS.items() if c == policy.gemm), "custom")
     layers = "" if policy.gemm_layers is None else "@" + ",".join(map(str, policy.gemm_layers))
     terms.append(f"gemm:{name}{layers}")
   return "+".join(terms) or "bf16"
+
+
+def _delayed_suffix(spec) -> str:
+  """``/delayed(h=..,reduce=..,margin=..)`` of a delayed-scaled forward spec, else ""."""
+  if spec.scaling != "delayed":
+    return ""
+  return f"/delayed(h={spec.history_len},reduce={spec.history_reduce},margin={spec.margin})"
 
 
 def _baseline_row(base: paired.Baseline, params) -> dict:

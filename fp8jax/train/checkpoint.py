@@ -10,6 +10,13 @@ disk error) that still decodes is caught as well as one that does not restore.
 In a multi-process run every process saves its own data position (the ``positions`` item,
 :mod:`fp8jax.train.data_positions`) and restores its own; a checkpoint that does not
 restore on one process is incomplete for all of them.
+
+A train state's delayed-scaling state (its ``delayed`` field: per-site amax histories,
+:mod:`fp8jax.models.delayed_sites`) is saved with it and its layout recorded in ``meta``
+(``delayed_state``: ``{"site/layer/fwd": shape}``); a restore into a state that expects
+another layout fails with :class:`DelayedStateMismatchError` naming both. An empty one (a
+policy without delayed scaling) is left out, so such checkpoints keep the layout of
+earlier versions and those load as before.
 """
 
 from __future__ import annotations
@@ -23,8 +30,15 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 import fp8jax
-from fp8jax.models import integrity
+from fp8jax.models import delayed_sites, integrity
 from fp8jax.train import data_positions, multihost
+
+DELAYED = "delayed"
+"""The train-state field that holds the delayed-scaling state."""
+
+
+class DelayedStateMismatchError(ValueError):
+  """A checkpoint's delayed-scaling state does not have the layout the restore expects."""
 
 
 def code_version() -> str:
@@ -68,8 +82,10 @@ class Checkpointer:
     meta = {**meta, "code_version": code_version()}
     if self.digests:
       meta["digests"] = integrity.record(state)
+    if _has_delayed(state):
+      meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
     return self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
+        state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
         meta=ocp.args.JsonSave(meta),
         **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
 
@@ -107,8 +123,9 @@ class Checkpointer:
     try:
       meta = self.manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore())).meta
+      _check_delayed(self.step_path(step), meta, abstract)
       recorded = meta.get("digests")
-      target = _saved_dtypes(abstract, (recorded or {}).get("dtypes", {}))
+      target = _saved_dtypes(_stored(abstract), (recorded or {}).get("dtypes", {}))
       if partial:
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), target)
@@ -121,8 +138,8 @@ class Checkpointer:
       position = None if partial else out.data
       if own_position and not partial:
         position = data_positions.restore(self.manager, step, out.data)
-    except data_positions.ProcessCountError:
-      raise  # a run resumed with another process count: bad input, not a damaged checkpoint
+    except (data_positions.ProcessCountError, DelayedStateMismatchError):
+      raise  # a run resumed with another process count or policy: bad input, not damage
     except Exception as e:  # pylint: disable=broad-except
       error = integrity.short_error(e)
     if multihost.any_process(error is not None):  # then every process skips the collectives
@@ -130,7 +147,9 @@ class Checkpointer:
                                         error or "does not restore on another process")
     status = integrity.verify_tree(str(self.step_path(step)), out.state, recorded)
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
-                         out.state, abstract)
+                         out.state, _stored(abstract))
+    if _stored(abstract) is not abstract:  # put the (empty) delayed state back
+      state = type(abstract)(**state, **{DELAYED: getattr(abstract, DELAYED)})
     return (state, position, meta), status
 
   def wait(self):
@@ -160,6 +179,32 @@ def _quiet_closed_loop_callbacks() -> None:
 
   hook.quiets_closed_loop = True
   sys.unraisablehook = hook
+
+
+def _has_delayed(tree) -> bool:
+  return DELAYED in getattr(tree, "_fields", ())
+
+
+def _stored(tree):
+  """What is saved of ``tree``: a train state without an empty delayed-scaling state (as a
+  dict of its other fields), anything else as it is."""
+  if _has_delayed(tree) and not jax.tree.leaves(getattr(tree, DELAYED)):
+    return {k: v for k, v in tree._asdict().items() if k != DELAYED}
+  return tree
+
+
+def _check_delayed(path, meta: dict, abstract) -> None:
+  """Raises :class:`DelayedStateMismatchError` when the checkpoint's delayed-scaling state
+  (none for checkpoints of earlier versions) is not the one ``abstract`` expects."""
+  if not _has_delayed(abstract):
+    return
+  saved = meta.get("delayed_state", {})
+  want = delayed_sites.layout(getattr(abstract, DELAYED))
+  if saved != want:
+    raise DelayedStateMismatchError(
+        f"checkpoint {path} holds the delayed-scaling state {saved or 'none'} (site/layer/"
+        f"direction: history shape), but the policy needs {want or 'none'}: restore it "
+        "with the policy it was trained with")
 
 
 def _saved_dtypes(abstract, dtypes: dict):

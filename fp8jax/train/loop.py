@@ -34,7 +34,8 @@ import jax
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import deepseek_moe, integrity
+from fp8jax.models import deepseek_moe, delayed_sites, integrity
+from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import flops, metrics_log, multihost, optim, preemption, run_config
 from fp8jax.train import mesh as mesh_lib
@@ -60,9 +61,11 @@ def make_data(cfg, mesh, model_vocab: int):
 
 def state_layout(cfg, model_cfg, tx, mesh):
   """(init function, abstract train state, its shardings) of a run: replicated, or
-  split over the devices with ``train.fsdp``."""
+  split over the devices with ``train.fsdp``; with the amax histories of the policy's
+  delayed-scaled sites, if any."""
+  delayed = delayed_sites.init(model_cfg, policy_lib.parse_policy(cfg.policy))
   init = lambda: step_lib.init_state(  # noqa: E731
-      deepseek_moe.init(model_cfg, jax.random.key(cfg.seed)), tx)
+      deepseek_moe.init(model_cfg, jax.random.key(cfg.seed)), tx, delayed)
   abstract = jax.eval_shape(init)
   sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp
               else jax.tree.map(lambda _: mesh_lib.replicated(mesh), abstract))

@@ -5,6 +5,10 @@ or gradients are not finite leaves params and optimizer state unchanged and repo
 parameters are non-finite themselves, then which have non-finite gradients
 (:func:`first_nonfinite`): a NaN parameter makes most gradients NaN, so the parameters
 are checked first.
+
+A policy with delayed-scaled sites carries their amax histories in the train state
+(``delayed``, :mod:`fp8jax.models.delayed_sites`; ``{}`` for other policies): each step
+quantizes with them and stores the updated histories, except a non-finite step.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ class TrainState(NamedTuple):
   step: jax.Array
   params: Any
   opt_state: Any
+  delayed: Any = {}  # per-site amax histories (models.delayed_sites); {}: none
 
 
-def init_state(params, tx: optax.GradientTransformation) -> TrainState:
-  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+def init_state(params, tx: optax.GradientTransformation, delayed=None) -> TrainState:
+  """Step 0; ``delayed``: the policy's empty histories (``delayed_sites.init``), if any."""
+  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), delayed or {})
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
@@ -36,15 +42,15 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
   ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``)."""
 
-  def objective(params, tokens):
+  def objective(params, delayed, tokens):
     logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
-                                     moe_groups=moe_groups)
+                                     moe_groups=moe_groups, delayed_state=delayed)
     lm = deepseek_moe.lm_loss(logits, tokens)
     return lm + aux["aux_loss"], (lm, aux["aux_loss"])
 
   def step(state: TrainState, tokens):
-    (loss, (lm, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
-        state.params, tokens)
+    (loss, (lm, aux)), (grads, delayed) = jax.value_and_grad(
+        objective, argnums=(0, 1), has_aux=True)(state.params, state.delayed, tokens)
     all_finite = lambda tree: jax.tree.map(lambda g: jnp.all(jnp.isfinite(g)), tree)  # noqa: E731
     finite_groups = {"params": all_finite(state.params), "grads": all_finite(grads)}
     finite = jnp.isfinite(loss) & jnp.all(jnp.stack(jax.tree.leaves(finite_groups)))
@@ -53,7 +59,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     keep = lambda new, old: jax.tree.map(  # noqa: E731
         lambda a, b: jnp.where(finite, a, b), new, old)
     new_state = TrainState(state.step + finite.astype(jnp.int32), keep(params, state.params),
-                           keep(opt_state, state.opt_state))
+                           keep(opt_state, state.opt_state), keep(delayed, state.delayed))
     metrics = {"loss": loss, "lm_loss": lm, "aux_loss": aux,
                "grad_norm": optax.tree.norm(grads), "finite": finite,
                "finite_groups": finite_groups}

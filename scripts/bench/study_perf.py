@@ -134,11 +134,13 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch"):
   del mesh
 
 
-def paired_eval(batch=8, seq=2048, moe_impl="dispatch"):
+PAIRED = ("attn_l0-8_e4m3", "moe_l0-8_e4m3", "gemm:fp32_blockwise")
+
+
+def paired_eval(batch=8, seq=2048, moe_impl="dispatch", policies=PAIRED):
   cfg, params, toks = _setup_2b(batch, seq)
   mesh = mesh_lib.data_mesh()
-  policies = [pl.parse_policy(n) for n in ("attn_l0-8_e4m3", "moe_l0-8_e4m3",
-                                           "gemm:fp32_blockwise")]
+  policies = [pl.parse_policy(n) for n in policies]
   ev = paired.PairedEvaluator(cfg, policies, mesh, moe_impl)
   t_base, ts = median_time(ev.baseline, [(params, x) for x in toks], runs=8)
   record("paired_bf16_grad", moe_impl=moe_impl, batch=batch, seq=seq,
@@ -186,7 +188,8 @@ def compile_memory(batches=(4, 8), seq=2048, moe_impl="dispatch"):
     with jax.set_mesh(mesh):
       base = jax.eval_shape(ev.baseline_jit, params, tokens)
     fns = {"bf16_grad": (ev.baseline_jit, (params, tokens))}
-    fns.update({n: (ev.variant_jits[n], (params, tokens, base)) for n in names})
+    fns.update({n: (ev.variant_jits[n], (params, tokens, base, ev.empty_state[n]))
+                for n in names})
     for name, (fn, args) in fns.items():
       with jax.set_mesh(mesh):
         m = fn.lower(*args).compile().memory_analysis()
@@ -236,10 +239,13 @@ def main():
   ap.add_argument("--seq", type=int, default=2048)
   ap.add_argument("--moe-impl", default="dispatch", choices=["dispatch", "pallas"],
                   help="the 2B model's MoE GEMMs (train, paired, memory, scaling)")
+  ap.add_argument("--paired-policies", default=";".join(PAIRED),
+                  help="policies of --parts=paired, separated by ';'")
   args = ap.parse_args()
   two_b = {"seq": args.seq, "moe_impl": args.moe_impl}
   kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, **two_b},
-            "paired": {"batch": args.batch, **two_b}, "memory": two_b,
+            "paired": {"batch": args.batch, "policies": args.paired_policies.split(";"),
+                       **two_b}, "memory": two_b,
             "compile_memory": two_b, "scaling": {"batch": args.batch, **two_b}}
   print(f"devices: {jax.devices()} (jax {jax.__version__})", flush=True)
   for part in args.parts.split(","):
