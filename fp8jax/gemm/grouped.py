@@ -119,8 +119,7 @@ def _kernel_interval(cfg: gemm_lib.GemmConfig, a, b) -> int:
   (:mod:`fp8jax.kernels.grouped_scaled_pallas`), else 0: one GPU (or the interpreter,
   :data:`KERNEL_INTERPRET`), FP32 accumulation, one-level float32 scales in 1 x I tiles
   along the contraction for ``a`` and ``[c, I]`` blocks (c = 1 or I) for ``b``."""
-  if _tensor_core(cfg) or cfg.wgrad_hadamard or not (
-      KERNEL_INTERPRET or placement.kernels_allowed()):
+  if _tensor_core(cfg) or not (KERNEL_INTERPRET or placement.kernels_allowed()):
     return 0
   ok = all(q.tensor_scale_inv is None and q.scale_inv.dtype == jnp.float32
            and grouped_scaled_pallas.smp.supports_payload(q.data.dtype) for q in (a, b))
@@ -203,8 +202,10 @@ def _fwd(x, w, sizes, cfg):
   return _fprop(x, w, sizes, cfg), (x, w, sizes)
 
 
-def _wgrad_operands(x, dy, sizes, cfg):
-  """The dequantized Wgrad operands ([rows, K], [rows, F]) and their group sizes."""
+def _wgrad_fp32(x, dy, sizes, cfg):
+  """dW [E, K, F] with FP32 accumulation: the blockwise-scaled kernel where it applies (on
+  the unpadded rows: a tile of 128 tokens spanning two experts has one scale, as in the XLA
+  simulation), else the product of the dequantized operands."""
   r = cfg.roles
   if cfg.wgrad_hadamard:  # transform inside each group: pad the groups to whole blocks
     n = cfg.wgrad_hadamard
@@ -214,30 +215,17 @@ def _wgrad_operands(x, dy, sizes, cfg):
     dyt = hadamard.random_hadamard(dyp.T, n, cfg.hadamard_seed)  # [F, rows]
     xt = _deq(qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6)))
     dyt = _deq(qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5)))
-    return xt.T, dyt.T, padded
+    return _wgrad_product(xt.T, dyt.T, padded)
   xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose,
-                            gemm_lib.operand_key(x, r.input, 6))
+                            gemm_lib.operand_key(x, r.input, 6))  # [K, N]
   dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose,
-                             gemm_lib.operand_key(dy, r.grad, 5))
-  return jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes
-
-
-def _wgrad_fp32(x, dy, sizes, cfg):
-  """dW [E, K, F] with FP32 accumulation: in the blockwise-scaled kernel where it applies
-  (on the unpadded rows: a tile of 128 tokens spanning two experts has one scale, as in
-  the XLA simulation), else as the dequantized product."""
-  if not cfg.wgrad_hadamard and (KERNEL_INTERPRET or placement.kernels_allowed()):
-    r = cfg.roles
-    xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose,
-                              gemm_lib.operand_key(x, r.input, 6))  # [K, N]
-    dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose,
-                               gemm_lib.operand_key(dy, r.grad, 5))  # [F, N]
-    interval = _kernel_interval(cfg, xt, dyt)
-    if interval and dyt.block[-2] == 1:
-      return grouped_scaled_pallas.grouped_scaled_wgrad(
-          xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
-          groups_aligned=False, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
-  return _wgrad_product(*_wgrad_operands(x, dy, sizes, cfg))
+                             gemm_lib.operand_key(dy, r.grad, 5))  # [F, N]
+  interval = _kernel_interval(cfg, xt, dyt)
+  if interval and dyt.block[-2] == 1:
+    return grouped_scaled_pallas.grouped_scaled_wgrad(
+        xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
+        groups_aligned=False, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
+  return _wgrad_product(jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes)
 
 
 def _token_block(spec) -> int:
