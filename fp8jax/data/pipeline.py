@@ -4,6 +4,8 @@ Sources (:data:`SOURCES`):
 
 * ``"embedded"``: the Python documentation's help topics
   (:func:`fp8jax.data.sources.embedded_corpus`), packed in memory.
+* ``"synthetic:<MB>"``: that many megabytes of generated text that does not repeat within
+  a long run (:mod:`fp8jax.data.synthetic`), packed in memory.
 * ``"files"``: document shards given as ``paths`` (files, folders or globs: ``.json.gz``
   such as the allenai/c4 shards, ``.jsonl[.gz]``, ``.txt[.gz]``, ``.parquet``, TFRecord),
   streamed with flat memory (:mod:`fp8jax.data.stream`).
@@ -27,9 +29,9 @@ import hashlib
 import json
 import pathlib
 
-from fp8jax.data import packing, prepared, shards, sources, stream, tfds_source
+from fp8jax.data import packing, prepared, shards, sources, stream, synthetic, tfds_source
 
-SOURCES = ("embedded", "files", "prepared", "tfds:<name>")
+SOURCES = ("embedded", "synthetic:<MB>", "files", "prepared", "tfds:<name>")
 
 
 def _parse(source: str) -> tuple[str, str]:
@@ -38,7 +40,17 @@ def _parse(source: str) -> tuple[str, str]:
     return source, ""
   if source.startswith("tfds:") and source[len("tfds:"):].strip():
     return "tfds", source[len("tfds:"):].strip()
-  raise ValueError(f"unknown data source {source!r}; valid forms: 'embedded', 'files' "
+  if source == "synthetic" or source.startswith("synthetic:"):
+    size = source.partition(":")[2] or "16"
+    try:
+      if float(size) > 0:
+        return "synthetic", size
+    except ValueError:
+      pass
+    raise ValueError(f"data source {source!r}: the synthetic corpus size must be a number of "
+                     "megabytes > 0, e.g. 'synthetic:16'")
+  raise ValueError(f"unknown data source {source!r}; valid forms: 'embedded', "
+                   "'synthetic:<MB>', 'files' "
                    "(with paths), 'prepared' (with data_dir) or 'tfds:<name>' such as "
                    "'tfds:c4/en:3.1.0'")
 
@@ -60,6 +72,8 @@ def _open(source, paths=(), data_dir=None, split="train", field="text"):
     found = tfds_source.tfds_source(name, split=split, data_dir=data_dir, field=field)
     return ("files", [pathlib.Path(f) for f in found]) if isinstance(found, list) else (
         kind, found)
+  if kind == "synthetic":
+    return kind, float(name)
   return kind, None
 
 
@@ -104,6 +118,8 @@ def data_id(kind: str, what, tokenizer, split: str = "train", field: str = "text
     return "files:" + _digest([[p.name, p.stat().st_size] for p in what] + [field, tok])
   if kind == "tfds":
     return "tfds:" + _digest([what.name, len(what), field, tok])
+  if kind == "synthetic":
+    return "synthetic:" + _digest([what, tok])
   return "embedded:" + _digest([sources.embedded_corpus(), tok])
 
 
@@ -160,7 +176,7 @@ def make_batches(source: str, tokenizer, seq_len: int, global_batch: int, seed: 
   """This process's batch iterator for ``source`` (see :data:`SOURCES`).
 
   Args:
-    source: "embedded", "files", "prepared" or "tfds:<name>".
+    source: "embedded", "synthetic:<MB>", "files", "prepared" or "tfds:<name>".
     tokenizer: e.g. from :func:`fp8jax.data.tokenizers.get_tokenizer`; for "prepared",
       the tokenizer the data was prepared with (checked).
     seq_len: tokens per sequence.
@@ -193,6 +209,6 @@ def make_batches(source: str, tokenizer, seq_len: int, global_batch: int, seed: 
   elif kind == "tfds":
     it = tfds_source.StreamingBatches(what, tokenizer, seq_len, global_batch, **procs)
   else:
-    it = packing.BatchIterator(packing.pack(sources.embedded_corpus(), tokenizer, seq_len),
-                               global_batch, **procs)
+    docs = synthetic.corpus(what) if kind == "synthetic" else sources.embedded_corpus()
+    it = packing.BatchIterator(packing.pack(docs, tokenizer, seq_len), global_batch, **procs)
   return DataStream(it, ident)
