@@ -5,6 +5,11 @@ baseline.jsonl, weights.jsonl) and writes ``report.md`` and ``figures/*.png``::
 
   python -m fp8jax.experiments.report --results=out/compare
   python -m fp8jax.experiments.report --results=out/compare --out=/tmp/report --top_k=20
+  python -m fp8jax.experiments.report --results=out/compare --branch=out/branch
+
+With the branch-off study's folder (``--branch``; by default ``<results>/../branch`` when it
+holds ``branches.jsonl``) the report also answers "Does the one-step perturbation predict the
+trajectory?".
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ _RESULTS = flags.DEFINE_string("results", None, "Folder of the comparison sweep.
                                required=True)
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: --results).")
 _TOP_K = flags.DEFINE_integer("top_k", 10, "Depth of the parameter rankings.")
+_BRANCH = flags.DEFINE_string("branch", None, "Folder of the branch-off study (default: "
+                              "<results>/../branch when it holds branches.jsonl).")
 
 
 def main(argv):
   del argv
   multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
-  path = report.write_report(_RESULTS.value, out=_OUT.value, top_k=_TOP_K.value)
+  path = report.write_report(_RESULTS.value, out=_OUT.value, top_k=_TOP_K.value,
+                             branch=_BRANCH.value)
   print(f"wrote {path}")
 
 

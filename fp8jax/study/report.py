@@ -7,7 +7,10 @@ matplotlib is imported only when drawing) and writes ``report.md``: the grid, th
 non-finite FP8 rows (listed, never averaged) and, apart from them, the non-finite BF16
 baselines (a data problem), the per-policy summary, the four answers, the
 figures and the method. Means over the evaluation batches come with 95% Student-t
-intervals. Typical notebook use::
+intervals. Given the folder of the branch-off study (``branch=``, or found at
+``<folder>/../branch/branches.jsonl``, the pipeline's layout), the report also answers "Does
+the one-step perturbation predict the trajectory?" (:mod:`fp8jax.study.trajectory`).
+Typical notebook use::
 
     res = results.load("out/compare")
     stats.summary(res, "rel_err")[("moe_l0_e4m3", 1000)]   # Stat(mean, lo, hi, n, ...)
@@ -22,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import pathlib
 from typing import Any
 
-from fp8jax.study import figures, questions
+from fp8jax.study import figures, questions, trajectory, trajectory_figures
 from fp8jax.study.results import Results, load, parse_seed_name
 from fp8jax.study.stats import fmt, fmt_stat, stat
 
@@ -107,9 +110,12 @@ def summary_markdown(res: Results) -> list[str]:
   return lines + _table(["policy", *(str(s) for s in res.steps)], cells)
 
 
-def render(res: Results, ans: dict[str, dict], figures: dict[str, Any]) -> str:
-  """The full report.md text (``figures``: {name: path relative to report.md})."""
+def render(res: Results, ans: dict[str, dict], figures: dict[str, Any],
+           extra: Sequence[str] = ()) -> str:
+  """The full report.md text (``figures``: {name: path relative to report.md}; ``extra``:
+  markdown lines of further sections, after the answers)."""
   lines = grid_markdown(res) + summary_markdown(res) + questions.markdown(ans, figures)
+  lines += list(extra)
   lines += ["## Figures", ""] + [f"![{k}]({v})" for k, v in figures.items()] + [""]
   lines += ["## Method", "",
             "Each row pairs the BF16 gradient of a checkpoint and batch with an FP8 policy's "
@@ -120,16 +126,36 @@ def render(res: Results, ans: dict[str, dict], figures: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def branch_folder(folder: str | pathlib.Path) -> pathlib.Path | None:
+  """The branch-off study next to a sweep folder (``<folder>/../branch`` when it holds
+  ``branches.jsonl``), else None."""
+  found = pathlib.Path(folder).resolve().parent / "branch"
+  return found if (found / "branches.jsonl").exists() else None
+
+
 def write_report(folder: str | pathlib.Path, out: str | pathlib.Path | None = None,
-                 top_k: int = 10) -> pathlib.Path:
+                 top_k: int = 10, branch: str | pathlib.Path | None = None,
+                 find_branch: bool = True, n_boot: int = 2000) -> pathlib.Path:
   """Writes ``report.md`` and its figures (``figures/*.png``) into ``out`` (default:
-  ``folder``); returns the path of report.md."""
+  ``folder``); returns the path of report.md.
+
+  ``branch``: the branch-off study's folder for the trajectory section (default: the one
+  :func:`branch_folder` finds, when ``find_branch``); ``n_boot``: its bootstrap resamples.
+  """
   res = load(folder)
+  branch = branch or (branch_folder(folder) if find_branch else None)
   out = pathlib.Path(out or folder)
   fig_dir = out / "figures"
   fig_dir.mkdir(parents=True, exist_ok=True)
   ans = questions.answers(res, top_k)
   paths = figures.write_all(res, fig_dir, ans, top_k)
+  extra = []
+  if branch:
+    br = trajectory.load_branches(branch)
+    st = trajectory.study(res, br, n_boot=n_boot)
+    png = trajectory_figures.scatter(st, fig_dir).relative_to(out).as_posix()
+    extra = trajectory.markdown(st, br, res, png)
   path = out / "report.md"
-  path.write_text(render(res, ans, {k: v.relative_to(out).as_posix() for k, v in paths.items()}))
+  path.write_text(render(res, ans, {k: v.relative_to(out).as_posix() for k, v in paths.items()},
+                         extra))
   return path
