@@ -1,10 +1,12 @@
-"""The whole study in one command: train a baseline, compare the seed grid, write the report.
+"""The whole study in one command: train a baseline, compare the seed grid on every
+checkpoint, branch off K training steps of each policy, write the report.
 
     python -m fp8jax.experiments.study --out=out/demo                 # the embedded demo
     python -m fp8jax.experiments.study --config=experiments/configs/train_2b_c4.py \
         --out=$WORK/ds2b --offsets=0,1000,2000 --batches=4 --batch_size=16
 
-Writes ``<out>/train`` (checkpoints, metrics), ``<out>/compare`` (rows, details) and
+Writes ``<out>/train`` (checkpoints, metrics), ``<out>/compare`` (rows, details),
+``<out>/branch`` (branch-off trajectories; ``--branch_k=0`` skips them) and
 ``<out>/compare/report.md`` with its figures. Rerunning continues where it stopped.
 Library INFO logs (Orbax, absl) show only with ``--verbosity=0``; ``--distributed`` runs
 it over several processes (README: Several hosts).
@@ -27,6 +29,9 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation ba
 _DELAYED_WARMUP = flags.DEFINE_integer(
     "delayed_warmup", 4, "Warm-up passes of each delayed-scaling policy over its evaluation "
     "window, filling its amax histories (0: empty histories).")
+_BRANCH_K = flags.DEFINE_integer(
+    "branch_k", 8, "Training steps of each policy's branch from every checkpoint, with a BF16 "
+    "reference and a noise-floor branch (0: no branch-off runs).")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "Join a multi-process run: jax.distributed.initialize() from the "
                                  "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
@@ -35,9 +40,10 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
 
 def main(argv):
   del argv
-  from fp8jax.study import (
-    pipeline,  # pylint: disable=import-outside-toplevel
-    sweep,  # pylint: disable=import-outside-toplevel
+  from fp8jax.study import (  # pylint: disable=import-outside-toplevel
+    branch,
+    pipeline,
+    sweep,
   )
   from fp8jax.train import (  # pylint: disable=import-outside-toplevel
     multihost,
@@ -49,7 +55,9 @@ def main(argv):
   try:
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
-                                windows=windows, delayed_warmup=_DELAYED_WARMUP.value)
+                                windows=windows, delayed_warmup=_DELAYED_WARMUP.value,
+                                branches=(branch.Branches(k=_BRANCH_K.value)
+                                          if _BRANCH_K.value else None))
   except preemption.Preempted as e:
     print(e, file=multihost.main_stream(sys.stderr))
     return preemption.EXIT_CODE

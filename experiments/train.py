@@ -1,11 +1,14 @@
 """Trains DeepSeek-MoE (BF16 baseline or any precision policy) with checkpoints from step 0.
 
     python -m fp8jax.experiments.train --config=experiments/configs/train_tiny.py \
-        --workdir=out/train [--config.train.steps=400] [--resume]
+        --workdir=out/train [--config.train.steps=400] [--resume [--allow_policy_change]]
 
 The config files in ``experiments/configs/`` document their commands. The run logic is
 :func:`fp8jax.train.loop.train`; this binary only parses flags. Exit status: 0 done, 2 bad
-input, 3 non-finite step, 75 preempted (SIGTERM: saved at the next step; ``--resume``).
+input (a ``--resume`` under another policy than the checkpoint records, without
+``--allow_policy_change``, included), 3 non-finite step, 75 preempted (SIGTERM: saved at
+the next step; ``--resume``). Training-precision options: ``--config.precision.*``
+(``fp8jax.train.run_config``).
 Library INFO logs (Orbax, absl) show only with ``--verbosity=0``.
 """
 
@@ -21,6 +24,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", str(_DEFAULT_CONFIG),
                                           "Run config file (experiments/configs/train_*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", "out/train", "Output folder of the run.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir.")
+_ALLOW_POLICY_CHANGE = flags.DEFINE_bool(
+    "allow_policy_change", False,
+    "With --resume: continue under a precision policy other than the checkpoint records.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "Join a multi-process run: jax.distributed.initialize() from the "
                                  "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
@@ -37,7 +43,8 @@ def main(argv):
 
   try:
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
-    summary = loop.train(_CONFIG.value, _WORKDIR.value, resume=_RESUME.value)
+    summary = loop.train(_CONFIG.value, _WORKDIR.value, resume=_RESUME.value,
+                         allow_policy_change=_ALLOW_POLICY_CHANGE.value)
   except loop.NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
     return 3

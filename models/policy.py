@@ -24,11 +24,16 @@ GEMM: the attention projections, the dense MLPs, the shared experts and the rout
 except the last ``gemm_bf16_tail`` share of the model's layers, which stay in BF16 (the
 NVFP4 recipe's BF16 layers). The embedding, head, router, norms and the attention core
 stay in high precision.
+
+:func:`record` describes a policy completely as JSON (every rule and GEMM recipe with all
+QuantSpec fields, epsilons included); training checkpoints store it, so a resume can tell
+whether it continues under the same policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import fp8jax
@@ -135,6 +140,17 @@ class PrecisionPolicy:
 
 
 BF16 = PrecisionPolicy()
+
+
+def record(policy: PrecisionPolicy, expression: str | None = None) -> dict:
+  """The whole policy as a JSON-ready dict (deterministic, plain lists/dicts/scalars):
+  ``expression`` (default the policy's name), ``name``, ``rules`` (site, layers, spec with
+  every QuantSpec field), ``gemm`` (every GemmConfig field, or None), ``gemm_layers``,
+  ``gemm_bf16_tail``. Two policies that quantize alike and share the expression give
+  equal records."""
+  fields = dataclasses.asdict(policy)
+  out = {"expression": policy.name if expression is None else expression.strip(), **fields}
+  return json.loads(json.dumps(out, sort_keys=True))
 
 
 def site_policy(site: str, layers: str | int, spec: fp8jax.QuantSpec,

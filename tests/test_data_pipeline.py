@@ -158,7 +158,8 @@ def test_processes_read_disjoint_deterministic_streams(data_dir):
 
 
 def test_errors_name_the_problem(data_dir, tmp_path):
-  with pytest.raises(ValueError, match=r"unknown data source 'c4'.*'embedded', 'synthetic:<MB>', 'files'"):
+  with pytest.raises(ValueError,
+                     match=r"unknown data source 'c4'.*'embedded', 'synthetic:<MB>', 'files'"):
     pipeline.make_batches("c4", TOK, 16, 4)
   with pytest.raises(ValueError, match="unknown data source 'tfds:'"):
     pipeline.validate("tfds:")

@@ -1,4 +1,5 @@
-"""The study end to end: baseline training, the comparison sweep, the report.
+"""The study end to end: baseline training, the comparison sweep, the branch-off runs
+(optional), the report.
 
 In a multi-process run every process trains and compares; process 0 alone prints and
 writes the report.
@@ -10,15 +11,18 @@ import pathlib
 import sys
 import time
 
-from fp8jax.study import report, sweep
+from fp8jax.study import branch, report, sweep
 from fp8jax.train import loop, multihost
 
 
 def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | None = None,
-              stream=None, delayed_warmup: int = sweep.DELAYED_WARMUP) -> pathlib.Path:
+              stream=None, delayed_warmup: int = sweep.DELAYED_WARMUP,
+              branches: branch.Branches | None = None) -> pathlib.Path:
   """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` on
-  every checkpoint in ``<out>/compare`` (``delayed_warmup``: see :func:`sweep.run`) and
-  returns the path of the report."""
+  every checkpoint in ``<out>/compare`` (``delayed_warmup``: see :func:`sweep.run`), with
+  ``branches`` runs ``branches.k`` steps of every policy from every checkpoint in
+  ``<out>/branch`` (:func:`branch.run`), and returns the path of the report (which then
+  relates the one-step comparison to the trajectories)."""
   stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or sweep.Windows()
   out = pathlib.Path(out)
@@ -27,15 +31,20 @@ def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | No
   def stage(text):
     print(f"[study] {text} ({time.perf_counter() - t0:.0f} s)", file=stream, flush=True)
 
-  stage("1/3 training the baseline")
+  n = 4 if branches else 3
+  stage(f"1/{n} training the baseline")
   train_dir = out / "train"
   has_run = (train_dir / "checkpoints").exists()
   loop.train(train_config, train_dir, resume=has_run, stream=stream)
-  stage("2/3 comparing the precision policies on every checkpoint")
+  stage(f"2/{n} comparing the precision policies on every checkpoint")
   sweep.run(train_dir, out / "compare", policies=policies, windows=windows, stream=stream,
             moe_impl=train_config.train.moe_impl, delayed_warmup=delayed_warmup)
-  stage("3/3 writing the report")
-  path = (report.write_report(out / "compare") if multihost.is_main()
+  if branches:
+    stage(f"3/{n} branch-off runs: {branches.k} steps of each policy from every checkpoint")
+    branch.run(train_dir, out / "branch", policies=policies, branches=branches, stream=stream)
+  stage(f"{n}/{n} writing the report")
+  path = (report.write_report(out / "compare", branch=out / "branch" if branches else None)
+          if multihost.is_main()
           else out / "compare" / "report.md")
   stage(f"done: {path}")
   return pathlib.Path(path)

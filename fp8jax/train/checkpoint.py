@@ -16,7 +16,14 @@ A train state's delayed-scaling state (its ``delayed`` field: per-site amax hist
 (``delayed_state``: ``{"site/layer/fwd": shape}``); a restore into a state that expects
 another layout fails with :class:`DelayedStateMismatchError` naming both. An empty one (a
 policy without delayed scaling) is left out, so such checkpoints keep the layout of
-earlier versions and those load as before.
+earlier versions and those load as before. The same holds for the dynamic loss-scaling
+state (the ``loss_scale`` field, :mod:`fp8jax.train.loss_scale`; ``{}`` when off).
+
+The training loop records the run's precision policy in every checkpoint's meta
+(:data:`POLICY`: ``fp8jax.models.policy.record``, epsilons included); :func:`saved_policy`
+reads it back (None for checkpoints written before it existed). A resume under another
+policy raises :class:`PolicyMismatchError` unless allowed (``fp8jax.train.loop.train``).
+:class:`NoCheckpointer` stands in for a :class:`Checkpointer` in a run without checkpoints.
 """
 
 from __future__ import annotations
@@ -35,10 +42,18 @@ from fp8jax.train import data_positions, multihost
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
+OPTIONAL = (DELAYED, "loss_scale")
+"""Train-state fields left out of a checkpoint when empty (earlier versions lacked them)."""
+POLICY = "precision_policy"
+"""The meta key of the run's precision-policy record (``fp8jax.models.policy.record``)."""
 
 
 class DelayedStateMismatchError(ValueError):
   """A checkpoint's delayed-scaling state does not have the layout the restore expects."""
+
+
+class PolicyMismatchError(ValueError):
+  """A resume or branch under another precision policy than its checkpoint records."""
 
 
 def code_version() -> str:
@@ -71,8 +86,12 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(pathlib.Path(directory).resolve(), options=options)
     self.digests = digests
 
+  @property
+  def directory(self) -> pathlib.Path:
+    return pathlib.Path(self.manager.directory)
+
   def step_path(self, step: int) -> pathlib.Path:
-    return pathlib.Path(self.manager.directory) / str(step)
+    return self.directory / str(step)
 
   def save(self, step: int, state, data_position: dict, meta: dict, force: bool = False):
     """Saves (if the step is due or ``force``): returns whether a save started. The
@@ -148,8 +167,9 @@ class Checkpointer:
     status = integrity.verify_tree(str(self.step_path(step)), out.state, recorded)
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
                          out.state, _stored(abstract))
-    if _stored(abstract) is not abstract:  # put the (empty) delayed state back
-      state = type(abstract)(**state, **{DELAYED: getattr(abstract, DELAYED)})
+    if _stored(abstract) is not abstract:  # put the empty optional fields back
+      state = type(abstract)(**state, **{k: getattr(abstract, k) for k in OPTIONAL
+                                         if k not in state})
     return (state, position, meta), status
 
   def wait(self):
@@ -186,10 +206,12 @@ def _has_delayed(tree) -> bool:
 
 
 def _stored(tree):
-  """What is saved of ``tree``: a train state without an empty delayed-scaling state (as a
-  dict of its other fields), anything else as it is."""
-  if _has_delayed(tree) and not jax.tree.leaves(getattr(tree, DELAYED)):
-    return {k: v for k, v in tree._asdict().items() if k != DELAYED}
+  """What is saved of ``tree``: a train state without its empty :data:`OPTIONAL` fields
+  (as a dict of the others) if it has any, anything else as it is."""
+  fields = getattr(tree, "_fields", ())
+  empty = [k for k in OPTIONAL if k in fields and not jax.tree.leaves(getattr(tree, k))]
+  if empty:
+    return {k: v for k, v in tree._asdict().items() if k not in empty}
   return tree
 
 
@@ -215,6 +237,61 @@ def _saved_dtypes(abstract, dtypes: dict):
       return a
     return jax.ShapeDtypeStruct(a.shape, jnp.dtype(saved), sharding=getattr(a, "sharding", None))
   return jax.tree_util.tree_map_with_path(one, abstract)
+
+
+def saved_meta(where, step: int | None = None) -> dict:
+  """The meta of checkpoint ``step`` (default the latest) of a :class:`Checkpointer` or a
+  checkpoints folder (only read)."""
+  if isinstance(where, Checkpointer):
+    manager, own = where.manager, False
+  else:
+    options = ocp.CheckpointManagerOptions(create=False)  # read_only=True logs a warning
+    manager, own = ocp.CheckpointManager(pathlib.Path(where).resolve(), options=options), True
+  try:
+    step = manager.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  finally:
+    if own:
+      manager.close()
+
+
+def saved_policy(where, step: int | None = None) -> dict | None:
+  """The precision-policy record (``fp8jax.models.policy.record``) of checkpoint ``step``
+  (default the latest) of a :class:`Checkpointer` or a checkpoints folder; None for a
+  checkpoint written before records existed."""
+  return saved_meta(where, step).get(POLICY)
+
+
+def policy_difference(saved: dict, current: dict) -> str | None:
+  """None when two policy records are equal, else ``'A' (name) vs 'B' (name)`` and the
+  fields that differ."""
+  if saved == current:
+    return None
+  keys = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+  name = lambda r: f"{r.get('expression')!r} (name {r.get('name')!r})"  # noqa: E731
+  return f"{name(saved)} vs {name(current)}, differing in {keys}"
+
+
+class NoCheckpointer:
+  """What a run without checkpoints (``train.checkpoints=False``) saves: nothing."""
+
+  def __init__(self, directory):
+    self.directory = pathlib.Path(directory).resolve()
+
+  def save(self, step, state, data_position, meta, force=False) -> bool:
+    del step, state, data_position, meta, force
+    return False
+
+  def latest_step(self) -> None:
+    return None
+
+  def wait(self):
+    pass
+
+  def close(self):
+    pass
 
 
 def abstract_like(tree):

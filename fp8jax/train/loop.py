@@ -13,9 +13,25 @@ run resumes from the one before (:func:`_restore_latest`).
 
 A step whose loss or gradients are not finite stops the run with :class:`NonFiniteError`
 naming the step and the first non-finite parameter or gradient; that step changed
-nothing and the checkpoints already written stay. A preemption notice (SIGTERM) saves a
-checkpoint at the next step boundary and raises
-:class:`~fp8jax.train.preemption.Preempted` (:mod:`fp8jax.train.preemption`).
+nothing and the checkpoints already written stay. With dynamic loss scaling
+(``precision.loss_scale="dynamic"``, :mod:`fp8jax.train.loss_scale`) such a step is
+skipped instead and the run goes on; the rows and the progress line then carry
+``loss_scale`` and ``skipped_steps`` (cumulative), and the run stops only when the scale
+would fall below ``precision.loss_scale_min``. ``train.steps`` counts steps, skipped ones
+included; the LR schedule (and the ``lr`` column) follows the updates applied. A
+preemption notice (SIGTERM) saves a checkpoint at the next step boundary and raises
+:class:`~fp8jax.train.preemption.Preempted` (:mod:`fp8jax.train.preemption`); a run
+without checkpoints (``train.checkpoints=False``) then just ends (default SIGTERM).
+
+Every checkpoint's meta records the precision policy (``fp8jax.models.policy.record``).
+A resume under another policy than the latest checkpoint records (or, for checkpoints
+older than the records, than ``config.json`` names) fails before any compute with
+:class:`PolicyMismatchError` naming both, unless ``allow_policy_change=True``
+(``--allow_policy_change``): then it warns and continues under the new policy.
+
+:func:`build_step`, :func:`optimizer_for` and :func:`state_layout` build the step, the
+optimizer and the train state exactly as :func:`train` does, every precision option of the
+run config included, for other code (branch studies, verification) to reuse.
 
 Several processes (``jax.distributed``) run the same loop, each on its share of every
 batch (:mod:`fp8jax.train.multihost`); only process 0 writes ``config.json`` and
@@ -24,6 +40,7 @@ batch (:mod:`fp8jax.train.multihost`); only process 0 writes ``config.json`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -31,15 +48,18 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
 from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import flops, metrics_log, multihost, optim, preemption, run_config
+from fp8jax.train import flops, metrics_log, multihost, optim, param_gather, preemption, run_config
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
+
+PolicyMismatchError = ckpt_lib.PolicyMismatchError
 
 
 class NonFiniteError(RuntimeError):
@@ -59,13 +79,40 @@ def make_data(cfg, mesh, model_vocab: int):
       skip_bad_records=d.get("skip_bad_records", False))
 
 
+def optimizer_for(cfg):
+  """The optax transform of the run config ``cfg`` (schedule, clipping, AdamW with the
+  ``precision.moments`` dtype)."""
+  p = cfg.precision
+  moments = None if (p.moments, p.master_weights) == ("float32", "float32") else p.moments
+  return optim.optimizer(run_config.optim_config(cfg), moments_dtype=moments)
+
+
+def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = False):
+  """The sharded ``step(state, tokens) -> (state, metrics)`` of the run config ``cfg`` under
+  ``policy``, every precision option applied as in :func:`train`; the state laid out as
+  ``sharding``; ``with_routing``: ``metrics["routing"]`` (see ``step.make_train_step``)."""
+  step = step_lib.make_train_step(
+      model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=mesh.devices.size,
+      loss_scale=run_config.loss_scale_config(cfg),
+      fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing)
+  return mesh_lib.shard_step(step, mesh, sharding)
+
+
 def state_layout(cfg, model_cfg, tx, mesh):
   """(init function, abstract train state, its shardings) of a run: replicated, or
   split over the devices with ``train.fsdp``; with the amax histories of the policy's
-  delayed-scaled sites, if any."""
+  delayed-scaled sites, if any, params in ``precision.master_weights`` and the dynamic
+  loss-scaling state, if on."""
   delayed = delayed_sites.init(model_cfg, policy_lib.parse_policy(cfg.policy))
-  init = lambda: step_lib.init_state(  # noqa: E731
-      deepseek_moe.init(model_cfg, jax.random.key(cfg.seed)), tx, delayed)
+  scaling = run_config.loss_scale_config(cfg)
+  master = cfg.precision.master_weights
+
+  def init():
+    params = deepseek_moe.init(model_cfg, jax.random.key(cfg.seed))
+    if master != "float32":  # rounded to nearest even
+      params = jax.tree.map(lambda x: x.astype(jnp.dtype(master)), params)
+    return step_lib.init_state(params, tx, delayed, scaling and scaling.init_state())
+
   abstract = jax.eval_shape(init)
   sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp
               else jax.tree.map(lambda _: mesh_lib.replicated(mesh), abstract))
@@ -90,36 +137,66 @@ def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
   return out
 
 
-def _with_defaults(saved: dict, defaults: dict) -> dict:
-  """``saved`` with the keys it lacks (added to the defaults after it was written) filled
-  in from ``defaults``."""
-  out = dict(saved)
-  for key, value in defaults.items():
-    if key not in out:
-      out[key] = value
-    elif isinstance(value, dict) and isinstance(out[key], dict):
-      out[key] = _with_defaults(out[key], value)
-  return out
-
-
-def _check_workdir(workdir: pathlib.Path, cfg, resume: bool) -> bool:
-  """Returns whether there is a run to resume; refuses to overwrite one."""
+def _check_workdir(workdir: pathlib.Path, cfg, resume: bool, policy,
+                   allow_policy_change: bool = False, stream=None) -> bool:
+  """Returns whether there is a run to resume; refuses to overwrite one, or to resume it
+  with another config (or, unless allowed, another policy: :func:`_check_policy`)."""
   saved = workdir / "config.json"
   ckpts = workdir / "checkpoints"
   has_run = ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir())
   if has_run and not resume:
     raise FileExistsError(f"{workdir} already holds a training run; pass --resume to "
                           "continue it or choose a new workdir")
+  old = None
   if has_run and saved.exists():
-    old, new = json.loads(saved.read_text()), json.loads(cfg.to_json())
-    old = _with_defaults(old, json.loads(run_config.defaults().to_json()))  # keys added since
+    old = run_config.with_defaults(json.loads(saved.read_text()))  # keys added since
+  if has_run:
+    _check_policy(ckpts, old and old["policy"], cfg.policy, policy, allow_policy_change,
+                  stream)
+  if old is not None:
     # train.steps may grow, unless the LR schedule follows it (optim.total_steps = 0).
-    allowed = {"train.steps"} if old["optim"]["total_steps"] else set()
-    changed = [k for k in _config_changes(old, new) if k not in allowed]
+    allowed = {"train.steps", "policy"} if old["optim"]["total_steps"] else {"policy"}
+    changed = [k for k in _config_changes(old, json.loads(cfg.to_json())) if k not in allowed]
     if changed:
       raise ValueError(f"--resume with a config that differs from {saved} in {changed}; "
-                       "only train.steps may change, and only with optim.total_steps set")
+                       "only train.steps may change, and only with optim.total_steps set "
+                       "(and the policy with --allow_policy_change)")
   return has_run
+
+
+def _latest_policy(ckpts: pathlib.Path):
+  """(step, policy record or None) of the newest checkpoint whose meta reads; (None, None)
+  when none does (the restore then reports the damage)."""
+  for step in sorted((int(p.name) for p in ckpts.iterdir() if p.name.isdigit()), reverse=True):
+    try:
+      return step, ckpt_lib.saved_policy(ckpts, step)
+    except Exception:  # pylint: disable=broad-except  # a torn save: try the one before
+      continue
+  return None, None
+
+
+def _check_policy(ckpts, old_expr, expr: str, policy, allow: bool, stream) -> None:
+  """Raises :class:`PolicyMismatchError` (or, if ``allow``, warns) when the policy record
+  of the newest checkpoint (else ``config.json``'s expression ``old_expr``) is not
+  ``policy``'s."""
+  step, saved = _latest_policy(ckpts)
+  current = policy_lib.record(policy, expr)
+  if saved is not None:
+    diff, old_expr = ckpt_lib.policy_difference(saved, current), saved.get("expression")
+  else:
+    diff = None if old_expr in (None, current["expression"]) else "the expressions differ"
+  if diff is None:
+    return
+  where = f"checkpoint {ckpts / str(step)}" if saved is not None else "its config.json"
+  if not allow:
+    raise PolicyMismatchError(
+        f"--resume under another precision policy: the run was trained with policy "
+        f"{old_expr!r} ({where}), the config asks for {expr!r} ({diff}). Resume with "
+        f"policy={old_expr!r}, or pass --allow_policy_change "
+        "(train(..., allow_policy_change=True)) to continue under the new policy")
+  print(f"warning: --allow_policy_change: the run was trained with policy {old_expr!r} "
+        f"({where}) and continues under policy {expr!r} ({diff})",
+        file=stream or sys.stderr, flush=True)
 
 
 def _restore_latest(ckpt, target, stream):
@@ -149,32 +226,35 @@ def _restore_latest(ckpt, target, stream):
     return steps[-2], state, position
 
 
-def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict:
+def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
+          allow_policy_change: bool = False) -> dict:
   """Runs (or resumes) the training run ``cfg`` in ``workdir`` on ``devices`` (default
-  all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``)."""
+  all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``: the
+  checkpoints folder). ``allow_policy_change``: a resume may change ``cfg.policy``."""
   workdir = pathlib.Path(workdir)
   main, stream = multihost.is_main(), multihost.main_stream(stream or sys.stderr)
   model_cfg, policy = run_config.validate(cfg)
   opt_cfg = run_config.optim_config(cfg)
   mesh = mesh_lib.data_mesh(devices)
   data = make_data(cfg, mesh, model_cfg.vocab_size)
-  has_run = _check_workdir(workdir, cfg, resume)
+  has_run = _check_workdir(workdir, cfg, resume, policy, allow_policy_change, stream)
   if main:
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = workdir / "config.json.tmp"  # the other processes may be reading config.json
     tmp.write_text(cfg.to_json(indent=2))
     tmp.replace(workdir / "config.json")
 
-  tx = optim.optimizer(opt_cfg)
+  tx = optimizer_for(cfg)
   init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh)
-  step_fn = mesh_lib.shard_step(
-      step_lib.make_train_step(model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
-                               moe_groups=mesh.devices.size), mesh, sharding)
-  ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
+  step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
+  if cfg.precision.fp8_param_gather:
+    print(f"[train] {param_gather.describe(abstract.params)}", file=stream, flush=True)
+  ckpt = (ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
+          if cfg.train.checkpoints else ckpt_lib.NoCheckpointer(workdir / "checkpoints"))
   writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
             else metrics_log.NoWriter())
   meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),
-          "policy": policy.name}
+          "policy": policy.name, ckpt_lib.POLICY: policy_lib.record(policy, cfg.policy)}
   try:
     if has_run:
       start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
@@ -185,8 +265,10 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None) -> dict
     else:
       start = 0
       state = jax.jit(init, out_shardings=sharding)()
+      writer.truncate_after(0)  # rows of an earlier run here that saved no checkpoint
       ckpt.save(0, state, data.get_state(), meta, force=True)
-    with preemption.Watch(ckpt.manager) as watch:
+    with (preemption.Watch(ckpt.manager) if cfg.train.checkpoints
+          else contextlib.nullcontext()) as watch:  # None: no checkpoint to stop at
       return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
                   mesh, stream, watch)
   finally:
@@ -209,19 +291,14 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   for step in range(start, total):
     if preempted:  # saved (and logged if due) at the previous step
       ckpt.wait()
-      raise preemption.Preempted(step, ckpt.manager.directory)
+      raise preemption.Preempted(step, ckpt.directory)
     position = data.get_state()  # the data position after this step's batch
     state, m = step_fn(state, mesh_lib.global_batch(batch, mesh))
     batch = next(data) if step + 1 < total else None  # host work overlaps the device
     done, steps_since = step + 1, steps_since + 1
-    if not bool(m["finite"]):
-      where = step_lib.first_nonfinite(jax.device_get(m["finite_groups"])) or "the loss"
-      ckpt.wait()
-      raise NonFiniteError(
-          f"step {done}: non-finite loss or gradients (first non-finite: {where}); the run "
-          f"stopped without applying the step; last good checkpoint: step "
-          f"{ckpt.latest_step()} in {ckpt.manager.directory}")
-    preempted = watch.reached(done) and done < total  # the same step on every process
+    if not bool(m["finite"]) and not bool(m.get("skipped", False)):
+      _stop(done, m, ckpt, cfg)
+    preempted = watch is not None and watch.reached(done) and done < total  # on every process
     ckpt.save(done, state, position, meta, force=done == total or preempted)
     if done % log_every and done != total:
       continue
@@ -229,12 +306,32 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
     tps = tokens_per_step * steps_since / (now - t_last)
     t_last, steps_since = now, 0
     scalars = jax.device_get({k: m[k] for k in ("loss", "lm_loss", "aux_loss", "grad_norm")})
+    skipped = int(m["skipped_steps"]) if "skipped_steps" in m else 0
     row = {"step": done, **{k: float(v) for k, v in scalars.items()},
-           "lr": float(lr_at(step)), "tokens_per_s": tps,
+           "lr": float(lr_at(step - skipped)), "tokens_per_s": tps,  # at the updates applied
            "mfu": flops.mfu(tps, model_cfg, cfg.data.seq_len, peak, mesh.devices.size),
            **{f"weight_norm/{k}": float(v)
               for k, v in jax.device_get(weight_norms(state.params)).items()}}
+    line = progress.line(row)
+    if "loss_scale" in m:
+      row["loss_scale"], row["skipped_steps"] = float(m["loss_scale"]), skipped
+      head, eta, tail = line.rpartition("  ETA ")
+      line = f"{head}  scale {row['loss_scale']:g} skipped {row['skipped_steps']}{eta}{tail}"
     writer.write(row)
-    progress.show(row)
+    print(line, file=progress.stream, flush=True)
     loss = row["loss"]
-  return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.manager.directory)}
+  return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.directory)}
+
+
+def _stop(done: int, m, ckpt, cfg):
+  """Raises :class:`NonFiniteError` for the non-finite step ``done`` (metrics ``m``)."""
+  where = step_lib.first_nonfinite(jax.device_get(m["finite_groups"])) or "the loss"
+  ckpt.wait()
+  scaled = (f" with the loss scale at its minimum (precision.loss_scale_min "
+            f"{cfg.precision.loss_scale_min:g})" if "skipped" in m else "")
+  last = ckpt.latest_step()
+  last = (f"step {last} in {ckpt.directory}" if last is not None
+          else "none (train.checkpoints=False)" if not cfg.train.checkpoints else "none")
+  raise NonFiniteError(
+      f"step {done}: non-finite loss or gradients{scaled} (first non-finite: {where}); the "
+      f"run stopped without applying the step; last good checkpoint: {last}")

@@ -3,7 +3,13 @@
 Linear warmup to ``peak_lr`` over ``warmup_steps``, constant, then multiplied by
 ``decay_factor`` (0.316) at 80% and again at 90% of ``total_steps``. Gradients are
 clipped to a global norm of ``clip_norm``. Weight decay applies to matrices only (not to
-the norm weights, which are vectors). Master params and moments are float32.
+the norm weights, which are vectors). By default master params and moments are float32.
+
+``optimizer(cfg, moments_dtype="bfloat16")`` stores both AdamW moments in BF16, as
+DeepSeek-V3 does (:func:`scale_by_adam`: each step computes them in float32 from the stored
+ones, uses those float32 values for its update, and stores them rounded to nearest even).
+With BF16 master weights the step gives this optimizer float32 gradients and params and
+``optax.apply_updates`` rounds ``p + update`` (float32) to BF16, to nearest even.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -43,10 +50,43 @@ def schedule(cfg: OptimConfig) -> optax.Schedule:
   return optax.join_schedules([warmup, steady], [cfg.warmup_steps])
 
 
-def optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW (decay on params with 2+ dimensions)."""
+def scale_by_adam(b1: float, b2: float, eps: float = 1e-8,
+                  moments_dtype=jnp.float32) -> optax.GradientTransformation:
+  """``optax.scale_by_adam`` (same state type) with both moments stored in
+  ``moments_dtype``: computed in float32 from the stored moments, the update uses the
+  float32 values, the state keeps them cast (round to nearest even)."""
+  dtype = jnp.dtype(moments_dtype)
+
+  def init(params):
+    zeros = lambda p: jnp.zeros(p.shape, dtype)  # noqa: E731
+    return optax.ScaleByAdamState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params),
+                                  jax.tree.map(zeros, params))
+
+  def update(grads, state, params=None):
+    del params
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    mu = jax.tree.map(lambda g, m: b1 * f32(m) + (1 - b1) * f32(g), grads, state.mu)
+    nu = jax.tree.map(lambda g, v: b2 * f32(v) + (1 - b2) * jnp.square(f32(g)), grads,
+                      state.nu)
+    count = optax.safe_increment(state.count)
+    c1, c2 = 1 - b1 ** f32(count), 1 - b2 ** f32(count)
+    updates = jax.tree.map(lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + eps), mu, nu)
+    cast = lambda t: jax.tree.map(lambda x: x.astype(dtype), t)  # noqa: E731
+    return updates, optax.ScaleByAdamState(count, cast(mu), cast(nu))
+
+  return optax.GradientTransformation(init, update)
+
+
+def optimizer(cfg: OptimConfig, moments_dtype=None) -> optax.GradientTransformation:
+  """Clip by global norm, then AdamW (decay on params with 2+ dimensions). Moments:
+  optax's (the params' dtype) for ``moments_dtype=None``, else :func:`scale_by_adam`'s
+  in that dtype (the same state structure)."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-  return optax.chain(
-      optax.clip_by_global_norm(cfg.clip_norm),
-      optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
-                  mask=decay_mask))
+  if moments_dtype is None:
+    adamw = optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
+                        mask=decay_mask)
+  else:
+    adamw = optax.chain(scale_by_adam(cfg.b1, cfg.b2, moments_dtype=moments_dtype),
+                        optax.add_decayed_weights(cfg.weight_decay, decay_mask),
+                        optax.scale_by_learning_rate(schedule(cfg)))
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)

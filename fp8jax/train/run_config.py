@@ -3,8 +3,20 @@
 A run config is an ``ml_collections.ConfigDict`` with exactly the keys of
 :func:`defaults` (config files in ``experiments/configs/`` start from it). Validation
 names the offending key: an unknown key, an unknown model, dataset, policy or tokenizer,
-a missing ``data_dir``, a tokenizer vocabulary larger than the model's, or a batch that
-does not split over the devices.
+a missing ``data_dir``, a tokenizer vocabulary larger than the model's, a bad
+``precision`` option, or a batch that does not split over the devices.
+
+The ``precision`` group (training-precision options, see :func:`defaults`):
+
+* ``moments``: AdamW's two moments in "float32" or "bfloat16" (as DeepSeek-V3);
+  ``master_weights``: params stored in "float32" or "bfloat16" (the update is computed in
+  float32 and ``p + update`` rounded to BF16, to nearest even). See :mod:`fp8jax.train.optim`.
+* ``loss_scale``: "none" or "dynamic" (the FP16 baseline, with
+  ``model_overrides.dtype="float16"``): ``loss_scale_init``, ``loss_scale_growth_interval``,
+  ``loss_scale_min``, factor 2; non-finite steps are skipped and counted instead of
+  stopping the run. See :mod:`fp8jax.train.loss_scale`.
+* ``fp8_param_gather``: the forward uses the weights after a simulated FP8 (E4M3,
+  128 x 128 blocks) FSDP gather. See :mod:`fp8jax.train.param_gather`.
 """
 
 from __future__ import annotations
@@ -18,7 +30,11 @@ import ml_collections
 from fp8jax.models import config as model_config_lib
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
+from fp8jax.train import loss_scale as loss_scale_lib
 from fp8jax.train import optim
+
+FLOAT_DTYPES = ("float32", "bfloat16")
+LOSS_SCALES = ("none", "dynamic")
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -41,6 +57,17 @@ def defaults() -> ml_collections.ConfigDict:
       seed=0))                          # shuffle seed
   c.optim = ml_collections.ConfigDict(dataclasses.asdict(optim.OptimConfig()))
   c.optim.total_steps = 0               # 0: train.steps
+  c.precision = ml_collections.ConfigDict(dict(
+      moments="float32",                # AdamW moments: "float32" or "bfloat16" (DeepSeek-V3)
+      master_weights="float32",         # params: "float32" or "bfloat16" (update in float32,
+                                        # rounded to nearest even)
+      loss_scale="none",                # "dynamic": FP16 baseline (model_overrides.dtype=
+                                        # "float16"); non-finite steps skipped, not fatal
+      loss_scale_init=2.0**15,          # initial loss scale
+      loss_scale_growth_interval=2000,  # doubles after this many consecutive finite steps
+      loss_scale_min=1.0,               # halving below it stops the run (NonFiniteError)
+      fp8_param_gather=False))          # forward on E4M3 128x128-block weights (simulated
+                                        # FSDP FP8 gather, straight-through); logs memory
   c.train = ml_collections.ConfigDict(dict(
       steps=100,                        # updates to run
       save_every=50,                    # checkpoint at 0, every N steps and at the end
@@ -48,6 +75,8 @@ def defaults() -> ml_collections.ConfigDict:
       fsdp=False,                       # shard params and optimizer state on "data"
       moe_impl="dispatch",
       tensorboard=False,
+      checkpoints=True,                 # False: no checkpoint at all (speed runs); such a
+                                        # run cannot be resumed
       peak_tflops=0.0))                 # per-device bf16 peak for MFU (0: by device kind)
   return c
 
@@ -65,8 +94,22 @@ def _unknown_keys(cfg, ref, prefix="") -> list[str]:
   return out
 
 
+def with_defaults(saved: dict, ref: dict | None = None) -> dict:
+  """``saved`` (a config as a dict) with the keys it lacks (added to :func:`defaults`
+  after it was written) filled in from ``ref`` (default: the defaults)."""
+  ref = json.loads(defaults().to_json()) if ref is None else ref
+  out = dict(saved)
+  for key, value in ref.items():
+    if key not in out:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(out[key], dict):
+      out[key] = with_defaults(out[key], value)
+  return out
+
+
 def load_saved(workdir, flag: str = "--workdir") -> ml_collections.ConfigDict:
-  """The config a training run saved in ``workdir/config.json``.
+  """The config a training run saved in ``workdir/config.json`` (keys added since it was
+  written take their defaults).
 
   Raises:
     FileNotFoundError: ``workdir`` is not a training run's folder (the message names
@@ -76,7 +119,7 @@ def load_saved(workdir, flag: str = "--workdir") -> ml_collections.ConfigDict:
   if not path.exists():
     raise FileNotFoundError(f"{path} not found: {flag} must be a training run's folder "
                             "(python -m fp8jax.experiments.train)")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return ml_collections.ConfigDict(with_defaults(json.loads(path.read_text())))
 
 
 def model_config(cfg) -> model_config_lib.ModelConfig:
@@ -94,6 +137,37 @@ def optim_config(cfg) -> optim.OptimConfig:
   return optim.OptimConfig(**values)
 
 
+def loss_scale_config(cfg) -> loss_scale_lib.DynamicLossScale | None:
+  """The run's dynamic loss scaling, or None (``precision.loss_scale="none"``)."""
+  p = cfg.precision
+  if p.loss_scale == "none":
+    return None
+  return loss_scale_lib.DynamicLossScale(
+      init=float(p.loss_scale_init), growth_interval=p.loss_scale_growth_interval,
+      minimum=float(p.loss_scale_min))
+
+
+def _check_precision(p) -> None:
+  for key in ("moments", "master_weights"):
+    if p[key] not in FLOAT_DTYPES:
+      raise ValueError(f"precision.{key} must be one of {FLOAT_DTYPES}, got {p[key]!r}")
+  if p.loss_scale not in LOSS_SCALES:
+    raise ValueError(f"precision.loss_scale must be one of {LOSS_SCALES}, got "
+                     f"{p.loss_scale!r}")
+  if not isinstance(p.fp8_param_gather, bool):
+    raise ValueError(f"precision.fp8_param_gather must be a bool, got {p.fp8_param_gather!r}")
+  interval = p.loss_scale_growth_interval
+  if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+    raise ValueError(f"precision.loss_scale_growth_interval must be an integer >= 1, got "
+                     f"{interval!r}")
+  lo, init = float(p.loss_scale_min), float(p.loss_scale_init)
+  if not 0 < lo < float("inf"):
+    raise ValueError(f"precision.loss_scale_min must be a finite number > 0, got {lo}")
+  if not lo <= init < float("inf"):
+    raise ValueError(f"precision.loss_scale_init must be finite and >= "
+                     f"precision.loss_scale_min {lo}, got {init}")
+
+
 def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPolicy]:
   """Checks everything that needs no data or devices; returns (model config, policy)."""
   bad = _unknown_keys(cfg, defaults())
@@ -103,10 +177,13 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   policy = policy_lib.parse_policy(cfg.policy)
   policy.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
   optim_config(cfg)
+  _check_precision(cfg.precision)
   t = cfg.train
   for key in ("steps", "save_every", "log_every"):
     if int(t[key]) < 1:
       raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
+  if not isinstance(t.checkpoints, bool):
+    raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:
     raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
                      f"{t.moe_impl!r}")

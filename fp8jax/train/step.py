@@ -9,6 +9,21 @@ are checked first.
 A policy with delayed-scaled sites carries their amax histories in the train state
 (``delayed``, :mod:`fp8jax.models.delayed_sites`; ``{}`` for other policies): each step
 quantizes with them and stores the updated histories, except a non-finite step.
+
+Precision options (``make_train_step`` keywords; the run config's ``precision`` group):
+
+* BF16 (or other low-precision) master weights: the gradients and params reach the
+  optimizer in float32 and ``optax.apply_updates`` rounds ``p + update`` back to the
+  params' dtype (round to nearest even); float32 params are unaffected.
+* ``loss_scale`` (:class:`fp8jax.train.loss_scale.DynamicLossScale`): the gradient of
+  ``loss * S``, divided by ``S``; a non-finite step is skipped and backs ``S`` off instead
+  of stopping the run (the state's ``loss_scale`` dict; ``{}`` without it). Metrics add
+  ``loss_scale`` (after the step), ``skipped_steps`` (cumulative) and ``skipped`` (this
+  step was non-finite and absorbed by the back-off).
+* ``fp8_param_gather``: the forward uses the weights after a simulated FP8 gather
+  (:mod:`fp8jax.train.param_gather`), straight-through to the master weights.
+* ``with_routing``: ``metrics["routing"]`` holds the forward's routing (per MoE layer
+  ``topk_ids``, ``topk_weights``, ``expert_counts``, as ``deepseek_moe.apply`` returns it).
 """
 
 from __future__ import annotations
@@ -22,47 +37,75 @@ import optax
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
+from fp8jax.train import loss_scale as loss_scale_lib
+from fp8jax.train import param_gather
 
 
 class TrainState(NamedTuple):
-  step: jax.Array
+  step: jax.Array  # applied updates (a skipped step does not count)
   params: Any
   opt_state: Any
   delayed: Any = {}  # per-site amax histories (models.delayed_sites); {}: none
+  loss_scale: Any = {}  # dynamic loss scaling (train.loss_scale); {}: off
 
 
-def init_state(params, tx: optax.GradientTransformation, delayed=None) -> TrainState:
-  """Step 0; ``delayed``: the policy's empty histories (``delayed_sites.init``), if any."""
-  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), delayed or {})
+def init_state(params, tx: optax.GradientTransformation, delayed=None,
+               loss_scale=None) -> TrainState:
+  """Step 0; ``delayed``: the policy's empty histories (``delayed_sites.init``), if any;
+  ``loss_scale``: ``DynamicLossScale.init_state()``, if loss scaling is on."""
+  return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), delayed or {},
+                    loss_scale or {})
+
+
+def _float32(tree):
+  return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
 
 def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     policy: policy_lib.PrecisionPolicy = policy_lib.BF16,
-                    moe_impl: str = "dispatch", moe_groups: int = 1):
+                    moe_impl: str = "dispatch", moe_groups: int = 1, *,
+                    loss_scale: loss_scale_lib.DynamicLossScale | None = None,
+                    fp8_param_gather: bool = False, with_routing: bool = False):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
-  ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``)."""
+  ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``); the
+  keywords: the precision options of the module docstring."""
 
-  def objective(params, delayed, tokens):
-    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
+  def objective(params, delayed, tokens, scale):
+    used = param_gather.gather(params) if fp8_param_gather else params
+    logits, aux = deepseek_moe.apply(used, tokens, cfg, policy, moe_impl=moe_impl,
                                      moe_groups=moe_groups, delayed_state=delayed)
     lm = deepseek_moe.lm_loss(logits, tokens)
-    return lm + aux["aux_loss"], (lm, aux["aux_loss"])
+    loss = lm + aux["aux_loss"]
+    routing = aux["routing"] if with_routing else {}
+    return loss if scale is None else loss * scale, (loss, lm, aux["aux_loss"], routing)
 
   def step(state: TrainState, tokens):
-    (loss, (lm, aux)), (grads, delayed) = jax.value_and_grad(
-        objective, argnums=(0, 1), has_aux=True)(state.params, state.delayed, tokens)
+    scale = None if loss_scale is None else state.loss_scale["scale"]
+    (_, (loss, lm, aux, routing)), (grads, delayed) = jax.value_and_grad(
+        objective, argnums=(0, 1), has_aux=True)(state.params, state.delayed, tokens, scale)
+    grads = _float32(grads)  # no-op for float32 params
+    if loss_scale is not None:
+      grads = loss_scale.unscale(grads, state.loss_scale)
     all_finite = lambda tree: jax.tree.map(lambda g: jnp.all(jnp.isfinite(g)), tree)  # noqa: E731
     finite_groups = {"params": all_finite(state.params), "grads": all_finite(grads)}
     finite = jnp.isfinite(loss) & jnp.all(jnp.stack(jax.tree.leaves(finite_groups)))
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = tx.update(grads, state.opt_state, _float32(state.params))
+    params = optax.apply_updates(state.params, updates)  # rounds to the params' dtype
     keep = lambda new, old: jax.tree.map(  # noqa: E731
         lambda a, b: jnp.where(finite, a, b), new, old)
-    new_state = TrainState(state.step + finite.astype(jnp.int32), keep(params, state.params),
-                           keep(opt_state, state.opt_state), keep(delayed, state.delayed))
     metrics = {"loss": loss, "lm_loss": lm, "aux_loss": aux,
                "grad_norm": optax.tree.norm(grads), "finite": finite,
                "finite_groups": finite_groups}
+    scale_state = state.loss_scale
+    if loss_scale is not None:
+      scale_state, absorbed = loss_scale.update(state.loss_scale, finite)
+      metrics.update(loss_scale=scale_state["scale"], skipped_steps=scale_state["skipped"],
+                     skipped=~finite & absorbed)
+    if with_routing:
+      metrics["routing"] = routing
+    new_state = TrainState(state.step + finite.astype(jnp.int32), keep(params, state.params),
+                           keep(opt_state, state.opt_state), keep(delayed, state.delayed),
+                           scale_state)
     return new_state, metrics
 
   return step

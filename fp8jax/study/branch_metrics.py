@@ -1,0 +1,98 @@
+"""What a branch-off run measures at each step, against the BF16 branch (pure JAX, jittable).
+
+For a branch ``b`` and the BF16 reference branch ``r`` after update ``t`` on the same batch:
+
+- parameter divergence ``||theta_b - theta_r|| / ||theta_r||`` (float32 sums), globally,
+  per module and per layer (the groupings of :mod:`fp8jax.metrics.aggregate`; squares
+  compose, so module and layer divergences combine to the global one);
+- update cosine ``<d_b, d_r> / (||d_b|| ||d_r||)`` with ``d = theta_t - theta_{t-1}``;
+- routing divergence: the fraction of tokens of batch ``t`` whose top-k expert set differs,
+  per MoE layer and its mean over the layers (:func:`fp8jax.metrics.routing_divergence`).
+
+The noise-floor branch starts from weights perturbed at BF16 rounding level
+(:func:`perturb`), and the growth rate of a divergence series is the least-squares slope of
+its logarithm (:func:`growth_rate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax import metrics
+from fp8jax.metrics import aggregate
+
+BF16_UNIT_ROUNDOFF = 2.0**-8
+"""Unit roundoff of bfloat16 (8 significant bits, round to nearest): the largest relative
+error of rounding a float32 value to bfloat16."""
+
+
+def _sums(ref_new, ref_prev, new, prev) -> jax.Array:
+  """float32 [5] per leaf: ||b - r||^2, ||r||^2, <d_b, d_r>, ||d_b||^2, ||d_r||^2."""
+  f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+  r, b = f32(ref_new), f32(new)
+  dr, db = r - f32(ref_prev), b - f32(prev)
+  return jnp.stack([jnp.sum((b - r) ** 2), jnp.sum(r * r), jnp.sum(db * dr),
+                    jnp.sum(db * db), jnp.sum(dr * dr)])
+
+
+def _stats(sums: jax.Array) -> dict[str, jax.Array]:
+  div = jnp.sqrt(sums[..., 0]) / jnp.maximum(jnp.sqrt(sums[..., 1]), 1e-30)
+  den = jnp.sqrt(sums[..., 3] * sums[..., 4])
+  cos = jnp.where(den > 0, sums[..., 2] / jnp.where(den > 0, den, 1.0), jnp.nan)
+  return {"param_div": div, "update_cos": cos}
+
+
+def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new) -> dict[str, Any]:
+  """One step's comparison of a branch with the BF16 branch.
+
+  Args:
+    ref_new, ref_prev: the BF16 branch's params after and before the update (pytrees).
+    new, prev: the branch's params after and before its update (same structure).
+    routing_ref, routing_new: ``{layer: {"topk_ids", "expert_counts"}}`` of both forwards
+      on the step's batch (``aux["routing"]`` of ``deepseek_moe.apply``).
+
+  Returns:
+    ``{"param_div", "update_cos", "routing_diff"}`` scalars, ``"by_module"`` and
+    ``"by_layer"`` :class:`~fp8jax.metrics.table.Table` s with the columns ``param_div`` and
+    ``update_cos`` (one array per column keeps compilation fast), ``"routing_by_layer"``
+    ``{layer: fraction}``.
+  """
+  flat = [metrics.flatten(t) for t in (ref_new, ref_prev, new, prev)]
+  paths = list(flat[0])
+  totals = jnp.stack([_sums(*(f[p] for f in flat)) for p in paths])
+  g = aggregate.grouped(paths, totals, _stats)
+  div = metrics.routing_divergence(routing_ref, routing_new)
+  frac = {layer: d["topk_set_diff_frac"] for layer, d in div.items()}
+  routing = (jnp.mean(jnp.stack(list(frac.values()))) if frac
+             else jnp.zeros((), jnp.float32))
+  return {"param_div": g["global"]["param_div"], "update_cos": g["global"]["update_cos"],
+          "routing_diff": routing, "routing_by_layer": frac,
+          "by_module": g["by_module"], "by_layer": g["by_layer"]}
+
+
+def perturb(params, key: jax.Array, scale: float = BF16_UNIT_ROUNDOFF):
+  """``theta * (1 + scale * u)``, ``u ~ U(-1, 1)`` per element (a key per leaf): a random
+  relative perturbation of the size of BF16 rounding (``scale``: the unit roundoff).
+  Deterministic in ``key``; leaves keep their dtype."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  out = [(x.astype(jnp.float32) * (1.0 + scale * jax.random.uniform(
+      k, x.shape, jnp.float32, -1.0, 1.0))).astype(x.dtype) for x, k in zip(leaves, keys)]
+  return jax.tree.unflatten(treedef, out)
+
+
+def growth_rate(values: Sequence[float | None]) -> float | None:
+  """Least-squares slope of ``log(value)`` against the step index (per step; ``e**rate`` is
+  the factor per step) over the positive finite values; None with fewer than two."""
+  pts = [(t, math.log(v)) for t, v in enumerate(values)
+         if v is not None and math.isfinite(v) and v > 0]
+  if len(pts) < 2:
+    return None
+  t, y = np.array(pts).T
+  return float(np.polyfit(t, y, 1)[0])
