@@ -22,6 +22,8 @@ _OUT = flags.DEFINE_string("out", None, "Output folder of report.md and the figu
 _REFERENCE = flags.DEFINE_integer("reference", 0, "Index in --runs of the reference run.")
 _TAIL = flags.DEFINE_float("tail", 0.1, "Fraction of the last common steps averaged into "
                            "the final relative loss error (at least one step).")
+_METRIC = flags.DEFINE_enum("metric", "loss", ["loss", "lm_loss"], "The loss compared: the "
+                            "training objective (LM + balance loss) or the LM loss alone.")
 _ALLOW_MISMATCH = flags.DEFINE_bool("allow_mismatch", False,
                                     "Compare runs that differ in model or data.")
 
@@ -32,7 +34,8 @@ def main(argv):
 
   try:
     path = runs_report.write_report(_RUNS.value, _OUT.value, reference=_REFERENCE.value,
-                                    tail=_TAIL.value, allow_mismatch=_ALLOW_MISMATCH.value)
+                                    tail=_TAIL.value, allow_mismatch=_ALLOW_MISMATCH.value,
+                                    metric=_METRIC.value)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

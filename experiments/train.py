@@ -54,8 +54,10 @@ def main(argv):
   except (ValueError, FileNotFoundError, FileExistsError, KeyError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)  # bad input, found before any compute
     return 2
-  print(f"done: step {summary['final_step']}, loss {summary['final_loss']}, "
-        f"checkpoints in {summary['workdir']}", file=multihost.main_stream(sys.stdout))
+  where = (f"checkpoints in {summary['workdir']}" if summary.get("checkpoints", True)
+           else "no checkpoints (train.checkpoints=False)")
+  print(f"done: step {summary['final_step']}, loss {summary['final_loss']}, {where}",
+        file=multihost.main_stream(sys.stdout))
   return 0
 
 

@@ -202,7 +202,7 @@ def test_record_of_a_nonfinite_step_names_it_and_keeps_no_loss():
          "routing_by_layer": {1: 0.1},
          "by_module": Table(["attn_o"], {"param_div": np.array([0.01])}),
          "by_layer": Table(["0"], {"param_div": np.array([0.01])})}
-  rec = branch._record(3, m, 2.5, cmp)  # pylint: disable=protected-access
+  rec = branch_metrics.record(3, m, 2.5, cmp)
   assert rec["nonfinite"] == "step 3: grads/w" and rec["loss"] is None
   assert rec["loss_gap"] is None and rec["update_cos"] is None and rec["routing_diff"] is None
   assert rec["param_div"] == 0.01  # the skipped step left the params as they were

@@ -267,3 +267,19 @@ def test_two_real_tiny_runs(tmp_path, capsys):
   assert cells[2:4] == ["4", f"{losses['fp8'][4]:.4f}"]
   assert cells[4].startswith(f"{100 * mean:+.3g}% [")
   assert (out / "module_weight_norms.png").exists()
+
+
+def test_lm_loss_metric_compares_the_lm_loss_alone(tmp_path):
+  steps = [10, 20, 30, 40]
+  a = fake_run(tmp_path / "a", "bf16", {s: 3.0 for s in steps},
+               extra={s: {"lm_loss": 2.0} for s in steps})
+  b = fake_run(tmp_path / "b", "gemm:fp32_blockwise", {s: 3.3 for s in steps},
+               extra={s: {"lm_loss": 1.9} for s in steps})
+  lm = runs_report.compare([a, b], metric="lm_loss")["runs"]["gemm:fp32_blockwise"]
+  total = runs_report.compare([a, b])["runs"]["gemm:fp32_blockwise"]
+  assert lm["final_rel_err"].mean == pytest.approx(-0.05) and lm["final_loss"] == 1.9
+  assert total["final_rel_err"].mean == pytest.approx(0.1) and total["final_loss"] == 3.3
+  with pytest.raises(ValueError, match="metric must be one of"):
+    runs_report.compare([a, b], metric="aux_loss")
+  text = runs_report.write_report([a, b], tmp_path / "out", metric="lm_loss").read_text()
+  assert "the LM loss alone" in text and "| 1.9000 | -5% (n=1) | no |" in text

@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import pathlib
 import sys
 
@@ -59,7 +58,6 @@ from fp8jax.study import branch_metrics, results_io, sweep
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import loop, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
-from fp8jax.train import step as step_lib
 
 REFERENCE = "bf16"
 """The name of the reference branch."""
@@ -179,59 +177,6 @@ def auto_together(abstract, mesh, fsdp: bool, headroom: float = 0.8) -> int | No
   params = _state_bytes(abstract.params, n, fsdp)
   free = headroom * limit - 2 * (state + params) - state
   return max(1, int(free // (state + params)))
-
-
-def _clean(x) -> float | None:
-  x = float(x)
-  return x if math.isfinite(x) else None
-
-
-def _row(from_step: int, name: str, kind: str, expr: str, series: list[dict]) -> dict:
-  """The branches.jsonl line of one branch from its per-step host records."""
-  per = lambda key: [s[key] for s in series]  # noqa: E731
-  keys = lambda field: sorted({k for s in series for k in s[field]})  # noqa: E731
-  div = per("param_div")
-  return {"from_step": from_step, "branch": name, "kind": kind, "expr": expr,
-          "steps": list(range(1, len(series) + 1)), "loss": per("loss"),
-          "loss_gap": per("loss_gap"), "loss_rel_gap": per("loss_rel_gap"),
-          "param_div": div,
-          "param_div_by_module": {m: [s["by_module"].get(m) for s in series]
-                                  for m in keys("by_module")},
-          "param_div_by_layer": {m: [s["by_layer"].get(m) for s in series]
-                                 for m in keys("by_layer")},
-          "update_cos": per("update_cos"), "routing_diff": per("routing_diff"),
-          "routing_by_layer": {m: [s["routing_by_layer"].get(m) for s in series]
-                               for m in keys("routing_by_layer")},
-          "growth_rate": None if kind == "reference" else branch_metrics.growth_rate(div),
-          "finite": per("finite"),
-          "nonfinite": next((s["nonfinite"] for s in series if s["nonfinite"]), None)}
-
-
-def _record(step: int, m: dict, ref_loss, cmp: dict | None) -> dict:
-  """One step of one branch on the host: ``m`` its step metrics, ``ref_loss`` the
-  reference's loss on the batch (None: not finite), ``cmp`` the comparison (None: this
-  is the reference)."""
-  finite = bool(m["finite"])
-  where = None
-  if not finite:
-    where = f"step {step}: " + (step_lib.first_nonfinite(m["finite_groups"]) or "the loss")
-  loss = _clean(m["loss"]) if finite else None
-  ok = finite and ref_loss is not None and loss is not None
-  rec = {"loss": loss, "finite": finite, "nonfinite": where,
-         "loss_gap": (loss - ref_loss) if ok else None,
-         "loss_rel_gap": (loss - ref_loss) / ref_loss if ok and ref_loss else None}
-  if cmp is None:  # the reference against itself
-    return {**rec, "loss_gap": 0.0 if finite else None, "loss_rel_gap": 0.0 if finite else None,
-            "param_div": 0.0, "update_cos": 1.0 if finite else None, "routing_diff": 0.0,
-            "by_module": {}, "by_layer": {}, "routing_by_layer": {}}
-  rec.update(param_div=_clean(cmp["param_div"]),
-             update_cos=_clean(cmp["update_cos"]) if ok else None,
-             routing_diff=_clean(cmp["routing_diff"]) if ok else None,
-             by_module={k: _clean(v) for k, v in cmp["by_module"].column("param_div").items()},
-             by_layer={k: _clean(v) for k, v in cmp["by_layer"].column("param_div").items()},
-             routing_by_layer={str(k): _clean(v) if ok else None
-                               for k, v in cmp["routing_by_layer"].items()})
-  return rec
 
 
 @dataclasses.dataclass
@@ -401,7 +346,7 @@ class _Engine:
       ref_prev = self.copy(ref_state.params)
       ref_state, m_ref = ref_fn(ref_state, tokens)
       m_host = jax.device_get({k: v for k, v in m_ref.items() if k != "routing"})
-      rec = _record(t + 1, m_host, None, None)
+      rec = branch_metrics.record(t + 1, m_host, None, None)
       series[REFERENCE].append(rec)
       ref_loss = rec["loss"]
       live[0] = (ref_b, ref_state, ref_fn)
@@ -413,8 +358,9 @@ class _Engine:
                            m["routing"])
         del prev
         host = jax.device_get(({k: v for k, v in m.items() if k != "routing"}, cmp))
-        series[b.name].append(_record(t + 1, host[0], ref_loss, host[1]))
+        series[b.name].append(branch_metrics.record(t + 1, host[0], ref_loss, host[1]))
         live[i] = (b, st, fn)
       del ref_prev
       tick(t + 1)
-    return [_row(from_step, b.name, b.kind, b.expr, series[b.name]) for b, _, _ in live]
+    return [branch_metrics.row(from_step, b.name, b.kind, b.expr, series[b.name])
+            for b, _, _ in live]

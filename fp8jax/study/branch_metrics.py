@@ -11,7 +11,8 @@ For a branch ``b`` and the BF16 reference branch ``r`` after update ``t`` on the
 
 The noise-floor branch starts from weights perturbed at BF16 rounding level
 (:func:`perturb`), and the growth rate of a divergence series is the least-squares slope of
-its logarithm (:func:`growth_rate`).
+its logarithm (:func:`growth_rate`). :func:`record` and :func:`row` turn a branch's
+per-step results into its ``branches.jsonl`` line on the host.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.metrics import aggregate
+from fp8jax.train import step as step_lib
 
 BF16_UNIT_ROUNDOFF = 2.0**-8
 """Unit roundoff of bfloat16 (8 significant bits, round to nearest): the largest relative
@@ -96,3 +98,57 @@ def growth_rate(values: Sequence[float | None]) -> float | None:
     return None
   t, y = np.array(pts).T
   return float(np.polyfit(t, y, 1)[0])
+
+
+def _clean(x) -> float | None:
+  x = float(x)
+  return x if math.isfinite(x) else None
+
+
+def row(from_step: int, name: str, kind: str, expr: str, series: list[dict]) -> dict:
+  """The branches.jsonl line of one branch (``kind``: "reference", "noise" or "policy")
+  from its per-step host records (:func:`record`)."""
+  per = lambda key: [s[key] for s in series]  # noqa: E731
+  keys = lambda field: sorted({k for s in series for k in s[field]})  # noqa: E731
+  div = per("param_div")
+  return {"from_step": from_step, "branch": name, "kind": kind, "expr": expr,
+          "steps": list(range(1, len(series) + 1)), "loss": per("loss"),
+          "loss_gap": per("loss_gap"), "loss_rel_gap": per("loss_rel_gap"),
+          "param_div": div,
+          "param_div_by_module": {m: [s["by_module"].get(m) for s in series]
+                                  for m in keys("by_module")},
+          "param_div_by_layer": {m: [s["by_layer"].get(m) for s in series]
+                                 for m in keys("by_layer")},
+          "update_cos": per("update_cos"), "routing_diff": per("routing_diff"),
+          "routing_by_layer": {m: [s["routing_by_layer"].get(m) for s in series]
+                               for m in keys("routing_by_layer")},
+          "growth_rate": None if kind == "reference" else growth_rate(div),
+          "finite": per("finite"),
+          "nonfinite": next((s["nonfinite"] for s in series if s["nonfinite"]), None)}
+
+
+def record(step: int, m: dict, ref_loss, cmp: dict | None) -> dict:
+  """One step of one branch on the host: ``m`` its step metrics, ``ref_loss`` the
+  reference's loss on the batch (None: not finite), ``cmp`` the comparison (None: this
+  is the reference)."""
+  finite = bool(m["finite"])
+  where = None
+  if not finite:
+    where = f"step {step}: " + (step_lib.first_nonfinite(m["finite_groups"]) or "the loss")
+  loss = _clean(m["loss"]) if finite else None
+  ok = finite and ref_loss is not None and loss is not None
+  rec = {"loss": loss, "finite": finite, "nonfinite": where,
+         "loss_gap": (loss - ref_loss) if ok else None,
+         "loss_rel_gap": (loss - ref_loss) / ref_loss if ok and ref_loss else None}
+  if cmp is None:  # the reference against itself
+    return {**rec, "loss_gap": 0.0 if finite else None, "loss_rel_gap": 0.0 if finite else None,
+            "param_div": 0.0, "update_cos": 1.0 if finite else None, "routing_diff": 0.0,
+            "by_module": {}, "by_layer": {}, "routing_by_layer": {}}
+  rec.update(param_div=_clean(cmp["param_div"]),
+             update_cos=_clean(cmp["update_cos"]) if ok else None,
+             routing_diff=_clean(cmp["routing_diff"]) if ok else None,
+             by_module={k: _clean(v) for k, v in cmp["by_module"].column("param_div").items()},
+             by_layer={k: _clean(v) for k, v in cmp["by_layer"].column("param_div").items()},
+             routing_by_layer={str(k): _clean(v) if ok else None
+                               for k, v in cmp["routing_by_layer"].items()})
+  return rec

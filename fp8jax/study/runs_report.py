@@ -147,9 +147,15 @@ def tail_count(n_steps: int, tail: float) -> int:
   return max(1, min(n_steps, math.ceil(tail * n_steps - 1e-9)))
 
 
-def compare(runs, reference: int = 0, tail: float = 0.1, allow_mismatch: bool = False
-            ) -> dict[str, Any]:
-  """Aligns runs (:class:`Run` or folders) on their common logged steps.
+METRICS = ("loss", "lm_loss")
+"""The losses a comparison can be on: the training objective (LM + balance loss) or the
+LM loss alone."""
+
+
+def compare(runs, reference: int = 0, tail: float = 0.1, allow_mismatch: bool = False,
+            metric: str = "loss") -> dict[str, Any]:
+  """Aligns runs (:class:`Run` or folders) on their common logged steps; ``metric`` (one of
+  :data:`METRICS`) is the loss that ``loss``, ``final_loss`` and the errors are of.
 
   Returns ``{"reference", "names", "steps" (common), "tail", "tail_steps", "mismatch",
   "nonfinite": [(step, name)], "runs": {name: {...}}}``; per run: ``policy``, ``workdir``,
@@ -164,6 +170,8 @@ def compare(runs, reference: int = 0, tail: float = 0.1, allow_mismatch: bool = 
     ValueError: fewer than two runs, a bad ``reference`` or ``tail``, no common step, or
       runs that differ in model or data (the key named) without ``allow_mismatch``.
   """
+  if metric not in METRICS:
+    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
   runs = _unique_names(_as_runs(runs))
   if len(runs) < 2:
     raise ValueError(f"compare needs at least two runs, got {len(runs)}")
@@ -182,21 +190,22 @@ def compare(runs, reference: int = 0, tail: float = 0.1, allow_mismatch: bool = 
   if not steps:
     raise ValueError(f"the runs share no logged step ({', '.join(r.name for r in runs)})")
   n_tail = tail_count(len(steps), tail)
-  ref_loss = ref.series("loss", steps)
-  out = {"reference": ref.name, "names": [r.name for r in runs], "steps": steps, "tail": tail,
-         "tail_steps": steps[-n_tail:], "mismatch": diff, "nonfinite": [], "runs": {}}
+  ref_loss = ref.series(metric, steps)
+  out = {"metric": metric, "reference": ref.name, "names": [r.name for r in runs],
+         "steps": steps, "tail": tail, "tail_steps": steps[-n_tail:], "mismatch": diff,
+         "nonfinite": [], "runs": {}}
   for r in runs:
-    loss = r.series("loss", steps)
+    loss = r.series(metric, steps)
     ok = np.isfinite(loss) & np.isfinite(ref_loss) & (ref_loss != 0)
     rel = np.full(len(steps), math.nan)
     rel[ok] = (loss[ok] - ref_loss[ok]) / ref_loss[ok]
-    bad = [s for s, v in zip(r.steps, r.series("loss")) if not math.isfinite(v)]
+    bad = [s for s, v in zip(r.steps, r.series(metric)) if not math.isfinite(v)]
     out["nonfinite"] += [(s, r.name) for s in bad]
     skipped = [row["skipped_steps"] for row in r.rows if row.get("skipped_steps") is not None]
     has_scale = any(row.get("loss_scale") is not None for row in r.rows)
     out["runs"][r.name] = {
         "policy": r.policy, "workdir": str(r.workdir), "steps": r.steps,
-        "loss": r.series("loss"), "grad_norm": r.series("grad_norm"),
+        "loss": r.series(metric), "grad_norm": r.series("grad_norm"),
         "weight_norm": r.series("weight_norm/global"), "last_step": r.steps[-1],
         "final_loss": float(loss[-1]), "rel_err": rel,
         "final_rel_err": mean_ci(rel[-n_tail:], int((~ok[-n_tail:]).sum())),
@@ -306,21 +315,32 @@ def _table(header, rows) -> list[str]:
   return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
 
 
+def _precision_changes(config: dict) -> dict:
+  """The run's ``precision`` settings that differ from the defaults (FP32 state, no loss
+  scaling, no FP8 gather)."""
+  from fp8jax.train import run_config  # pylint: disable=import-outside-toplevel
+  defaults = dict(run_config.defaults().precision)
+  return {k: v for k, v in (config.get("precision") or {}).items() if defaults.get(k) != v}
+
+
 def render(res: dict, runs: Sequence[Run], paths: dict[str, str],
            bound: float = DEEPSEEK_V3_BOUND) -> str:
   """The report.md text (``paths``: {figure name: path relative to report.md})."""
   ref, steps, tail = res["reference"], res["steps"], res["tail_steps"]
   skips = any(res["runs"][n]["skipped_steps"] is not None for n in res["names"])
   lines = ["# Training run comparison", "",
-           f"Reference: `{ref}`. Common logged steps: {len(steps)} ({steps[0]} to "
+           f"Reference: `{ref}`. Loss: "
+           + ("the training objective (LM + balance loss)" if res.get("metric", "loss") == "loss"
+              else "the LM loss alone (`lm_loss`)")
+           + f", nats per token. Common logged steps: {len(steps)} ({steps[0]} to "
            f"{steps[-1]}); final losses are at step {steps[-1]}.", ""]
   header = ["run", "policy expression", "steps", "final loss", "final relative loss error "
             "[95% CI]", f"abs error < {_pct(bound, False)}"] + (["skipped steps"] if skips else [])
   rows = []
   for r in runs:
     x = res["runs"][r.name]
-    expr = f"`{r.policy}`" + (f" precision `{json.dumps(r.config['precision'])}`"
-                              if r.config.get("precision") else "")
+    changed = _precision_changes(r.config)
+    expr = f"`{r.policy}`" + (f" precision `{json.dumps(changed)}`" if changed else "")
     err = ("reference", "-") if r.name == ref else (fmt_rel(x["final_rel_err"]),
                                                      within_bound(x["final_rel_err"], bound))
     skip = [] if not skips else [x["skipped_steps"] if x["skipped_steps"] is not None else "-"]
@@ -353,12 +373,13 @@ def render(res: dict, runs: Sequence[Run], paths: dict[str, str],
 
 
 def write_report(runs, out, bound: float = DEEPSEEK_V3_BOUND, reference: int = 0,
-                 tail: float = 0.1, allow_mismatch: bool = False) -> pathlib.Path:
+                 tail: float = 0.1, allow_mismatch: bool = False,
+                 metric: str = "loss") -> pathlib.Path:
   """Writes ``out/report.md`` and its PNG figures (``out/*.png``) comparing ``runs``
   (:class:`Run` or folders); returns the path of report.md. ``bound``: the relative loss
   error (fraction) the table checks against."""
   runs = _unique_names(_as_runs(runs))
-  res = compare(runs, reference, tail, allow_mismatch)
+  res = compare(runs, reference, tail, allow_mismatch, metric)
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   paths = draw(res, runs, out, bound)

@@ -320,7 +320,8 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
     writer.write(row)
     print(line, file=progress.stream, flush=True)
     loss = row["loss"]
-  return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.directory)}
+  return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.directory),
+          "checkpoints": not isinstance(ckpt, ckpt_lib.NoCheckpointer)}
 
 
 def _stop(done: int, m, ckpt, cfg):
