@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = [f"--config={REPO / 'tests' / 'multihost_config.py'}"]
-STUDY = ["--offsets=0", "--batches=1", "--batch_size=8"]
+STUDY = ["--offsets=0", "--batches=1", "--batch_size=8", "--branch_k=0"]  # no branch stage
 POLICIES = "--policies=attn@0:e5m2"  # its gradient difference is not tiny: rtol 1e-4 holds
 STEPS = 30  # the two-process run's final step
 TIMEOUT = 300
