@@ -223,7 +223,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
                      f"{available}")
   if not allow_policy_change:
     check_trained_policies(ckpt, steps)
-  expr = {p.name: sweep._expression(p) for p in pols}  # pylint: disable=protected-access
+  expr = {p.name: sweep.expression(p) for p in pols}
   all_branches = ([_Branch(REFERENCE, "reference", policy_lib.BF16, "bf16")]
                   + [_Branch(n, "noise", policy_lib.BF16, "bf16") for n in branches.noise_names()]
                   + [_Branch(p.name, "policy", p, expr[p.name]) for p in pols])

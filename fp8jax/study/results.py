@@ -46,16 +46,17 @@ def depth_layers(depth: str) -> int:
 
 # --- loading -----------------------------------------------------------------------------
 
-def read_jsonl(path: str | pathlib.Path) -> list[dict]:
-  """The objects of a JSONL file; a torn (unparsable) last line is dropped.
+def numbered_jsonl(path: str | pathlib.Path) -> list[tuple[int, dict]]:
+  """``(line number, object)`` of each line of a JSONL file; a torn (unparsable) last line
+  is dropped.
 
   Raises:
     FileNotFoundError: the file does not exist.
-    ValueError: a line other than the last is not a JSON object.
+    ValueError: a line other than the last is not a JSON object (``file:line`` named).
   """
   path = pathlib.Path(path)
   if not path.exists():
-    raise FileNotFoundError(f"sweep file {path.name} not found in {path.parent}")
+    raise FileNotFoundError(f"file {path.name} not found in {path.parent}")
   lines = [(i, s) for i, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
   out = []
   for j, (i, line) in enumerate(lines):
@@ -66,9 +67,14 @@ def read_jsonl(path: str | pathlib.Path) -> list[dict]:
     if not isinstance(obj, dict):
       if j == len(lines) - 1:
         break
-      raise ValueError(f"{path}:{i}: not a JSON object")
-    out.append(obj)
+      raise ValueError(f"{path}:{i}: not a JSON object: {line[:80]!r}")
+    out.append((i, obj))
   return out
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+  """The objects of a JSONL file (:func:`numbered_jsonl` without the line numbers)."""
+  return [obj for _, obj in numbered_jsonl(path)]
 
 
 def row_key(row: dict) -> tuple:

@@ -225,7 +225,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   check_data(ckpt, steps, data_id, allow_other_data)
   batches = eval_batches(train_cfg, windows, data)
   meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
-          "policies": {p.name: {"expr": _expression(p),
+          "policies": {p.name: {"expr": expression(p),
                                 "direct": sorted(metrics.direct_modules(
                                     p, cfg.num_hidden_layers)),
                                 **({"delayed_warmup": delayed_warmup}
@@ -308,7 +308,7 @@ def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens,
   return written
 
 
-def _expression(policy: policy_lib.PrecisionPolicy) -> str:
+def expression(policy: policy_lib.PrecisionPolicy) -> str:
   """The site rules of a policy as an expression (``site@layers:format``)."""
   terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
            f"{r.spec.format}/{r.spec.granularity.kind}{_delayed_suffix(r.spec)}"

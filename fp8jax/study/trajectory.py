@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics.ranking import spearman
+from fp8jax.study import results
 from fp8jax.study.results import Results
 from fp8jax.study.stats import fmt
 
@@ -96,17 +97,8 @@ def load_branches(folder: str | pathlib.Path) -> Branches:
       raise FileNotFoundError(f"branch file {name} not found in {folder}")
   meta = json.loads((folder / "meta.json").read_text())
   path = folder / "branches.jsonl"
-  lines = [(i, s) for i, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
   by: dict[tuple[int, str], dict] = {}
-  for j, (i, text) in enumerate(lines):
-    try:
-      obj = json.loads(text)
-    except json.JSONDecodeError:
-      obj = None
-    if not isinstance(obj, dict):
-      if j == len(lines) - 1:
-        break
-      raise ValueError(f"{path}:{i}: not a JSON object: {text[:80]!r}")
+  for i, obj in results.numbered_jsonl(path):
     missing = [k for k in _NEED if k not in obj]
     if missing:
       raise ValueError(f"{path}:{i}: lacks {missing}")

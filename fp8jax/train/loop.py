@@ -312,16 +312,13 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
            "mfu": flops.mfu(tps, model_cfg, cfg.data.seq_len, peak, mesh.devices.size),
            **{f"weight_norm/{k}": float(v)
               for k, v in jax.device_get(weight_norms(state.params)).items()}}
-    line = progress.line(row)
     if "loss_scale" in m:
       row["loss_scale"], row["skipped_steps"] = float(m["loss_scale"]), skipped
-      head, eta, tail = line.rpartition("  ETA ")
-      line = f"{head}  scale {row['loss_scale']:g} skipped {row['skipped_steps']}{eta}{tail}"
     writer.write(row)
-    print(line, file=progress.stream, flush=True)
+    progress.show(row)
     loss = row["loss"]
   return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.directory),
-          "checkpoints": not isinstance(ckpt, ckpt_lib.NoCheckpointer)}
+          "checkpoints": bool(cfg.train.checkpoints)}
 
 
 def _stop(done: int, m, ckpt, cfg):

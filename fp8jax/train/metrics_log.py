@@ -113,6 +113,8 @@ class Progress:
              f"{row['tokens_per_s'] / 1e3:.1f}k tok/s"]
     if row.get("mfu") is not None:
       parts.append(f"MFU {100 * row['mfu']:.1f}%")
+    if row.get("loss_scale") is not None:  # FP16 dynamic loss scaling
+      parts.append(f"scale {row['loss_scale']:g} skipped {row['skipped_steps']}")
     parts.append(f"ETA {format_duration(eta) if eta is not None else '?'}")
     return "  ".join(parts)
 
