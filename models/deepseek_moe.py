@@ -144,18 +144,23 @@ MOE_IMPLS = (*DISPATCH_IMPLS, "reference")
 
 
 def _grouped_matmul(impl: str, policy):
-  """The routed experts' grouped GEMM: the FP8 GEMM simulation when the policy has one,
-  else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per direction
-  the faster of JAX's Mosaic GPU kernels and the Triton ones, see ``grouped_gpu``)."""
+  """The routed experts' grouped GEMM and the row multiple its groups are laid out at:
+  the FP8 GEMM simulation when the policy has one (groups padded to its Wgrad's token
+  tiles), else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per
+  direction the faster of JAX's Mosaic GPU kernels and the Triton ones, see
+  ``grouped_gpu``), on unpadded groups."""
   if policy.gemm is not None:
-    return functools.partial(grouped_gemm.fp8_ragged_dot, config=policy.gemm)
+    multiple = grouped_gemm.group_multiple_of(policy.gemm)
+    return functools.partial(grouped_gemm.fp8_ragged_dot, config=policy.gemm,
+                             group_multiple=multiple), multiple
   if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
-    return functools.partial(grouped_gpu.grouped_matmul, covered=True)
-  return grouped_gemm.tiled_matmul
+    return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
+  return grouped_gemm.tiled_matmul, 1
 
 
-def _dispatch(args, groups: int, grouped, per_device: bool):
-  """Sorted dropless dispatch per group of sequences (vmapped over the groups).
+def _dispatch(args, groups: int, grouped: tuple, per_device: bool):
+  """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
+  ``grouped`` = (grouped GEMM, group row multiple) from :func:`_grouped_matmul`.
 
   With ``per_device`` (a Pallas GEMM) and ``groups`` > 1 under a context mesh
   (``jax.set_mesh``) whose ``data`` axis has ``groups`` devices, each device runs its own
@@ -166,7 +171,9 @@ def _dispatch(args, groups: int, grouped, per_device: bool):
     [groups, T / groups, d].
   """
   split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
-  dispatch = functools.partial(moe.experts_dispatch, grouped_matmul=grouped)
+  matmul, multiple = grouped
+  dispatch = functools.partial(moe.experts_dispatch, grouped_matmul=matmul,
+                               group_multiple=multiple)
   per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
   mesh = jax.sharding.get_abstract_mesh()
   if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:

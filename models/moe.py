@@ -11,6 +11,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import grouped as grouped_gemm
+from fp8jax.gemm import padding
 
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
@@ -77,23 +78,28 @@ def permute_rows(x: jax.Array, perm: jax.Array, inverse: jax.Array) -> jax.Array
   """``x[perm]`` for a permutation ``perm`` of the rows of x [N, ...] whose inverse is
   ``inverse``. Its transpose is the gather ``g[inverse]``, not the scatter-add that
   differentiating a gather gives: both directions are row gathers."""
-  return jnp.take(x, perm, axis=0)
+  return _rows(x, perm)
+
+
+def _rows(x, index):
+  """x[index] along the rows; out-of-range indices give zero rows."""
+  return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
 
 
 def _permute_fwd(x, perm, inverse):
-  return jnp.take(x, perm, axis=0), (perm, inverse)
+  return _rows(x, perm), (perm, inverse)
 
 
 def _permute_bwd(res, g):
   perm, inverse = res
-  return jnp.take(g, inverse, axis=0), None, None
+  return _rows(g, inverse), None, None
 
 
 permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
 def experts_dispatch(x, weights, ids, gate, up, down,
-                     grouped_matmul=grouped_gemm.tiled_matmul):
+                     grouped_matmul=grouped_gemm.tiled_matmul, group_multiple: int = 1):
   """Dropless sort-based dispatch with static shapes.
 
   The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
@@ -102,17 +108,29 @@ def experts_dispatch(x, weights, ids, gate, up, down,
   sort and un-sort are row gathers in both directions (:func:`permute_rows`); the only
   reduction over the K copies of a token is a sum.
 
+  With ``group_multiple`` m > 1 the sort lays every expert's group out padded with zero
+  rows to a multiple of m (``fp8jax.gemm.padding``), for an FP8 grouped GEMM whose Wgrad
+  quantizes in tiles along the tokens (``fp8_ragged_dot(..., group_multiple=m)``): the
+  gathers place the rows there directly, the padding rows are never read back, and their
+  gradients are zeros.
+
   Returns:
     [T, d] in x's dtype.
   """
   t, k = ids.shape
   e = gate.shape[0]
   flat = ids.reshape(-1)
+  n = flat.shape[0]
   order = jnp.argsort(flat, stable=True)
-  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+  sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+  if group_multiple > 1:  # padded row -> (token, slot) pair; n for padding rows
+    n_pad = padding.padded_count(n, e, group_multiple)
+    source, _ = padding.padded_rows(sizes, n, n_pad, group_multiple)
+    order = jnp.take(order, source, mode="fill", fill_value=n)
+  inverse = jnp.zeros((n,), order.dtype).at[order].set(
+      jnp.arange(order.shape[0], dtype=order.dtype), mode="drop")
   copies = jnp.broadcast_to(x[:, None, :], (t, k, x.shape[-1])).reshape(t * k, -1)
   x_sorted = permute_rows(copies, order, inverse)
-  sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
   h = jax.nn.silu(grouped_matmul(x_sorted, gate.astype(x.dtype), sizes)) * \
       grouped_matmul(x_sorted, up.astype(x.dtype), sizes)
   out_sorted = grouped_matmul(h, down.astype(x.dtype), sizes)

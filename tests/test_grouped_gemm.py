@@ -22,8 +22,9 @@ def _case(sizes=(128, 0, 256), k=256, f=128, seed=0):
 
 @pytest.mark.parametrize("policy", ["requant", "double", "scaling_aware"])
 def test_matches_per_expert_dot_general(policy):
-  """Group sizes are multiples of 128, so the Wgrad tiles align with the groups."""
-  x, w, dy, sizes = _case()
+  """Ragged group sizes: Wgrad pads each group to whole 128-row tiles, so no tile spans two
+  experts and every dW_e equals the dense GEMM on that expert's rows alone."""
+  x, w, dy, sizes = _case(sizes=(150, 0, 90, 128))
   cfg = fp8jax.GemmConfig(transpose=policy)
   y, vjp = jax.vjp(lambda a, b: grouped_gemm.fp8_ragged_dot(a, b, sizes, cfg), x, w)
   dx, dw = vjp(dy)
@@ -154,8 +155,8 @@ def test_tensor_core_never_promoting_needs_scales_constant_along_the_tokens():
 def test_blockwise_kernel_path_equals_the_xla_simulation(policy, monkeypatch):
   """On one GPU the FP32-accumulation grouped GEMM runs in the blockwise-scaled kernel
   (here interpreted): the same operands and scales as the XLA path, scaled per promotion
-  interval instead of per element, so equal to float32 rounding. Ragged sizes (a 128-row
-  Wgrad tile spanning two experts), an empty expert, rows past the sum."""
+  interval instead of per element, so equal to float32 rounding. Ragged sizes (Wgrad on
+  groups padded to whole tiles), an empty expert, rows past the sum."""
   x, w, dy, _ = _case(sizes=(150, 0, 90), k=256, f=256)
   sizes = jnp.asarray([150, 0, 70], jnp.int32)  # 20 rows past the sum
   cfg = fp8jax.GemmConfig(transpose=policy)

@@ -6,30 +6,30 @@ transpose policy of a :class:`fp8jax.GemmConfig`:
 
 * Fprop ``Y = Q_in(X) . Q_w(W_e)`` (X in 1x128 tiles along K, W_e^T [F, K] in blocks);
 * Dgrad ``dX = Q_grad(dY) . Q_w(W_e)^T``;
-* Wgrad ``dW_e = Q_in(X_e)^T . Q_grad(dY_e)`` with X^T and dY^T tiled along the sorted rows.
+* Wgrad ``dW_e = Q_in(X_e)^T . Q_grad(dY_e)`` with X^T and dY^T tiled along each expert's
+  rows: every group is zero-padded to whole scale tiles along the tokens (and Hadamard
+  blocks, and promotion intervals with the tensor-core model) before X^T and dY^T are
+  quantized, so that no tile spans two experts, as when each expert's GEMM runs on its own
+  rows.
 
 With FP32 accumulation the products run through :func:`tiled_matmul` (static shapes;
 ``lax.ragged_dot`` falls back to a dense rewrite that runs out of memory at 2B shapes on the
 GPU image) on the dequantized operands in float32 (per-element instead of per-interval
-scaling, which differs only by float32 rounding); Wgrad tiles along the rows may then span
-two experts' groups (kernels that pad each group to a multiple of 128 would not); with group
-sizes that are multiples of the tile they coincide.
+scaling, which differs only by float32 rounding), or on one GPU through the grouped
+blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled_pallas`) where the scales are
+float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3).
 
 With the tensor-core accumulation model (``config.accumulation.mode == "tensor_core"``) the
 three GEMMs run through :mod:`fp8jax.gemm.grouped_tc` instead: every expert's rows of Y and
 dX and every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit
 for bit, wherever the rows' scales are the same (tiles and blocks, not the per-tensor levels
-that all experts share, see below). For Wgrad each group is zero-padded to whole promotion
-intervals and scale tiles along the tokens before X^T and dY^T are quantized, so that no
-tile or interval spans two experts. This is always the XLA simulation: the Pallas grouped
+that all experts share, see below). This is always the XLA simulation: the Pallas grouped
 kernels (``fp8jax.kernels.grouped_gpu``, used by ``moe_impl="pallas"`` without a GEMM
 policy) multiply BF16 operands with the tensor cores' own FP32 accumulation and never stand
 in for a simulated FP8 GEMM.
 
 Each expert's weight is quantized as a tensor of its own (its own per-tensor level with
 two-level NVFP4 scales); the rows X and dY share one per-tensor level over all experts.
-With ``config.wgrad_hadamard`` the groups are zero-padded to whole transform blocks
-(:func:`pad_groups`) so that the Hadamard transform never mixes two experts' rows.
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ import functools
 import math
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_tc, hadamard, transpose
+from fp8jax.gemm import grouped_tc, hadamard, padding, transpose
+from fp8jax.gemm.padding import pad_groups  # noqa: F401  (part of this module's API)
 from fp8jax.kernels import grouped_scaled_pallas, placement
 from fp8jax.quant import qtensor
 
@@ -132,28 +134,13 @@ def _kernel_interval(cfg: gemm_lib.GemmConfig, a, b) -> int:
   return interval
 
 
-def _kernel_rows(aq, bq, sizes, interval):
-  """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K]."""
+def _kernel_rows(aq, bq, sizes, interval, out_dtype):
+  """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K], the
+  float32 accumulator rounded once to ``out_dtype`` as it is stored."""
   return grouped_scaled_pallas.grouped_scaled_matmul(
       aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
-      interval=interval, b_block_n=bq.block[-2], convert_in_kernel=True,
+      interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype, convert_in_kernel=True,
       interpret=KERNEL_INTERPRET)
-
-
-def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
-  """Rows sorted by group, each group zero-padded to a multiple of ``multiple`` rows.
-
-  Args:
-    x: [N, C] rows sorted by group (rows past ``sum(sizes)`` are dropped).
-    sizes: int32 [E].
-    multiple: the row multiple.
-
-  Returns:
-    ``(x_pad [N + E * (multiple - 1) rounded up to the multiple, C], padded_sizes [E])``.
-  """
-  dest, padded, n_pad = grouped_tc.group_layout(sizes, x.shape[0], multiple)
-  out = jnp.zeros((n_pad, x.shape[1]), x.dtype).at[dest].set(x, mode="drop")
-  return out, padded
 
 
 def _weight_q(w_t, spec):
@@ -181,9 +168,14 @@ def _dgrad_weight(w_e, cfg):
   return _deq(_dgrad_weight_q(w_e, cfg)).T
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _grouped(x, w, sizes, cfg):
-  return _fprop(x, w, sizes, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _grouped(x, w, sizes, cfg, layout):
+  return _fprop(x, w, _layout_sizes(sizes, layout), cfg).astype(x.dtype)
+
+
+def _layout_sizes(sizes, layout: int):
+  """The group sizes in the rows' layout: each rounded up to ``layout`` rows."""
+  return sizes if layout == 1 else padding.padded_sizes(sizes, layout)
 
 
 def _fprop(x, w, sizes, cfg):
@@ -194,37 +186,25 @@ def _fprop(x, w, sizes, cfg):
   if _tensor_core(cfg):
     return grouped_tc.rows_product(xq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, xq, wq):
-    return _kernel_rows(xq, wq, sizes, interval)
+    return _kernel_rows(xq, wq, sizes, interval, x.dtype)
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
-def _fwd(x, w, sizes, cfg):
-  return _fprop(x, w, sizes, cfg), (x, w, sizes)
+def _fwd(x, w, sizes, cfg, layout):
+  return _grouped(x, w, sizes, cfg, layout), (x, w, sizes)
 
 
-def _wgrad_fp32(x, dy, sizes, cfg):
-  """dW [E, K, F] with FP32 accumulation: the blockwise-scaled kernel where it applies (on
-  the unpadded rows: a tile of 128 tokens spanning two experts has one scale, as in the XLA
-  simulation), else the product of the dequantized operands."""
-  r = cfg.roles
-  if cfg.wgrad_hadamard:  # transform inside each group: pad the groups to whole blocks
-    n = cfg.wgrad_hadamard
-    xp, padded = pad_groups(x, sizes, n)
-    dyp, _ = pad_groups(dy, sizes, n)
-    xt = hadamard.random_hadamard(xp.T, n, cfg.hadamard_seed)  # [K, rows]
-    dyt = hadamard.random_hadamard(dyp.T, n, cfg.hadamard_seed)  # [F, rows]
-    xt = _deq(qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6)))
-    dyt = _deq(qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5)))
-    return _wgrad_product(xt.T, dyt.T, padded)
-  xt = transpose.transposed(x, qtensor.quantize(x, r.input), r.input, cfg.transpose,
-                            gemm_lib.operand_key(x, r.input, 6))  # [K, N]
-  dyt = transpose.transposed(dy, qtensor.quantize(dy, r.grad), r.grad, cfg.transpose,
-                             gemm_lib.operand_key(dy, r.grad, 5))  # [F, N]
+def _wgrad_fp32(x, dy, sizes, cfg, layout):
+  """dW [E, K, F] with FP32 accumulation, on groups padded to whole token tiles and Hadamard
+  blocks (:func:`_wgrad_operands`): the blockwise-scaled kernel where it applies, else the
+  product of the dequantized operands."""
+  multiple = _wgrad_multiple(cfg)
+  xt, dyt, sizes = _wgrad_operands(x, dy, sizes, cfg, multiple, layout)
   interval = _kernel_interval(cfg, xt, dyt)
-  if interval and dyt.block[-2] == 1:
+  if interval and dyt.block[-2] == 1 and max(multiple, layout) % interval == 0:
     return grouped_scaled_pallas.grouped_scaled_wgrad(
         xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
-        groups_aligned=False, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
+        groups_aligned=True, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
   return _wgrad_product(jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes)
 
 
@@ -248,34 +228,80 @@ def _mask_padding_scales(qt, valid):
   return dataclasses.replace(qt, scale_inv=scale_inv)
 
 
-def _wgrad_tensor_core(x, dy, sizes, cfg):
+def _wgrad_multiple(cfg: gemm_lib.GemmConfig, interval: int = 1) -> int:
+  """The row multiple each expert's group is padded to for Wgrad: whole scale tiles along
+  the tokens of X^T and dY^T, Hadamard blocks and ``interval`` (1: no padding)."""
+  multiple = interval
+  for g in (_token_block(cfg.roles.input), _token_block(cfg.roles.grad), cfg.wgrad_hadamard):
+    multiple = math.lcm(multiple, g or 1)
+  return multiple
+
+
+def group_multiple_of(config: gemm_lib.GemmConfig) -> int:
+  """The row multiple that ``config``'s grouped Wgrad pads each group to (1: none). A
+  dispatch that lays its sorted rows out with every group padded to it (and passes it as
+  ``fp8_ragged_dot``'s ``group_multiple``) spares the GEMM the padding copies."""
+  if config.wgrad == "bf16":
+    return 1
+  if _tensor_core(config):
+    acc = config.accumulation
+    return _wgrad_multiple(config, acc.promotion_interval or acc.block_size)
+  return _wgrad_multiple(config)
+
+
+def _wgrad_operands(x, dy, sizes, cfg, multiple, layout):
+  """X^T [K, N_pad] and dY^T [F, N_pad] quantized for Wgrad, each group zero-padded to a
+  multiple of ``multiple`` rows first, so that no scale tile, Hadamard block or promotion
+  interval spans two experts (as when each expert's GEMM runs on its own rows).
+
+  Args:
+    x: [N, K] and dy: [N, F], rows sorted by group, each group padded to ``layout`` rows.
+    sizes: int32 [E] (unpadded).
+    cfg: the GEMM config (roles, transpose policy, Hadamard transform).
+    multiple: the row multiple (1: no padding); ``layout`` is 1 or a multiple of it.
+    layout: the row multiple of the rows as given.
+
+  Returns:
+    ``(xt, dyt, sizes_pad [E])``, two QTensors and the group sizes in their layout.
+  """
+  r = cfg.roles
+  valid = None
+  if max(layout, multiple) > 1 and cfg.transpose == "scaling_aware" and not cfg.wgrad_hadamard:
+    n_pad = x.shape[0] if layout > 1 else padding.padded_count(x.shape[0], sizes.shape[0],
+                                                               multiple)
+    # materialized: fused into the quantization, XLA would search the groups per element
+    valid = lax.optimization_barrier(padding.padded_rows(
+        sizes, x.shape[0], n_pad, max(layout, multiple))[1])
+  if layout > 1:  # already padded (with zero rows)
+    sizes = padding.padded_sizes(sizes, layout)
+  elif multiple > 1:
+    x, _ = pad_groups(x, sizes, multiple)
+    dy, sizes = pad_groups(dy, sizes, multiple)
+  dy = dy.astype(jnp.float32)  # after the padding, which moves dY in its own dtype
+  if cfg.wgrad_hadamard:
+    xt = hadamard.random_hadamard(x.T, cfg.wgrad_hadamard, cfg.hadamard_seed)  # [K, rows]
+    dyt = hadamard.random_hadamard(dy.T, cfg.wgrad_hadamard, cfg.hadamard_seed)
+    return (qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6)),
+            qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5)), sizes)
+  mask = (lambda q: q) if valid is None else (lambda q: _mask_padding_scales(q, valid))
+  xt = transpose.transposed(x, mask(qtensor.quantize(x, r.input)), r.input, cfg.transpose,
+                            gemm_lib.operand_key(x, r.input, 6))
+  dyt = transpose.transposed(dy, mask(qtensor.quantize(dy, r.grad)), r.grad, cfg.transpose,
+                             gemm_lib.operand_key(dy, r.grad, 5))
+  return xt, dyt, sizes
+
+
+def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with the tensor-core model: each group zero-padded to whole promotion
   intervals, scale tiles along the tokens and Hadamard blocks, then quantized."""
-  r, acc = cfg.roles, cfg.accumulation
-  multiple = acc.promotion_interval or acc.block_size
-  for g in (_token_block(r.input), _token_block(r.grad), cfg.wgrad_hadamard):
-    multiple = math.lcm(multiple, g or 1)
-  xp, padded = pad_groups(x, sizes, multiple)
-  dyp, _ = pad_groups(dy, sizes, multiple)
-  if cfg.wgrad_hadamard:
-    xt = hadamard.random_hadamard(xp.T, cfg.wgrad_hadamard, cfg.hadamard_seed)  # [K, rows]
-    dyt = hadamard.random_hadamard(dyp.T, cfg.wgrad_hadamard, cfg.hadamard_seed)
-    xtq = qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6))
-    dytq = qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5))
-  else:
-    valid = pad_groups(jnp.ones((x.shape[0], 1), bool), sizes, multiple)[0][:, 0]
-    mask = (lambda q: _mask_padding_scales(q, valid)) if cfg.transpose == "scaling_aware" \
-        else (lambda q: q)
-    xtq = transpose.transposed(xp, mask(qtensor.quantize(xp, r.input)), r.input,
-                               cfg.transpose, gemm_lib.operand_key(xp, r.input, 6))
-    dytq = transpose.transposed(dyp, mask(qtensor.quantize(dyp, r.grad)), r.grad,
-                                cfg.transpose, gemm_lib.operand_key(dyp, r.grad, 5))
-  return grouped_tc.wgrad_product(xtq, dytq, padded, acc)
+  xtq, dytq, padded = _wgrad_operands(x, dy, sizes, cfg, group_multiple_of(cfg), layout)
+  return grouped_tc.wgrad_product(xtq, dytq, padded, cfg.accumulation)
 
 
-def _bwd(cfg, res, dy):
-  x, w, sizes = res
-  dy = dy.astype(jnp.float32)
+def _bwd(cfg, layout, res, dy):
+  x, w, real_sizes = res
+  sizes = _layout_sizes(real_sizes, layout)
+  dy_out, dy = dy, dy.astype(jnp.float32)  # dY in the output's dtype, and in float32
   r = cfg.roles
   if cfg.dgrad == "bf16":
     dx = _rdot(dy, jnp.swapaxes(w, -1, -2), sizes, "bf16")
@@ -285,15 +311,15 @@ def _bwd(cfg, res, dy):
     if _tensor_core(cfg):
       dx = grouped_tc.rows_product(dyq, wq, sizes, cfg.accumulation)
     elif interval := _kernel_interval(cfg, dyq, wq):
-      dx = _kernel_rows(dyq, wq, sizes, interval)
+      dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype)
     else:
       dx = _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
   if cfg.wgrad == "bf16":
     dw = _wgrad_product(x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), sizes)
   elif _tensor_core(cfg):
-    dw = _wgrad_tensor_core(x, dy, sizes, cfg)
+    dw = _wgrad_tensor_core(x, dy_out, real_sizes, cfg, layout)
   else:
-    dw = _wgrad_fp32(x, dy, sizes, cfg)
+    dw = _wgrad_fp32(x, dy_out, real_sizes, cfg, layout)
   return dx.astype(x.dtype), dw.astype(w.dtype), None
 
 
@@ -301,18 +327,28 @@ _grouped.defvjp(_fwd, _bwd)
 
 
 def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
-                   config: gemm_lib.GemmConfig = gemm_lib.FP32_BLOCKWISE) -> jax.Array:
+                   config: gemm_lib.GemmConfig = gemm_lib.FP32_BLOCKWISE,
+                   group_multiple: int = 1) -> jax.Array:
   """Grouped GEMM with simulated FP8 operands.
 
   Args:
-    x: [N, K] rows sorted by group.
+    x: [N, K] rows sorted by group. With ``group_multiple`` m > 1, each group's rows start
+      on a multiple of m and zero rows fill it up to the next one (the layout of
+      :func:`fp8jax.gemm.padding.pad_groups`; a dispatch can gather into it directly).
     w: [E, K, F] one weight per group.
-    group_sizes: int32 [E], summing to at most N.
+    group_sizes: int32 [E] real rows per group (unpadded), in the layout summing to at
+      most N.
     config: roles, per-direction precision, transpose policy and accumulation (FP32 or
       the tensor-core model).
+    group_multiple: the rows' layout; 1 or a multiple of :func:`group_multiple_of` (config),
+      so that Wgrad needs no padding copies of its own.
 
   Returns:
-    [N, F] in x's dtype.
+    [N, F] in x's dtype (zeros on padding rows).
   """
   _check(config)
-  return _grouped(x, w, group_sizes.astype(jnp.int32), config).astype(x.dtype)
+  need = group_multiple_of(config)
+  if group_multiple < 1 or (group_multiple > 1 and group_multiple % need):
+    raise ValueError(f"group_multiple={group_multiple} must be 1 or a multiple of the "
+                     f"{need} rows each group is padded to for this config's Wgrad")
+  return _grouped(x, w, group_sizes.astype(jnp.int32), config, group_multiple)

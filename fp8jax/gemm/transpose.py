@@ -21,6 +21,7 @@ Three ways to get it, after FP8-Flow-MoE (arXiv 2511.02302):
 from __future__ import annotations
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import ml_dtypes
 
@@ -52,12 +53,24 @@ def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.Quant
   if policy == "requant":
     if x_hp is None:
       raise ValueError("the requant transpose policy needs the high-precision tensor")
-    return qtensor.quantize(_swap(x_hp), spec, key=key)
+    return quantize_swapped(x_hp, spec, key)
   if policy == "double":
-    return qtensor.quantize(_swap(qtensor.dequantize(qt, jnp.float32)), spec, key=key)
+    return quantize_swapped(qtensor.dequantize(qt, jnp.float32), spec, key)
   if policy == "scaling_aware":
     return scaling_aware_transpose(qt, spec)
   raise ValueError(f"unknown transpose policy {policy!r}; choose one of {POLICIES}")
+
+
+def quantize_swapped(x: jax.Array, spec: spec_lib.QuantSpec,
+                     key: jax.Array | None = None) -> qtensor.QTensor:
+  """``qtensor.quantize(swapaxes(x, -1, -2), spec)``, with the block amax reduced on x's
+  own layout and materialized first: fused into the transposition, XLA:GPU reduces
+  along the strided axis (at 2B expert shapes on an H100, 1-4 ms per [122752, 1280]
+  operand, against ~0.3 ms for a transpose). Equal bit for bit (a maximum is exact)."""
+  xt = _swap(x)
+  block = spec.granularity.block_shape(xt.shape)
+  amax = blocks.block_amax(x, (*block[:-2], block[-1], block[-2]))
+  return qtensor.quantize(xt, spec, key=key, amax=lax.optimization_barrier(_swap(amax)))
 
 
 def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qtensor.QTensor:

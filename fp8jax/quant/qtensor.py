@@ -69,11 +69,12 @@ def _check_input(x: jax.Array) -> None:
     raise TypeError(f"input is already 8-bit ({x.dtype}); dequantize it first")
 
 
-def _scales(x, spec, history):
+def _scales(x, spec, history, amax=None):
   """Per-block ``(s, scale_inv)`` of shape ``num_blocks``, ``tensor_scale_inv`` (or
   None) and the block shape."""
   block = spec.granularity.block_shape(x.shape)
-  amax = blocks.block_amax(x, block)
+  if amax is None:
+    amax = blocks.block_amax(x, block)
   tensor_scale_inv = None
   if spec.scaling == "delayed":
     delayed.check_history(history, spec, "forward")
@@ -90,10 +91,11 @@ def _scales(x, spec, history):
 
 
 def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
-                         history: jax.Array | None = None, key: jax.Array | None = None):
+                         history: jax.Array | None = None, key: jax.Array | None = None,
+                         amax: jax.Array | None = None):
   """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``."""
   _check_input(x)
-  block, s, scale_inv, tensor_scale_inv = _scales(x, spec, history)
+  block, s, scale_inv, tensor_scale_inv = _scales(x, spec, history, amax)
   scaled = x.astype(jnp.float32) * blocks.broadcast_blocks(s, block, x.shape)
   bits = rounding_bits.rounding_bits(x, spec, key)
   if bits is None and spec.fmt.storage_dtype is spec.fmt.dtype and spec.fmt.has_nan:
@@ -112,7 +114,8 @@ def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
 
 
 def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
-             history: jax.Array | None = None, key: jax.Array | None = None) -> QTensor:
+             history: jax.Array | None = None, key: jax.Array | None = None,
+             amax: jax.Array | None = None) -> QTensor:
   """Quantizes ``x`` with per-block scales.
 
   Args:
@@ -122,11 +125,13 @@ def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
       scaling, refused for current scaling.
     key: PRNG key for stochastic rounding (``spec.rounding == "stochastic"``); None
       derives one from ``x``'s bits (``fp8jax.quant.rounding_bits``). Ignored otherwise.
+    amax: the per-block largest finite magnitudes (float32, ``num_blocks``) when the
+      caller has them (e.g. taken on another layout of ``x``); None computes them.
 
   Returns:
     A :class:`QTensor` with ``data`` of shape ``S``.
   """
-  return quantize_with_scaled(x, spec, history, key)[0]
+  return quantize_with_scaled(x, spec, history, key, amax)[0]
 
 
 def payload_f32(data: jax.Array) -> jax.Array:

@@ -1,6 +1,7 @@
 """Profile of the 2B BF16 train step (and one paired evaluation): device time by category.
 
     python scripts/bench/profile_step.py --batch=8 --moe-impl=pallas   # $OUT: JSON + trace
+    python scripts/bench/profile_step.py --parts=paired --paired-policy=gemm:fp32_blockwise
 
 Traces ``--steps`` train steps after a warm-up with ``jax.profiler.trace`` (perfetto
 trace), then sums the GPU kernels' durations by category from their names:
@@ -14,7 +15,7 @@ trace), then sums the GPU kernels' durations by category from their names:
                 inside the step its fusions are counted in "other"
   other         every other fusion (norms, activations, casts, RoPE, loss, ...)
 
-Prints the table and the 25 longest kernels. With ``$OUT`` set, writes
+Prints the table and the 40 longest kernels. With ``$OUT`` set, writes
 ``$OUT/profile_step.json`` and the perfetto trace.
 """
 
@@ -53,6 +54,7 @@ CATEGORIES = (  # first match wins; names are lower-cased
     ("attention", r"cudnn|fmha|flash|sdpa|dot_product_attention"),
     ("dense GEMM", r"gemm|cutlass|xmma|nvjet|cublas|matmul|wgmma"),
     ("dispatch", r"sort|gather|scatter|radix|cub::|onesweep"),
+  ("fake quant", r"fp8jax_fake_quant"),
 )
 
 
@@ -95,7 +97,7 @@ def profile(fn, args, steps: int, label: str, keep: pathlib.Path | None):
   record(f"{label}/breakdown", **{k: round(v / steps / 1e3, 3) for k, v in by.items()},
          device_ms_per_step=total / steps / 1e3)
   record(f"{label}/top_kernels", **{n[:90]: round(us / steps / 1e3, 3)
-                                     for n, us in kt.most_common(25)})
+                                     for n, us in kt.most_common(40)})
   return total / steps / 1e3, by
 
 
@@ -107,6 +109,8 @@ def main():
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"])
   ap.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
   ap.add_argument("--parts", default="train,paired")
+  ap.add_argument("--paired-policy", default="moe_l0-8_e4m3",
+                  help="the variant of the paired evaluation (a policy expression)")
   args = ap.parse_args()
   keep = pathlib.Path(os.environ["OUT"]) if os.environ.get("OUT") else None
   cfg = mc.deepseek_moe_2b(expert_pad_to=896, attention_impl=args.attention)
@@ -150,7 +154,7 @@ def main():
     del holder, step, state
     params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   if "paired" in args.parts:
-    pol = pl.parse_policy("moe_l0-8_e4m3")
+    pol = pl.parse_policy(args.paired_policy)
     ev = paired.PairedEvaluator(cfg, [pol], mesh, args.moe_impl)
     t_base, _ = median_time(ev.baseline, [(params, tokens)], runs=5)
     base = ev.baseline(params, tokens)
@@ -161,6 +165,9 @@ def main():
            ratio_to_two_bf16=(t_base + t_var) / (2 * t_base))
     pair = lambda p, x: ev.variant(pol.name, p, x, ev.baseline(p, x))["compare"]  # noqa: E731
     profile(pair, (params, tokens), args.steps, f"paired_{tag}", keep)
+    base = ev.baseline(params, tokens)
+    variant = lambda p, x, b: ev.variant(pol.name, p, x, b)["compare"]  # noqa: E731
+    profile(variant, (params, tokens, base), args.steps, f"variant_{tag}", keep)
   if keep:
     (keep / f"profile_step_{tag}.json").write_text(json.dumps(RESULTS, indent=1))
 
