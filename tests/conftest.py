@@ -1,7 +1,9 @@
 """Test configuration: CPU JAX, a persistent compilation cache, hypothesis profiles.
 
-``FP8JAX_HYPOTHESIS=thorough`` runs many more examples. In CI (``CI=true``) the
-examples are derandomized so that a run is reproducible.
+``FP8JAX_HYPOTHESIS=thorough`` runs many more examples, and the tests marked
+``thorough`` (many-example repeats of property tests that also run at default size),
+which the default suite leaves out. In CI (``CI=true``) the examples are derandomized so
+that a run is reproducible.
 """
 
 import os
@@ -24,6 +26,17 @@ settings.register_profile(
     "thorough", max_examples=1000, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("FP8JAX_HYPOTHESIS", "default"))
+THOROUGH = os.environ.get("FP8JAX_HYPOTHESIS") == "thorough"
+
+
+def pytest_collection_modifyitems(config, items):
+  """Leaves out the tests marked ``thorough`` unless FP8JAX_HYPOTHESIS=thorough."""
+  if THOROUGH:
+    return
+  keep = [item for item in items if item.get_closest_marker("thorough") is None]
+  if len(keep) != len(items):
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
 
 
 @pytest.fixture(scope="session")

@@ -325,7 +325,7 @@ def test_presets_match_reference_bit_for_bit(name, x):
   _preset_case(name, x)
 
 
-@pytest.mark.slow
+@pytest.mark.thorough
 @pytest.mark.parametrize("name", MX_PRESETS + NV_PRESETS)
 @given(x=mx_arrays())
 @MANY
@@ -362,7 +362,7 @@ def test_any_format_and_rule_matches_reference(x, spec):
   _any_case(x, spec)
 
 
-@pytest.mark.slow
+@pytest.mark.thorough
 @given(x=mx_arrays(), spec=mx_specs())
 @settings(max_examples=100, deadline=None)
 def test_any_format_and_rule_matches_reference_thorough(x, spec):
@@ -437,7 +437,7 @@ def test_edge_cases_match_reference(name, eps):
   _edge_case(name, eps, "float32")
 
 
-@pytest.mark.slow
+@pytest.mark.thorough
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("eps", [None, 0.0])
 @pytest.mark.parametrize("name", MX_PRESETS + NV_PRESETS)
@@ -561,7 +561,7 @@ def test_qdq_fused_and_fake_quant_agree_bit_for_bit(name, x):
   _qdq_case(name, x)
 
 
-@pytest.mark.slow
+@pytest.mark.thorough
 @pytest.mark.parametrize("name", MX_PRESETS + NV_PRESETS)
 @given(x=mx_arrays())
 @MANY
