@@ -3,7 +3,7 @@ that sorts straight into it for an FP8 grouped GEMM."""
 
 import functools
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ def _loop_pad(x, sizes, multiple):
 
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
        spare=st.integers(0, 5), multiple=st.sampled_from([1, 4, 16, 128]))
+@settings(max_examples=max(20, settings.default.max_examples // 2))  # a compilation each
 def test_pad_groups_matches_a_loop(sizes, spare, multiple):
   rng = np.random.default_rng(len(sizes) + spare)
   x = rng.standard_normal((sum(sizes) + spare, 3)).astype(np.float32) + 1  # no zeros
