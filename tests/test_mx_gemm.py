@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax.gemm import grouped, hadamard, recipes
+from fp8jax.gemm import grouped, hadamard, padding, recipes
 from fp8jax.quant import rounding_bits
 from models import policy as policy_lib
 
@@ -128,8 +128,8 @@ def test_pad_groups_keeps_each_expert_product():
   sizes = jnp.array([5, 0, 19, 7], jnp.int32)
   x = jnp.asarray(rng.standard_normal((33, 6)), jnp.float32)  # 31 routed rows + 2 spare
   dy = jnp.asarray(rng.standard_normal((33, 4)), jnp.float32)
-  xp, padded = grouped.pad_groups(x, sizes, 16)
-  dyp, _ = grouped.pad_groups(dy, sizes, 16)
+  xp, padded = padding.pad_groups(x, sizes, 16)
+  dyp, _ = padding.pad_groups(dy, sizes, 16)
   assert xp.shape[0] % 16 == 0 and list(np.asarray(padded)) == [16, 0, 32, 16]
   starts = np.concatenate([[0], np.cumsum(np.asarray(sizes))])
   pstarts = np.concatenate([[0], np.cumsum(np.asarray(padded))])

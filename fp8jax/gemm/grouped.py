@@ -44,7 +44,6 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_tc, hadamard, padding, transpose
-from fp8jax.gemm.padding import pad_groups  # noqa: F401  (part of this module's API)
 from fp8jax.kernels import grouped_scaled_pallas, placement
 from fp8jax.quant import qtensor
 
@@ -170,6 +169,10 @@ def _dgrad_weight(w_e, cfg):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _grouped(x, w, sizes, cfg, layout):
+  return _forward(x, w, sizes, cfg, layout)
+
+
+def _forward(x, w, sizes, cfg, layout):
   return _fprop(x, w, _layout_sizes(sizes, layout), cfg).astype(x.dtype)
 
 
@@ -191,17 +194,16 @@ def _fprop(x, w, sizes, cfg):
 
 
 def _fwd(x, w, sizes, cfg, layout):
-  return _grouped(x, w, sizes, cfg, layout), (x, w, sizes)
+  return _forward(x, w, sizes, cfg, layout), (x, w, sizes)
 
 
 def _wgrad_fp32(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with FP32 accumulation, on groups padded to whole token tiles and Hadamard
   blocks (:func:`_wgrad_operands`): the blockwise-scaled kernel where it applies, else the
   product of the dequantized operands."""
-  multiple = _wgrad_multiple(cfg)
-  xt, dyt, sizes = _wgrad_operands(x, dy, sizes, cfg, multiple, layout)
+  xt, dyt, sizes = _wgrad_operands(x, dy, sizes, cfg, layout)
   interval = _kernel_interval(cfg, xt, dyt)
-  if interval and dyt.block[-2] == 1 and max(multiple, layout) % interval == 0:
+  if interval and dyt.block[-2] == 1 and max(group_multiple_of(cfg), layout) % interval == 0:
     return grouped_scaled_pallas.grouped_scaled_wgrad(
         xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
         groups_aligned=True, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
@@ -228,43 +230,37 @@ def _mask_padding_scales(qt, valid):
   return dataclasses.replace(qt, scale_inv=scale_inv)
 
 
-def _wgrad_multiple(cfg: gemm_lib.GemmConfig, interval: int = 1) -> int:
-  """The row multiple each expert's group is padded to for Wgrad: whole scale tiles along
-  the tokens of X^T and dY^T, Hadamard blocks and ``interval`` (1: no padding)."""
-  multiple = interval
-  for g in (_token_block(cfg.roles.input), _token_block(cfg.roles.grad), cfg.wgrad_hadamard):
+def group_multiple_of(config: gemm_lib.GemmConfig) -> int:
+  """The row multiple that ``config``'s grouped Wgrad pads each group to (1: none): whole
+  scale tiles along the tokens of X^T and dY^T, Hadamard blocks and, with the tensor-core
+  model, promotion intervals. A dispatch that lays its sorted rows out with every group
+  padded to it (and passes it as ``fp8_ragged_dot``'s ``group_multiple``) spares the GEMM
+  the padding copies."""
+  if config.wgrad == "bf16":
+    return 1
+  acc = config.accumulation
+  multiple = (acc.promotion_interval or acc.block_size) if _tensor_core(config) else 1
+  for g in (_token_block(config.roles.input), _token_block(config.roles.grad),
+            config.wgrad_hadamard):
     multiple = math.lcm(multiple, g or 1)
   return multiple
 
 
-def group_multiple_of(config: gemm_lib.GemmConfig) -> int:
-  """The row multiple that ``config``'s grouped Wgrad pads each group to (1: none). A
-  dispatch that lays its sorted rows out with every group padded to it (and passes it as
-  ``fp8_ragged_dot``'s ``group_multiple``) spares the GEMM the padding copies."""
-  if config.wgrad == "bf16":
-    return 1
-  if _tensor_core(config):
-    acc = config.accumulation
-    return _wgrad_multiple(config, acc.promotion_interval or acc.block_size)
-  return _wgrad_multiple(config)
-
-
-def _wgrad_operands(x, dy, sizes, cfg, multiple, layout):
+def _wgrad_operands(x, dy, sizes, cfg, layout):
   """X^T [K, N_pad] and dY^T [F, N_pad] quantized for Wgrad, each group zero-padded to a
-  multiple of ``multiple`` rows first, so that no scale tile, Hadamard block or promotion
-  interval spans two experts (as when each expert's GEMM runs on its own rows).
+  multiple of :func:`group_multiple_of` rows first, so that no scale tile, Hadamard block
+  or promotion interval spans two experts (as when each expert's GEMM runs on its own rows).
 
   Args:
     x: [N, K] and dy: [N, F], rows sorted by group, each group padded to ``layout`` rows.
     sizes: int32 [E] (unpadded).
-    cfg: the GEMM config (roles, transpose policy, Hadamard transform).
-    multiple: the row multiple (1: no padding); ``layout`` is 1 or a multiple of it.
-    layout: the row multiple of the rows as given.
+    cfg: the GEMM config (roles, transpose policy, Hadamard transform, accumulation).
+    layout: the row multiple of the rows as given: 1, or a multiple of the padding's.
 
   Returns:
     ``(xt, dyt, sizes_pad [E])``, two QTensors and the group sizes in their layout.
   """
-  r = cfg.roles
+  r, multiple = cfg.roles, group_multiple_of(cfg)
   valid = None
   if max(layout, multiple) > 1 and cfg.transpose == "scaling_aware" and not cfg.wgrad_hadamard:
     n_pad = x.shape[0] if layout > 1 else padding.padded_count(x.shape[0], sizes.shape[0],
@@ -275,8 +271,8 @@ def _wgrad_operands(x, dy, sizes, cfg, multiple, layout):
   if layout > 1:  # already padded (with zero rows)
     sizes = padding.padded_sizes(sizes, layout)
   elif multiple > 1:
-    x, _ = pad_groups(x, sizes, multiple)
-    dy, sizes = pad_groups(dy, sizes, multiple)
+    x, _ = padding.pad_groups(x, sizes, multiple)
+    dy, sizes = padding.pad_groups(dy, sizes, multiple)
   dy = dy.astype(jnp.float32)  # after the padding, which moves dY in its own dtype
   if cfg.wgrad_hadamard:
     xt = hadamard.random_hadamard(x.T, cfg.wgrad_hadamard, cfg.hadamard_seed)  # [K, rows]
@@ -294,7 +290,7 @@ def _wgrad_operands(x, dy, sizes, cfg, multiple, layout):
 def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with the tensor-core model: each group zero-padded to whole promotion
   intervals, scale tiles along the tokens and Hadamard blocks, then quantized."""
-  xtq, dytq, padded = _wgrad_operands(x, dy, sizes, cfg, group_multiple_of(cfg), layout)
+  xtq, dytq, padded = _wgrad_operands(x, dy, sizes, cfg, layout)
   return grouped_tc.wgrad_product(xtq, dytq, padded, cfg.accumulation)
 
 

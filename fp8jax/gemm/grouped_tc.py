@@ -10,7 +10,7 @@ each group's part of the result equals the dense simulation of that group's GEMM
   tiles as its batch. The model treats every (row, column) on its own, so the tiling
   changes no bit.
 * Wgrad, :func:`wgrad_product` (``dW_g = X_g^T . dY_g``, a contraction over the group's
-  rows): the operands come in the padded layout of :func:`group_layout`, each group
+  rows): the operands come in the padded layout of :mod:`fp8jax.gemm.padding`, each group
   starting at a multiple of the promotion interval. A scan over blocks of ``block_size``
   rows runs the accumulator and, at the end of each interval, promotes it into ``dW[g]``
   in float32, in order of the rows: the dense model of one group whose K is its rows
@@ -30,31 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.gemm import accumulate
+from fp8jax.gemm.padding import group_layout
 from fp8jax.quant import qtensor
-
-
-def group_layout(sizes: jax.Array, n: int, multiple: int):
-  """Where each of N rows sorted by group goes when every group is zero-padded to a
-  multiple of ``multiple`` rows.
-
-  Args:
-    sizes: int32 [E] rows per group, summing to at most ``n``.
-    n: rows.
-    multiple: the row multiple.
-
-  Returns:
-    ``(dest int32 [N], padded int32 [E], n_pad)``: the padded row of every row
-    (``n_pad``, out of range, for rows past ``sum(sizes)``), the padded group sizes, and
-    the static number of padded rows ``N + E * (multiple - 1)`` rounded up to the multiple.
-  """
-  e = sizes.shape[0]
-  n_pad = -(-(n + e * (multiple - 1)) // multiple) * multiple
-  padded = (sizes + multiple - 1) // multiple * multiple
-  pad_start = jnp.cumsum(padded) - padded
-  start = jnp.cumsum(sizes) - sizes
-  group = jnp.repeat(jnp.arange(e), sizes, total_repeat_length=n)
-  dest = pad_start[group] + jnp.arange(n) - start[group]
-  return jnp.where(jnp.arange(n) < jnp.sum(sizes), dest, n_pad), padded, n_pad
 
 
 def _alpha(a_tensor, b_tensor, b_index):
@@ -116,8 +93,8 @@ def wgrad_product(aq: qtensor.QTensor, bq: qtensor.QTensor, padded: jax.Array,
   """``dW[g] = A_g . B_g^T`` over the rows of each group, with the tensor-core model.
 
   Args:
-    aq: quantized [K, N_pad] (X^T): the groups' rows in the layout of
-      :func:`group_layout`, zero rows between the groups and after the last.
+    aq: quantized [K, N_pad] (X^T): the groups' rows in the padded layout of
+      :mod:`fp8jax.gemm.padding`, zero rows between the groups and after the last.
     bq: quantized [F, N_pad] (dY^T), the same layout.
     padded: int32 [E] padded group sizes: multiples of the promotion interval (of
       ``acc.block_size`` when it never promotes); N_pad is a multiple of them too.

@@ -25,6 +25,29 @@ def padded_sizes(sizes: jax.Array, multiple: int) -> jax.Array:
   return (sizes + multiple - 1) // multiple * multiple
 
 
+def group_layout(sizes: jax.Array, n: int, multiple: int):
+  """Where each of N rows sorted by group goes in the padded layout.
+
+  Args:
+    sizes: int32 [E] rows per group, summing to at most ``n``.
+    n: rows.
+    multiple: the row multiple.
+
+  Returns:
+    ``(dest int32 [N], padded int32 [E], n_pad)``: the padded row of every row
+    (``n_pad``, out of range, for rows past ``sum(sizes)``), the padded group sizes, and
+    the static number of padded rows (:func:`padded_count`).
+  """
+  e = sizes.shape[0]
+  n_pad = padded_count(n, e, multiple)
+  padded = padded_sizes(sizes, multiple)
+  pad_start = jnp.cumsum(padded) - padded
+  start = jnp.cumsum(sizes) - sizes
+  group = jnp.repeat(jnp.arange(e), sizes, total_repeat_length=n)
+  dest = pad_start[group] + jnp.arange(n) - start[group]
+  return jnp.where(jnp.arange(n) < jnp.sum(sizes), dest, n_pad), padded, n_pad
+
+
 def padded_rows(sizes: jax.Array, n: int, n_pad: int, multiple: int):
   """Where each row of the padded layout comes from.
 

@@ -292,7 +292,7 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       the sum are ignored).
     interval: promotion interval along the rows.
     groups_aligned: every group starts and ends on an interval boundary (sizes multiples
-      of ``interval``, e.g. from ``fp8jax.gemm.grouped.pad_groups``): no row masks. With
+      of ``interval``, e.g. from ``fp8jax.gemm.padding.pad_groups``): no row masks. With
       other sizes the result is wrong.
     out_dtype, blocks, convert_in_kernel, interpret: as :func:`grouped_scaled_matmul`
       (``blocks.m`` along K, ``blocks.n`` along F, ``blocks.k`` rows per dot).

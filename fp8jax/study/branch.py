@@ -147,9 +147,7 @@ class _Output:
                            f"vs {meta[key]}); use another output folder")
       meta["from_steps"] = sorted(set(old["from_steps"]) | set(meta["from_steps"]))
       meta["policies"] = {**old["policies"], **meta["policies"]}
-    tmp = meta_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(meta_path)
+    results_io.write_json(meta_path, meta)
     self.done = {(r["from_step"], r["branch"]) for r in results_io.repair(self.path)}
 
   def append(self, row: dict) -> None:

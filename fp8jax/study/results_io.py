@@ -32,6 +32,14 @@ def rewrite(path, rows) -> None:
   tmp.replace(path)
 
 
+def write_json(path, obj) -> None:
+  """Writes ``obj`` as indented JSON, atomically (temp file + rename)."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=2))
+  tmp.replace(path)
+
+
 def repair(path, keep=lambda row: True) -> list[dict]:
   """Drops a torn last line and the rows ``keep`` rejects; returns the rows kept."""
   path = pathlib.Path(path)

@@ -159,9 +159,7 @@ class _Output:
                            "output folder")
       meta["steps"] = sorted(set(old["steps"]) | set(meta["steps"]))
       meta["policies"] = {**old["policies"], **meta["policies"]}
-    tmp = meta_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    tmp.replace(meta_path)
+    results_io.write_json(meta_path, meta)
     for name in ("rows", "details", "baseline", "weights"):  # a readable folder, even empty
       (out / f"{name}.jsonl").touch()
     self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl")}
