@@ -161,6 +161,54 @@ def site_policy(site: str, layers: str | int, spec: fp8jax.QuantSpec,
                          name or f"{site}@{layers}:{spec.format}")
 
 
+def _noise_spec(spec: fp8jax.QuantSpec | None, on: bool) -> fp8jax.QuantSpec | None:
+  """``spec`` (and its cotangent spec) with ``noise_control`` set to ``on``."""
+  if spec is None:
+    return None
+  return spec.replace(noise_control=on, backward=_noise_spec(spec.backward, on))
+
+
+def _with_noise(policy: PrecisionPolicy, on: bool, name: str) -> PrecisionPolicy:
+  rules = tuple(dataclasses.replace(r, spec=_noise_spec(r.spec, on)) for r in policy.rules)
+  gemm = policy.gemm
+  if gemm is not None:
+    gemm = gemm.replace(roles=dataclasses.replace(
+        gemm.roles, **{r: _noise_spec(gemm.roles.spec(r), on) for r in ("input", "weight",
+                                                                          "grad")}))
+  return dataclasses.replace(policy, rules=rules, gemm=gemm, name=name)
+
+
+def noise_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
+  """The noise-matched control of ``policy``, named ``noise(<name>)``: every quantization
+  it makes (site rules, their cotangents, the GEMM recipe's roles) keeps its blocks and
+  replaces its rounding error by unbiased random noise of the same energy per block
+  (:mod:`fp8jax.quant.noise_control`)."""
+  if policy.gemm is None and not policy.rules:
+    raise ValueError("the BF16 policy quantizes nothing: it has no noise-matched control")
+  if is_noise_control(policy):
+    raise ValueError(f"policy {policy.name!r} is already a noise-matched control")
+  if policy.gemm is not None and policy.gemm.transpose == "scaling_aware":
+    raise ValueError(f"policy {policy.name!r}: the scaling-aware transpose re-expresses FP8 "
+                     "payloads and has no noise-matched control")
+  return _with_noise(policy, True, f"noise({policy.name})")
+
+
+def is_noise_control(policy: PrecisionPolicy) -> bool:
+  """Whether ``policy`` is a noise-matched control (:func:`noise_policy`)."""
+  specs = [r.spec for r in policy.rules]
+  if policy.gemm is not None:
+    specs += [policy.gemm.roles.spec(r) for r in ("input", "weight", "grad")]
+  return bool(specs) and all(s.noise_control for s in specs)
+
+
+def control_base(policy: PrecisionPolicy) -> PrecisionPolicy:
+  """The policy whose control ``policy`` is (``noise(NAME)`` -> the policy NAME)."""
+  if not is_noise_control(policy):
+    raise ValueError(f"policy {policy.name!r} is not a noise-matched control")
+  name = policy.name[len("noise("):-1] if _NOISE.match(policy.name) else policy.name
+  return _with_noise(policy, False, name)
+
+
 # --- policy expressions ------------------------------------------------------------
 
 SITE_ALIASES = {"attn": "attn_out", "moe": "moe_out", "mlp": "mlp_out",
@@ -244,9 +292,13 @@ def parse_policy(expr: str) -> PrecisionPolicy:
   e.g. ``fp32_blockwise`` for DeepSeek-V3's or ``nvfp4_recipe``, on all layers or on
   LAYERS; a recipe with BF16 layers keeps its share of the last layers in BF16).
 
-  Example: ``attn@0-8:e4m3+moe@0:deepseek_v3+gemm:fp32_blockwise``.
+  Example: ``attn@0-8:e4m3+moe@0:deepseek_v3+gemm:fp32_blockwise``. ``noise(EXPR)`` is
+  the noise-matched control of the policy EXPR (:func:`noise_policy`).
   """
   expr = expr.strip()
+  noise = _NOISE.match(expr)
+  if noise:
+    return dataclasses.replace(noise_policy(parse_policy(noise.group(1))), name=expr)
   grid = _GRID_NAME.match(expr)
   if grid:
     module, layers, fmt, delayed = grid.groups()
@@ -316,4 +368,5 @@ GRIDS = {"seed": seed_grid, "formats": formats_grid, "delayed": delayed_grid}
 """Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
 ``--policies=NAME`` expands to the grid of the model's depth."""
 
+_NOISE = re.compile(r"^noise\((.+)\)$")
 _GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)(_delayed)?$")

@@ -21,16 +21,17 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 WINDOWS = sweep.Windows(offsets=(0, 3), batches=2, batch_size=4)
 
 
-POLICIES = ["attn_l0_e4m3", "moe_l1-2_e5m2", "bf16"]
+POLICIES = ["attn_l0_e4m3", "moe_l1-2_e5m2", "bf16", "noise(attn_l0_e4m3)"]
 
 
 def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   out = tmp_path / "cmp"
   summary = sweep.run(train_run, out, policies=POLICIES, windows=WINDOWS)
-  assert summary["rows_written"] == 3 * 4 * 3
+  names = [*POLICIES, "floor"]
+  assert summary["rows_written"] == 3 * 4 * len(names)
   rows = results_io.read(out / "rows.jsonl")
   assert {(r["step"], r["offset"], r["batch"], r["policy"]) for r in rows} == {
-      (s, o, b, p) for s in (0, 2, 4) for o in (0, 3) for b in (0, 1) for p in POLICIES}
+      (s, o, b, p) for s in (0, 2, 4) for o in (0, 3) for b in (0, 1) for p in names}
   for r in rows:
     assert r["finite"] and r["nonfinite"] is None
     values = [v for k, v in r.items() if isinstance(v, float)]
@@ -41,6 +42,11 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
       assert all(r[f"routing/{i}/topk_set_diff_frac"] == 0.0 for i in (1, 2))
     else:
       assert 0 < r["rel_err"] < 1 and r["loss_rel_err"] < 0.05
+  floor = {(r["step"], r["offset"], r["batch"]): r for r in rows if r["policy"] == "floor"}
+  for r in floor.values():  # BF16 at weights moved by <= 2^-8 relative: a positive floor
+    assert r["perturbation_norm"] > 0 and "share_direct" not in r
+    assert r["curvature"] == pytest.approx(r["diff_norm"] / r["perturbation_norm"])
+  assert len({r["diff_norm"] for r in floor.values()}) == len(floor)  # a draw per batch
   attn = [r for r in rows if r["policy"] == "attn_l0_e4m3"]
   # Quantizing layer 0's attention output moves gradients upstream of it too.
   assert all(r["module/attn_q/diff_norm"] > 0 for r in attn)
@@ -53,7 +59,17 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   weights = results_io.read(out / "weights.jsonl")
   assert [w["step"] for w in weights] == [0, 2, 4]
   meta = json.loads((out / "meta.json").read_text())
-  assert meta["steps"] == [0, 2, 4] and set(meta["policies"]) == set(POLICIES)
+  assert meta["steps"] == [0, 2, 4] and set(meta["policies"]) == set(names)
+  assert meta["policies"]["floor"]["kind"] == "floor"
+  assert meta["policies"]["noise(attn_l0_e4m3)"] == {
+      "expr": "noise(attn_out@0:e4m3/tensor)", "kind": "control",
+      "control_of": "attn_l0_e4m3", "direct": meta["policies"]["attn_l0_e4m3"]["direct"]}
+  # The floor is reproducible: another sweep of one checkpoint draws the same perturbations.
+  again = tmp_path / "again"
+  sweep.run(train_run, again, policies=["bf16"], steps=[4], windows=WINDOWS)
+  for r in results_io.read(again / "rows.jsonl"):
+    if r["policy"] == "floor":
+      assert r == floor[(r["step"], r["offset"], r["batch"])]
   # Same batch, same params: the BF16 loss equals the baseline's and is policy-independent.
   losses = {(r["step"], r["offset"], r["batch"]): r["loss_bf16"] for r in rows}
   assert all(losses[(b["step"], b["offset"], b["batch"])] == b["loss"] for b in base)
@@ -95,7 +111,7 @@ def test_resume_after_a_kill_gives_the_same_rows(train_run, tmp_path):
   key = lambda r: (r["step"], r["offset"], r["batch"], r["policy"])  # noqa: E731
   full = sorted(results_io.read(tmp_path / "full" / "rows.jsonl"), key=key)
   again = sorted(results_io.read(killed / "rows.jsonl"), key=key)
-  assert len(again) == len(full) == 3 * 4 * 3
+  assert len(again) == len(full) == 3 * 4 * 4  # the three policies and the floor
   assert json.dumps(again) == json.dumps(full)
   assert len(results_io.read(killed / "details.jsonl")) == len(full)
 
@@ -141,9 +157,10 @@ def test_formats_grid_end_to_end(train_run, tmp_path):
   sweep.run(train_run, out, policies=pols, windows=windows, steps=[4])
   rows = results_io.read(out / "rows.jsonl")
   by = {r["policy"]: r for r in rows}
-  assert set(by) == set(pols)
+  assert set(by) == {*pols, "floor"}
   assert all(r["finite"] for r in rows)
   assert min(by[p]["rel_err"] for p in pols[1:]) > by[pols[0]]["rel_err"]
+  assert min(by[p]["rel_err"] for p in pols) > by["floor"]["rel_err"]
   text = report.write_report(out).read_text()
   section = text.split("## 5. Format width")[1].split("\n## ")[0]
   assert "grows by a factor" in section and "(`mxfp4`) | 4 |" in section

@@ -50,14 +50,8 @@ def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
   Returns:
     float32 array of shape ``num_blocks(S, block)``.
   """
-  a = finite_abs(x)
-  counts = num_blocks(x.shape, block)
-  pad = [(0, n * b - d) for d, b, n in zip(x.shape, block, counts)]
-  if any(hi for _, hi in pad):
-    a = jnp.pad(a, pad)
-  split = [v for n, b in zip(counts, block) for v in (n, b)]
-  a = a.reshape(split)
-  return jnp.max(a, axis=tuple(range(1, 2 * x.ndim, 2)), initial=0.0)
+  a, axes = _blocked(finite_abs(x), block)
+  return jnp.max(a, axis=axes, initial=0.0)
 
 
 def broadcast_blocks(values: jnp.ndarray, block: tuple[int, ...],
@@ -82,12 +76,25 @@ def broadcast_blocks(values: jnp.ndarray, block: tuple[int, ...],
   return full
 
 
-def block_any_nan(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
-  """Whether each block of ``x`` holds a NaN: bool array of ``num_blocks(S, block)``."""
-  nan = jnp.isnan(x).astype(jnp.float32)
+def _blocked(x: jnp.ndarray, block: tuple[int, ...]) -> tuple[jnp.ndarray, tuple[int, ...]]:
+  """``x`` zero-padded to whole blocks and reshaped to ``[n_0, b_0, n_1, b_1, ...]``, with
+  the axes to reduce over for per-block values."""
   counts = num_blocks(x.shape, block)
   pad = [(0, n * b - d) for d, b, n in zip(x.shape, block, counts)]
   if any(hi for _, hi in pad):
-    nan = jnp.pad(nan, pad)
+    x = jnp.pad(x, pad)
   split = [v for n, b in zip(counts, block) for v in (n, b)]
-  return jnp.max(nan.reshape(split), axis=tuple(range(1, 2 * x.ndim, 2)), initial=0.0) > 0
+  return x.reshape(split), tuple(range(1, 2 * len(block), 2))
+
+
+def block_any_nan(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
+  """Whether each block of ``x`` holds a NaN: bool array of ``num_blocks(S, block)``."""
+  nan, axes = _blocked(jnp.isnan(x).astype(jnp.float32), block)
+  return jnp.max(nan, axis=axes, initial=0.0) > 0
+
+
+def block_sum(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
+  """Sum of every block of ``x`` in float32 (the padding adds zeros): shape
+  ``num_blocks(S, block)``."""
+  xb, axes = _blocked(x.astype(jnp.float32), block)
+  return jnp.sum(xb, axis=axes)

@@ -70,6 +70,9 @@ class QuantSpec:
     margin: extra headroom in [-64, 64]: s is divided by 2**margin.
     backward: spec used to quantize the cotangent in the backward pass of
       ``fake_quant``; None means straight-through (identity).
+    noise_control: the noise-matched control of this quantization instead of the
+      quantization itself: every block's rounding error is replaced by unbiased random
+      noise of the same energy (see ``fp8jax.quant.noise_control``). Off by default.
   """
 
   format: str = "e4m3"
@@ -84,6 +87,7 @@ class QuantSpec:
   eps: float = 1e-12
   margin: int = 0
   backward: QuantSpec | None = None
+  noise_control: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "format", formats.canonical_format_name(self.format))
@@ -106,8 +110,9 @@ class QuantSpec:
         raise ValueError(f"two-level E4M3 scales (NVFP4) take no margin, got {self.margin}")
     if self.rounding == "stochastic" and self.scaling != "current":
       raise ValueError("stochastic rounding is available with current scaling only")
-    if not isinstance(self.store_e8m0, bool):
-      raise TypeError(f"store_e8m0 must be a bool, got {self.store_e8m0!r}")
+    for name in ("store_e8m0", "noise_control"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
     if self.scaling == "current" and (self.history_len, self.history_reduce) != (1024, "max"):
       raise ValueError("history_len and history_reduce apply to delayed scaling only")
     if self.scaling == "delayed" and self.granularity.kind != "tensor":
@@ -152,6 +157,8 @@ class QuantSpec:
     text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
     if self.rounding == "stochastic":
       text += " sr"
+    if self.noise_control:
+      text += " noise-control"
     if self.backward is not None:
       text += f" | bwd {self.backward.describe()}"
     return text

@@ -18,7 +18,7 @@ import numpy as np
 
 from fp8jax.numerics import blocks, formats, scales
 from fp8jax.numerics import spec as spec_lib
-from fp8jax.quant import delayed, rounding_bits
+from fp8jax.quant import delayed, noise_control, rounding_bits
 from fp8jax.quant import telemetry as telemetry_lib
 
 
@@ -95,6 +95,12 @@ def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
                          amax: jax.Array | None = None):
   """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``."""
   _check_input(x)
+  if spec.noise_control:  # the format's own quantization, then its error replaced
+    qt, scaled, s = quantize_with_scaled(x, spec.replace(noise_control=False), history, key,
+                                         amax)
+    noisy = noise_control.matched_noise(x, dequantize(qt, jnp.float32), qt.full_block)
+    ones = jnp.ones(qt.scale_inv.shape, jnp.float32)
+    return QTensor(noisy, ones, qt.block, qt.dtype), scaled, s
   block, s, scale_inv, tensor_scale_inv = _scales(x, spec, history, amax)
   scaled = x.astype(jnp.float32) * blocks.broadcast_blocks(s, block, x.shape)
   bits = rounding_bits.rounding_bits(x, spec, key)
@@ -129,7 +135,9 @@ def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
       caller has them (e.g. taken on another layout of ``x``); None computes them.
 
   Returns:
-    A :class:`QTensor` with ``data`` of shape ``S``.
+    A :class:`QTensor` with ``data`` of shape ``S``. With ``spec.noise_control`` its
+    ``data`` holds the noise-matched control's values in float32, with unit float32 block
+    scales (see :mod:`fp8jax.quant.noise_control`).
   """
   return quantize_with_scaled(x, spec, history, key, amax)[0]
 
@@ -177,6 +185,9 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
   x_hat = dequantize(qt)
   if not telemetry:
     return x_hat
+  if spec.noise_control:  # the telemetry describes the format's own quantization
+    qt = quantize(x, spec.replace(noise_control=False), history, key)
+    return x_hat, telemetry_lib.measure(x, scaled, qt.data, dequantize(qt), s, spec.fmt)
   return x_hat, telemetry_lib.measure(x, scaled, qt.data, x_hat, s, spec.fmt)
 
 

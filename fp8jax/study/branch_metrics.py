@@ -10,9 +10,9 @@ For a branch ``b`` and the BF16 reference branch ``r`` after update ``t`` on the
   per MoE layer and its mean over the layers (:func:`fp8jax.metrics.routing_divergence`).
 
 The noise-floor branch starts from weights perturbed at BF16 rounding level
-(:func:`perturb`), and the growth rate of a divergence series is the least-squares slope of
-its logarithm (:func:`growth_rate`). :func:`record` and :func:`row` turn a branch's
-per-step results into its ``branches.jsonl`` line on the host.
+(:func:`fp8jax.study.noise_floor.perturb`), and the growth rate of a divergence series is
+the least-squares slope of its logarithm (:func:`growth_rate`). :func:`record` and
+:func:`row` turn a branch's per-step results into its ``branches.jsonl`` line on the host.
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.metrics import aggregate
+from fp8jax.study.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
 from fp8jax.train import step as step_lib
 
-BF16_UNIT_ROUNDOFF = 2.0**-8
-"""Unit roundoff of bfloat16 (8 significant bits, round to nearest): the largest relative
-error of rounding a float32 value to bfloat16."""
 
 
 def _sums(ref_new, ref_prev, new, prev) -> jax.Array:
@@ -76,17 +74,6 @@ def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new) -> dict
   return {"param_div": g["global"]["param_div"], "update_cos": g["global"]["update_cos"],
           "routing_diff": routing, "routing_by_layer": frac,
           "by_module": g["by_module"], "by_layer": g["by_layer"]}
-
-
-def perturb(params, key: jax.Array, scale: float = BF16_UNIT_ROUNDOFF):
-  """``theta * (1 + scale * u)``, ``u ~ U(-1, 1)`` per element (a key per leaf): a random
-  relative perturbation of the size of BF16 rounding (``scale``: the unit roundoff).
-  Deterministic in ``key``; leaves keep their dtype."""
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  out = [(x.astype(jnp.float32) * (1.0 + scale * jax.random.uniform(
-      k, x.shape, jnp.float32, -1.0, 1.0))).astype(x.dtype) for x, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, out)
 
 
 def growth_rate(values: Sequence[float | None]) -> float | None:

@@ -17,6 +17,11 @@ starting from empty histories, and :meth:`~PairedEvaluator.variant` takes the re
 
     state = ev.warm_state("attn_l0_e4m3_delayed", params, window_batches, steps=4)
     result = ev.variant("attn_l0_e4m3_delayed", params, tokens, base, state)
+
+The noise floor of a batch (:mod:`fp8jax.study.noise_floor`) is the same comparison for the
+BF16 gradient at weights perturbed at BF16 rounding level::
+
+    floor = ev.floor(params, tokens, base, noise_floor.floor_key(0, step, offset, b))
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from fp8jax import metrics
 from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
+from fp8jax.study import noise_floor
 from fp8jax.train import mesh as mesh_lib
 
 
@@ -55,6 +61,15 @@ def _objective(cfg, policy, moe_impl, moe_groups):
   return loss_fn
 
 
+def _result(base: Baseline, loss, lm, aux, routing, grads, direct) -> dict:
+  """The comparison of one gradient pass against the baseline (small arrays)."""
+  finite, first = _finiteness(loss, grads)
+  result = metrics.compare_grads(base.grads, grads, base.routing, routing, direct=direct,
+                                 loss_bf16=base.loss, loss_fp8=loss)
+  return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
+          "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
+
+
 def _finiteness(loss, grads):
   """(all finite, index of the first non-finite gradient leaf or -1)."""
   leaf_ok = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
@@ -71,12 +86,17 @@ class PairedEvaluator:
     mesh: a ``data`` mesh (params replicated, batch sharded); the MoE dispatches per
       device (``moe_groups`` = the mesh size).
     moe_impl: the MoE implementation of both passes.
+    floor_scale: the relative size of the noise floor's weight perturbation.
   """
 
-  def __init__(self, cfg: ModelConfig, policies, mesh, moe_impl: str = "dispatch"):
+  def __init__(self, cfg: ModelConfig, policies, mesh, moe_impl: str = "dispatch",
+               floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF):
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
       raise ValueError(f"policy names must be distinct, got {names}")
+    if noise_floor.FLOOR in names:
+      raise ValueError(f"the policy name {noise_floor.FLOOR!r} is reserved for the noise "
+                       "floor; name the policy otherwise")
     for p in policies:
       p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     self.cfg, self.mesh = cfg, mesh
@@ -113,6 +133,9 @@ class PairedEvaluator:
 
         self.warmup_jits[name] = jax.jit(warm, in_shardings=(rep, rep, data),
                                          out_shardings=rep)
+    self.floor_scale = floor_scale
+    self.floor_jit = jax.jit(self._floor_fn(moe_impl), in_shardings=(rep, data, base, rep),
+                             out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
     grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl, self.moe_groups),
@@ -120,13 +143,23 @@ class PairedEvaluator:
 
     def variant(params, tokens, base: Baseline, delayed):
       (loss, (lm, aux, routing)), grads = grad_fp8(params, tokens, delayed)
-      finite, first = _finiteness(loss, grads)
-      result = metrics.compare_grads(base.grads, grads, base.routing, routing, direct=direct,
-                                     loss_bf16=base.loss, loss_fp8=loss)
-      return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
-              "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
+      return _result(base, loss, lm, aux, routing, grads, direct)
 
     return variant
+
+  def _floor_fn(self, moe_impl):
+    grad_bf16 = jax.value_and_grad(_objective(self.cfg, policy_lib.BF16, moe_impl,
+                                              self.moe_groups), has_aux=True)
+
+    def floor(params, tokens, base: Baseline, key):
+      moved = noise_floor.perturb(params, key, self.floor_scale)
+      (loss, (lm, aux, routing)), grads = grad_bf16(moved, tokens)
+      out = _result(base, loss, lm, aux, routing, grads, None)
+      out["perturbation_norm"] = optax.tree.norm(jax.tree.map(
+          lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), moved, params))
+      return out
+
+    return floor
 
   def baseline(self, params, tokens) -> Baseline:
     return mesh_lib.under_mesh(self.baseline_jit, self.mesh)(params, tokens)
@@ -138,6 +171,12 @@ class PairedEvaluator:
     delayed = self.empty_state[name] if delayed is None else delayed
     return mesh_lib.under_mesh(self.variant_jits[name], self.mesh)(params, tokens, base,
                                                                    delayed)
+
+  def floor(self, params, tokens, base: Baseline, key) -> dict:
+    """The noise floor against ``base``: the BF16 gradient at weights perturbed at BF16
+    rounding level with ``key`` (:mod:`fp8jax.study.noise_floor`), compared like a policy
+    (:meth:`variant`'s result, plus ``perturbation_norm``, the perturbation's L2 norm)."""
+    return mesh_lib.under_mesh(self.floor_jit, self.mesh)(params, tokens, base, key)
 
   def warm_state(self, name: str, params, window, steps: int):
     """The amax histories of policy ``name`` after ``steps`` warm-up passes (forward and

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 import sys
 
@@ -46,7 +47,7 @@ from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import paired, results_io
+from fp8jax.study import noise_floor, paired, results_io
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import metrics_log, multihost, run_config
@@ -66,18 +67,33 @@ class Windows:
 
 def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
   """Policies from names/expressions; a grid name of :data:`fp8jax.models.policy.GRIDS`
-  (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth."""
+  (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth, and
+  ``noise(GRID)`` to the noise-matched control of each of its policies
+  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`)."""
   out = []
   for spec in specs:
-    grid = policy_lib.GRIDS.get(spec)
+    spec = spec.strip()
+    inner = spec[len("noise("):-1] if spec.startswith("noise(") and spec.endswith(")") else ""
+    grid = policy_lib.GRIDS.get(inner or spec)
     if grid is None:
       out.append(policy_lib.parse_policy(spec))
       continue
-    out.extend(dataclasses.replace(policy_lib.parse_policy(expr), name=name)
-               for name, expr in grid(num_layers).items())
+    for name, expr in grid(num_layers).items():
+      pol = dataclasses.replace(policy_lib.parse_policy(expr), name=name)
+      out.append(policy_lib.noise_policy(pol) if inner else pol)
   if not out:
     raise ValueError("no policies to compare")
   return out
+
+
+def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
+  """A policy's ``meta.json`` entry: its expression, directly quantized modules and kind
+  (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it controls)."""
+  entry = {"expr": expression(policy),
+           "direct": sorted(metrics.direct_modules(policy, num_layers)), "kind": "policy"}
+  if policy_lib.is_noise_control(policy):
+    entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
+  return entry
 
 
 def data_config(train_cfg, data: dict | None = None) -> dict:
@@ -181,9 +197,15 @@ DELAYED_WARMUP = 4
 def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
         stream=None, data: dict | None = None, allow_other_data: bool = False,
-        delayed_warmup: int = DELAYED_WARMUP) -> dict:
+        delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
+        floor_seed: int = 0) -> dict:
   """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
+
+  ``floor``: also write the noise floor of every (checkpoint, batch) as rows of the
+  reserved policy ``floor`` (:mod:`fp8jax.study.noise_floor`; perturbation keys from
+  ``floor_seed`` and the batch's step, offset and index): one more BF16 gradient per
+  (checkpoint, batch).
 
   ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
   histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
@@ -223,14 +245,17 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   check_data(ckpt, steps, data_id, allow_other_data)
   batches = eval_batches(train_cfg, windows, data)
   meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
-          "policies": {p.name: {"expr": expression(p),
-                                "direct": sorted(metrics.direct_modules(
-                                    p, cfg.num_hidden_layers)),
+          "policies": {p.name: {**policy_meta(p, cfg.num_hidden_layers),
                                 **({"delayed_warmup": delayed_warmup}
                                    if delayed_sites.sites(cfg, p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
           "code_version": ckpt_lib.code_version()}
+  if floor:
+    meta["policies"][noise_floor.FLOOR] = {
+        "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
+        "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
   evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)  # checks the policies
+  names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   try:
     output, refused = _Output(out, meta, write=multihost.is_main()), None
   except ValueError as e:  # process 0 checks the folder: every process stops with it
@@ -244,10 +269,10 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   # Process 0's view of the missing rows, so that every process runs the same computations.
   cells = [(s, k) for s in steps for k in batches]
   missing = multihost.broadcast(np.array(
-      [[(s, *k) not in output.base_nonfinite and (s, *k, p.name) not in output.rows
-        for p in pols] for s, k in cells], np.int32).reshape(len(cells), len(pols)))
+      [[(s, *k) not in output.base_nonfinite and (s, *k, n) not in output.rows
+        for n in names] for s, k in cells], np.int32).reshape(len(cells), len(names)))
   todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
-  todo_pols = {(s, k): [p for p, m in zip(pols, row) if m]
+  todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
                for (s, k), row in zip(cells, missing)}
   progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
   written, skipped, warm = 0, {}, {}
@@ -271,25 +296,28 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
           output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
                                                            for k, v in norms.items()}})
         warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
-      for p in todo_pols[(step, key)]:
-        if evaluator.empty_state[p.name] and (key[0], p.name) not in warm:
-          warm[(key[0], p.name)] = evaluator.warm_state(p.name, params, window(key[0]),
-                                                        delayed_warmup)
+      for n in todo_pols[(step, key)]:
+        if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
+          warm[(key[0], n)] = evaluator.warm_state(n, params, window(key[0]), delayed_warmup)
       written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
                            mesh_lib.global_batch(batches[key], mesh),
-                           {p.name: warm.get((key[0], p.name)) for p in todo_pols[(step, key)]})
+                           {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
+                           floor_seed)
+      done_here = todo_pols[(step, key)]
+      n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
       progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
-                       f"{len(todo_pols[(step, key)])} policies")
+                       f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
   finally:
     ckpt.close()
   return {"rows_written": written, "out": str(out), "skipped": skipped}
 
 
-def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens,
-              delayed: dict) -> int:
-  """The baseline and the rows of ``pols`` (those missing) of one (checkpoint, batch), with
-  each policy's amax histories ``delayed[name]`` (None: none); returns the number of rows
-  written (none when the BF16 baseline is non-finite)."""
+def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
+              delayed: dict, floor_seed: int = 0) -> int:
+  """The baseline and the rows of the policies ``names`` (those missing; the floor
+  included) of one (checkpoint, batch), with each policy's amax histories
+  ``delayed[name]`` (None: none); returns the number of rows written (none when the BF16
+  baseline is non-finite)."""
   ids = {"step": step, "offset": key[0], "batch": key[1]}
   base = evaluator.baseline(params, tokens)
   if (step, *key) not in output.base:
@@ -297,9 +325,13 @@ def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens,
   if not bool(jax.device_get(base.finite)):
     return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
   written = 0
-  for p in pols:
-    res = jax.device_get(evaluator.variant(p.name, params, tokens, base, delayed[p.name]))
-    row, details = _result_rows(res, params, {**ids, "policy": p.name})
+  for name in names:
+    if name == noise_floor.FLOOR:
+      res = jax.device_get(evaluator.floor(params, tokens, base, noise_floor.floor_key(
+          floor_seed, step, *key)))
+    else:
+      res = jax.device_get(evaluator.variant(name, params, tokens, base, delayed[name]))
+    row, details = _result_rows(res, params, {**ids, "policy": name})
     output.append("details.jsonl", details)
     output.append("rows.jsonl", row)
     written += 1
@@ -307,7 +339,10 @@ def _evaluate(evaluator, output: _Output, pols, step: int, key, params, tokens,
 
 
 def expression(policy: policy_lib.PrecisionPolicy) -> str:
-  """The site rules of a policy as an expression (``site@layers:format``)."""
+  """The site rules of a policy as an expression (``site@layers:format``; a noise-matched
+  control as ``noise(...)`` of its policy's expression)."""
+  if policy_lib.is_noise_control(policy):
+    return f"noise({expression(policy_lib.control_base(policy))})"
   terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
            f"{r.spec.format}/{r.spec.granularity.kind}{_delayed_suffix(r.spec)}"
            for r in policy.rules]
@@ -345,6 +380,10 @@ def _result_rows(res: dict, params, ids: dict) -> tuple[dict, dict]:
   row = metrics.flat_row(res["compare"], {**ids, "finite": finite, "nonfinite": where})
   row["lm_loss_fp8"] = float(res["lm_loss_fp8"])
   row["aux_loss_fp8"] = float(res["aux_loss_fp8"])
+  if "perturbation_norm" in res:  # the noise floor: its curvature signal
+    delta = float(res["perturbation_norm"])
+    row["perturbation_norm"] = delta
+    row["curvature"] = float(row["diff_norm"]) / delta if delta > 0 else math.nan
   for layer, div in res["routing"].items():
     for k in ("topk_set_diff_frac", "n_only_a", "n_only_b"):
       row[f"routing/{layer}/{k}"] = float(div[k])
