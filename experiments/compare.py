@@ -9,8 +9,9 @@
 (``attn@0-8:e4m3+gemm:fp32_blockwise``, ``attn@0:e4m3/delayed(h=1024,reduce=max,margin=0)``),
 comma- or space-separated; ``noise(GRID)`` or ``noise(EXPR)`` adds noise-matched controls
 (each quantization error replaced by random noise of the same energy per block). Every
-(checkpoint, batch) also gets the noise floor (``--nofloor`` leaves it out). A delayed-scaling policy's amax histories come from
-``--delayed_warmup`` warm-up passes over each evaluation window. The sweep resumes when
+(checkpoint, batch) also gets the noise floor (``--nofloor`` leaves it out). A
+delayed-scaling policy's amax histories come from ``--delayed_warmup`` warm-up passes over
+each evaluation window. The sweep resumes when
 rerun with the same ``--out``. The evaluation batches come from the training run's data
 (or ``--data``: a prepared folder or shards); data other than the checkpoints were trained
 on is refused unless ``--allow_other_data``.
@@ -55,6 +56,9 @@ _DELAYED_WARMUP = flags.DEFINE_integer(
 _FLOOR = flags.DEFINE_bool("floor", True, "Also compare BF16 against BF16 at weights "
                            "perturbed at BF16 rounding level (the noise floor, rows of the "
                            "policy 'floor'): one more BF16 gradient per checkpoint and batch.")
+_TELEMETRY = flags.DEFINE_bool("telemetry", True, "Record the block-scale telemetry of the "
+                               "GEMM recipes' forward operands (scales, saturated, underflowing "
+                               "and all-zero blocks, kurtosis) in their rows.")
 _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
                                   "Skip checkpoints that fail verification (corrupt or "
                                   "incomplete; they get no rows) instead of stopping.")
@@ -78,7 +82,8 @@ def main(argv):
                         skip_corrupt=_SKIP_CORRUPT.value,
                         data=pipeline.override(_DATA.value) if _DATA.value else None,
                         allow_other_data=_ALLOW_OTHER_DATA.value,
-                        delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value)
+                        delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value,
+                        telemetry=_TELEMETRY.value)
   except integrity.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",

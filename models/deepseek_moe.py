@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 import fp8jax
 from fp8jax.gemm import grouped as grouped_gemm
+from fp8jax.gemm import operand_telemetry
 from fp8jax.kernels import grouped_gpu
 from fp8jax.models import delayed_sites, moe
 from fp8jax.models import policy as policy_lib
@@ -52,13 +53,28 @@ def _linear(cfg, d_in, d_out, rngs):
                     rngs=rngs)
 
 
-def linear(layer: nnx.Linear, x: jax.Array, policy: policy_lib.PrecisionPolicy):
-  """A bias-free linear layer, through the simulated FP8 GEMM when ``policy.gemm``."""
+def linear(layer: nnx.Linear, x: jax.Array, policy: policy_lib.PrecisionPolicy,
+           record=None, name: str = ""):
+  """A bias-free linear layer, through the simulated FP8 GEMM when ``policy.gemm``.
+  ``record``: None, or a ``(name, value)`` callable that takes the telemetry sums of the
+  GEMM's forward operands (``{"input": ..., "weight": ...}``,
+  :mod:`fp8jax.gemm.operand_telemetry`)."""
   if policy.gemm is None:
     return layer(x)
   kernel = layer.kernel[...].astype(x.dtype)
+  if record is not None and policy.gemm.fprop != "bf16":  # W^T: contraction-last [N, K]
+    roles = policy.gemm.roles
+    record(name, {"input": operand_telemetry.operand_sums(x, roles.input),
+                  "weight": operand_telemetry.operand_sums(kernel.T, roles.weight)})
   return fp8jax.fp8_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                                 config=policy.gemm)
+
+
+def _named(record, prefix: str):
+  """``record`` (a ``(name, value)`` callable, or None) for the children of ``prefix``."""
+  if record is None:
+    return None
+  return lambda name, value: record(f"{prefix}/{name}", value)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -115,15 +131,16 @@ class Attention(nnx.Module):
     self.v_proj = _linear(cfg, d, d_kv, rngs)
     self.o_proj = _linear(cfg, d, d, rngs)
 
-  def __call__(self, x, policy):
+  def __call__(self, x, policy, record=None):
     b, s, _ = x.shape
     h, kv, hd = self.cfg.num_attention_heads, self.cfg.kv_heads, self.cfg.head_dim
     pos = jnp.arange(s)
-    q = rope(linear(self.q_proj, x, policy).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
-    k = rope(linear(self.k_proj, x, policy).reshape(b, s, kv, hd), pos, self.cfg.rope_theta)
-    v = linear(self.v_proj, x, policy).reshape(b, s, kv, hd)
+    proj = lambda name, v: linear(getattr(self, name), v, policy, record, name)  # noqa: E731
+    q = rope(proj("q_proj", x).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
+    k = rope(proj("k_proj", x).reshape(b, s, kv, hd), pos, self.cfg.rope_theta)
+    v = proj("v_proj", x).reshape(b, s, kv, hd)
     out = attention_core(q, k, v, self.cfg.attention_impl).reshape(b, s, h * hd)
-    return linear(self.o_proj, out, policy)
+    return proj("o_proj", out)
 
 
 class MLP(nnx.Module):
@@ -134,9 +151,10 @@ class MLP(nnx.Module):
     self.up_proj = _linear(cfg, cfg.hidden_size, width, rngs)
     self.down_proj = _linear(cfg, width, cfg.hidden_size, rngs)
 
-  def __call__(self, x, policy):
-    hidden = jax.nn.silu(linear(self.gate_proj, x, policy)) * linear(self.up_proj, x, policy)
-    return linear(self.down_proj, hidden, policy)
+  def __call__(self, x, policy, record=None):
+    proj = lambda name, v: linear(getattr(self, name), v, policy, record, name)  # noqa: E731
+    hidden = jax.nn.silu(proj("gate_proj", x)) * proj("up_proj", x)
+    return proj("down_proj", hidden)
 
 
 DISPATCH_IMPLS = ("dispatch", "pallas")
@@ -199,7 +217,7 @@ class MoE(nnx.Module):
     self.shared_experts = (MLP(cfg, cfg.n_shared_experts * cfg.moe_intermediate_size, rngs)
                            if cfg.n_shared_experts else None)
 
-  def __call__(self, x, site, impl: str, policy, groups: int = 1):
+  def __call__(self, x, site, impl: str, policy, groups: int = 1, record=None):
     """x [B, S, d] -> (output [B, S, d], routing dict, scores [T, E]).
 
     ``groups`` > 1 splits the batch into that many groups of whole sequences, each
@@ -217,6 +235,8 @@ class MoE(nnx.Module):
     dt = x.dtype
     args = (experts_in, weights, ids, self.experts_gate[...].astype(dt),
             self.experts_up[...].astype(dt), self.experts_down[...].astype(dt))
+    if record is not None and policy.gemm is not None and policy.gemm.fprop != "bf16":
+      record("experts", _experts_telemetry(args, policy.gemm.roles))
     if impl == "reference":
       if policy.gemm is not None:
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
@@ -232,10 +252,24 @@ class MoE(nnx.Module):
     routed = site("moe_routed_out", routed.reshape(b, s, d))
     out = routed
     if self.shared_experts is not None:
-      out = out + site("moe_shared_out", self.shared_experts(x, policy))
+      out = out + site("moe_shared_out",
+                       self.shared_experts(x, policy, _named(record, "shared_experts")))
     routing = {"topk_ids": ids.reshape(b, s, -1), "topk_weights": weights.reshape(b, s, -1),
                "expert_counts": moe.expert_counts(ids, self.cfg.n_routed_experts)}
     return site("moe_out", out), routing, scores
+
+
+def _experts_telemetry(args, roles) -> dict:
+  """Telemetry sums of the routed experts' forward operands: their input rows (each token
+  once, not once per chosen expert: 1 x K tiles and tensor amaxes do not depend on the
+  rows' order or repeats) and each stacked weight as the grouped GEMM quantizes it (W_e^T
+  [E, N, K], each expert a tensor of its own). The down projection's input rows are
+  inside the dispatch and not recorded."""
+  rows, _, _, gate, up, down = args
+  swap = lambda w: jnp.swapaxes(w, -1, -2)  # noqa: E731
+  return {"input": operand_telemetry.operand_sums(rows, roles.input),
+          **{f"weight_{n}": operand_telemetry.expert_sums(swap(w), roles.weight)
+             for n, w in (("gate", gate), ("up", up), ("down", down))}}
 
 
 class DecoderLayer(nnx.Module):
@@ -262,8 +296,10 @@ class DeepseekMoE(nnx.Module):
 
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
-               moe_groups: int = 1, delayed_state=None):
+               moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False):
     cfg = self.cfg
+    gemm_tel = {}
+    record = (lambda name, value: gemm_tel.__setitem__(name, value)) if gemm_telemetry else None
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
     tel = {}
@@ -283,21 +319,26 @@ class DeepseekMoE(nnx.Module):
         return fp8jax.fake_quant(x, spec, state)
 
       lp = policy.at_layer(i, cfg.num_hidden_layers)  # the GEMM recipe, where it applies
-      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), lp))
+      rec = _named(record, f"layers/{i}")
+      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), lp,
+                                               _named(rec, "self_attn")))
       x = layer.post_attention_layernorm(h)
       if layer.is_moe:
-        out, routing[i], scores = layer.mlp(x, site, moe_impl, lp, moe_groups)
+        out, routing[i], scores = layer.mlp(x, site, moe_impl, lp, moe_groups,
+                                            _named(rec, "mlp"))
         if train and cfg.aux_loss_alpha > 0:
           aux_losses[i] = moe.balance_loss(scores, routing[i]["topk_ids"].reshape(
               scores.shape[0], -1), tokens.shape[0], cfg.aux_loss_alpha, cfg.seq_aux)
       else:
-        out = site("mlp_out", layer.mlp(x, lp))
+        out = site("mlp_out", layer.mlp(x, lp, _named(rec, "mlp")))
       h = h + out
     logits = self.lm_head(self.norm(h)).astype(jnp.float32)
     aux = {"aux_loss": sum(aux_losses.values(), jnp.float32(0)),
            "aux_loss_per_layer": aux_losses, "routing": routing}
     if telemetry:
       aux["telemetry"] = tel
+    if gemm_telemetry:
+      aux["gemm_telemetry"] = gemm_tel
     return logits, aux
 
 
@@ -322,7 +363,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
           moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
-          delayed_state=None):
+          delayed_state=None, gemm_telemetry: bool = False):
   """Forward pass.
 
   Args:
@@ -339,6 +380,11 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     delayed_state: the amax histories of the policy's delayed-scaled sites
       (:func:`fp8jax.models.delayed_sites.init`; None or ``{}`` when it has none). Their
       update is the gradient with respect to it (see :mod:`fp8jax.models.delayed_sites`).
+    gemm_telemetry: also return the block-scale telemetry sums of the GEMM recipe's forward
+      operands (:mod:`fp8jax.gemm.operand_telemetry`), as ``aux["gemm_telemetry"]``:
+      ``{"layers/<i>/<module path>": {"input": sums, "weight": sums}}`` (the routed
+      experts: ``layers/<i>/mlp/experts`` with ``weight_gate``, ``weight_up``,
+      ``weight_down``); empty without a GEMM recipe.
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -350,7 +396,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   nnx.replace_by_pure_dict(state, params)
   model = nnx.merge(graphdef, state)
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
-               moe_groups=moe_groups, delayed_state=delayed_state)
+               moe_groups=moe_groups, delayed_state=delayed_state,
+               gemm_telemetry=gemm_telemetry)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

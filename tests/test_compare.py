@@ -161,6 +161,14 @@ def test_formats_grid_end_to_end(train_run, tmp_path):
   assert all(r["finite"] for r in rows)
   assert min(by[p]["rel_err"] for p in pols[1:]) > by[pols[0]]["rel_err"]
   assert min(by[p]["rel_err"] for p in pols) > by["floor"]["rel_err"]
+  for p in pols:  # the operands' block-scale telemetry (tests/test_operand_telemetry.py)
+    fracs = [by[p][f"tel/{k}"] for k in ("saturated_frac", "underflow_frac", "zero_block_frac")]
+    assert all(0 <= f <= 1 for f in fracs) and by[p]["tel/kurtosis"] > 1
+    assert by[p]["tel/scale_log2_p05"] <= by[p]["tel/scale_log2_p50"] <= by[p][
+        "tel/scale_log2_p95"]
+  assert by["gemm:fp32_blockwise"]["tel/saturated_frac"] == 0  # FP32 scales: amax -> max
+  assert by["gemm:mxfp4"]["tel/saturated_frac"] > 0  # the OCP rule clips up to a binade
+  assert "tel/kurtosis" not in by["floor"]
   text = report.write_report(out).read_text()
   section = text.split("## 5. Format width")[1].split("\n## ")[0]
   assert "grows by a factor" in section and "(`mxfp4`) | 4 |" in section

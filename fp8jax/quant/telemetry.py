@@ -66,7 +66,7 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
   flushed = nonzero & (payload.astype(jnp.float32) == 0)
   signal = jnp.sum(x0 * x0) / n_finite
   noise = jnp.sum(err * err) / n_finite
-  overflow = _saturates(jnp.abs(scaled.astype(jnp.float32)), fmt)
+  overflow = saturates(jnp.abs(scaled.astype(jnp.float32)), fmt)
   snr = jnp.where(noise > 0, 10.0 * jnp.log10(signal / jnp.where(noise > 0, noise, 1.0)),
                   jnp.inf)
   return QuantTelemetry(
@@ -83,7 +83,7 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
   )
 
 
-def _saturates(a: jax.Array, fmt) -> jax.Array:
+def saturates(a: jax.Array, fmt) -> jax.Array:
   """|v| = ``a`` rounds past ``fmt.max``: above the midpoint to the next binade value, or
   on it when max's last mantissa bit is odd (ties to even go up). NaN: False."""
   half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)

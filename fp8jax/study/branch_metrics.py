@@ -31,7 +31,6 @@ from fp8jax.study.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
 from fp8jax.train import step as step_lib
 
 
-
 def _sums(ref_new, ref_prev, new, prev) -> jax.Array:
   """float32 [5] per leaf: ||b - r||^2, ||r||^2, <d_b, d_r>, ||d_b||^2, ||d_r||^2."""
   f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from fp8jax import metrics
+from fp8jax.gemm import operand_telemetry
 from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
@@ -52,12 +53,16 @@ class Baseline(NamedTuple):
   nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
 
 
-def _objective(cfg, policy, moe_impl, moe_groups):
+def _objective(cfg, policy, moe_impl, moe_groups, telemetry: bool = False):
+  """The training objective; its aux: LM loss, balance loss, routing and, with
+  ``telemetry``, the GEMM recipe's operand telemetry sums (``{}`` without a recipe)."""
   def loss_fn(params, tokens, delayed=None):
     logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
-                                     moe_groups=moe_groups, delayed_state=delayed)
+                                     moe_groups=moe_groups, delayed_state=delayed,
+                                     gemm_telemetry=telemetry and policy.gemm is not None)
     lm = deepseek_moe.lm_loss(logits, tokens)
-    return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"])
+    return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"],
+                                  aux.get("gemm_telemetry", {}))
   return loss_fn
 
 
@@ -68,6 +73,17 @@ def _result(base: Baseline, loss, lm, aux, routing, grads, direct) -> dict:
                                  loss_bf16=base.loss, loss_fp8=loss)
   return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
           "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
+
+
+def _telemetry(tel: dict) -> dict:
+  """``{"global": stats, "<operand path>/<role>": stats}`` of the operand telemetry sums
+  ``{path: {role: sums}}`` (:mod:`fp8jax.gemm.operand_telemetry`); global over every
+  recorded operand."""
+  parts = {f"{path}/{role}": sums for path, roles in tel.items()
+           for role, sums in roles.items()}
+  out = {k: operand_telemetry.summarize(v) for k, v in parts.items()}
+  out["global"] = operand_telemetry.summarize(operand_telemetry.add(*parts.values()))
+  return out
 
 
 def _finiteness(loss, grads):
@@ -87,10 +103,14 @@ class PairedEvaluator:
       device (``moe_groups`` = the mesh size).
     moe_impl: the MoE implementation of both passes.
     floor_scale: the relative size of the noise floor's weight perturbation.
+    telemetry: record the block-scale telemetry of the GEMM recipes' forward operands
+      (:mod:`fp8jax.gemm.operand_telemetry`) in the results of policies with a recipe. It
+      adds a few reductions per operand and compile time (on a CPU, about half again of
+      the policy's compilation).
   """
 
   def __init__(self, cfg: ModelConfig, policies, mesh, moe_impl: str = "dispatch",
-               floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF):
+               floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True):
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
       raise ValueError(f"policy names must be distinct, got {names}")
@@ -99,7 +119,7 @@ class PairedEvaluator:
                        "floor; name the policy otherwise")
     for p in policies:
       p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
-    self.cfg, self.mesh = cfg, mesh
+    self.cfg, self.mesh, self.telemetry = cfg, mesh, telemetry
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
     self.moe_groups = mesh.devices.size
@@ -107,7 +127,7 @@ class PairedEvaluator:
                                    has_aux=True)
 
     def baseline(params, tokens):
-      (loss, (lm, aux, routing)), grads = grad_bf16(params, tokens)
+      (loss, (lm, aux, routing, _)), grads = grad_bf16(params, tokens)
       return Baseline(loss, lm, aux, grads, optax.tree.norm(grads), routing,
                       *_finiteness(loss, grads))
 
@@ -138,12 +158,15 @@ class PairedEvaluator:
                              out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
-    grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl, self.moe_groups),
-                                  has_aux=True)
+    grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl, self.moe_groups,
+                                             self.telemetry), has_aux=True)
 
     def variant(params, tokens, base: Baseline, delayed):
-      (loss, (lm, aux, routing)), grads = grad_fp8(params, tokens, delayed)
-      return _result(base, loss, lm, aux, routing, grads, direct)
+      (loss, (lm, aux, routing, tel)), grads = grad_fp8(params, tokens, delayed)
+      out = _result(base, loss, lm, aux, routing, grads, direct)
+      if tel:
+        out["telemetry"] = _telemetry(tel)
+      return out
 
     return variant
 
@@ -153,7 +176,7 @@ class PairedEvaluator:
 
     def floor(params, tokens, base: Baseline, key):
       moved = noise_floor.perturb(params, key, self.floor_scale)
-      (loss, (lm, aux, routing)), grads = grad_bf16(moved, tokens)
+      (loss, (lm, aux, routing, _)), grads = grad_bf16(moved, tokens)
       out = _result(base, loss, lm, aux, routing, grads, None)
       out["perturbation_norm"] = optax.tree.norm(jax.tree.map(
           lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), moved, params))

@@ -198,14 +198,16 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
         stream=None, data: dict | None = None, allow_other_data: bool = False,
         delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
-        floor_seed: int = 0) -> dict:
+        floor_seed: int = 0, telemetry: bool = True) -> dict:
   """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
 
   ``floor``: also write the noise floor of every (checkpoint, batch) as rows of the
   reserved policy ``floor`` (:mod:`fp8jax.study.noise_floor`; perturbation keys from
   ``floor_seed`` and the batch's step, offset and index): one more BF16 gradient per
-  (checkpoint, batch).
+  (checkpoint, batch). ``telemetry``: record the block-scale telemetry of the GEMM
+  recipes' forward operands (``tel/*`` fields of their rows, per operand in the details;
+  :mod:`fp8jax.gemm.operand_telemetry`).
 
   ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
   histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
@@ -254,7 +256,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
-  evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl)  # checks the policies
+  evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl,  # checks the policies
+                                     telemetry=telemetry)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   try:
     output, refused = _Output(out, meta, write=multihost.is_main()), None
@@ -390,4 +393,8 @@ def _result_rows(res: dict, params, ids: dict) -> tuple[dict, dict]:
   details = {**ids, "per_param": metrics.per_param(res["compare"]),
              "module_layer": {k: float(v) for k, v in
                               res["compare"]["by_module_layer"].column("diff_norm").items()}}
+  if "telemetry" in res:  # a GEMM recipe: its operands' block-scale telemetry
+    tel = {k: {m: float(v) for m, v in st.items()} for k, st in res["telemetry"].items()}
+    row.update({f"tel/{m}": v for m, v in tel.pop("global").items()})
+    details["telemetry"] = tel
   return row, details

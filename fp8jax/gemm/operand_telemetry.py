@@ -1,0 +1,105 @@
+"""Per-block scale telemetry of a GEMM recipe's operands (pure JAX, jittable).
+
+For one operand in the contraction-last layout the GEMM quantizes it in (X [..., K] with
+the input role's spec, W^T [N, K] or [E, N, K] with the weight role's), :func:`operand_sums`
+returns additive sums over its scale blocks, so that operands (and experts) combine by
+addition and :func:`summarize` turns any total into the recorded statistics:
+
+- ``saturated_frac``: the share of blocks with an element that the saturating cast clips
+  (possible with power-of-two scale rules and delayed scaling);
+- ``underflow_frac``: the share of blocks with a nonzero finite element flushed to zero;
+- ``zero_block_frac``: the share of all-zero blocks (their scale is arbitrary);
+- ``scale_log2_p05`` / ``p50`` / ``p95``: quantiles of ``floor(log2)`` of the blocks'
+  effective dequantization scale (``scale_inv``, times the tensor level of two-level NVFP4
+  scales), over the nonzero blocks;
+- ``kurtosis``: ``E[q^4] / E[q^2]^2`` of the dequantized operand ``q`` (3 for a Gaussian;
+  large for outlier-heavy activations), over its finite elements.
+
+The sums are taken on ``stop_gradient`` of the operand: recording them changes no
+gradient. Telemetry describes the format's own quantization, also for a noise control.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from fp8jax.numerics import blocks
+from fp8jax.numerics import spec as spec_lib
+from fp8jax.quant import qtensor
+from fp8jax.quant import telemetry as telemetry_lib
+
+LOG2_LOW, LOG2_BINS = -160, 320
+"""The log2-scale histogram covers floor(log2 scale) in [LOG2_LOW, LOG2_LOW + LOG2_BINS)."""
+
+COUNTS = ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elements",
+          "sum_q2", "sum_q4", "kurtosis_sum", "operands")
+"""The additive scalar sums of :func:`operand_sums` (float32); plus ``log2_hist``."""
+
+
+def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
+  """Additive telemetry sums of quantizing ``x`` (contraction-last, any rank) with
+  ``spec``: the :data:`COUNTS` scalars and ``log2_hist`` float32 [LOG2_BINS]."""
+  x = lax.stop_gradient(x)
+  spec = spec.replace(noise_control=False)
+  qt, scaled, _ = qtensor.quantize_with_scaled(x, spec)
+  block = qt.full_block
+  f32 = jnp.float32
+  amax = blocks.block_amax(x, block)
+  sat = telemetry_lib.saturates(jnp.abs(scaled), spec.fmt).astype(f32)
+  live = jnp.isfinite(x) & (x != 0)
+  flushed = (live & (qtensor.payload_f32(qt.data) == 0)).astype(f32)
+  scale = qt.scale_inv.astype(f32)
+  if qt.tensor_scale_inv is not None:
+    scale = scale * qt.tensor_scale_inv
+  nonzero = amax > 0
+  bins = jnp.clip(jnp.floor(jnp.log2(jnp.where(nonzero, scale, 1.0))) - LOG2_LOW, 0,
+                  LOG2_BINS - 1).astype(jnp.int32)
+  hist = jnp.zeros(LOG2_BINS, f32).at[bins.ravel()].add(nonzero.astype(f32).ravel())
+  q = qtensor.dequantize(qt, f32)
+  q = jnp.where(jnp.isfinite(q), q, 0.0)
+  n = jnp.sum(jnp.isfinite(x), dtype=f32)
+  q2, q4 = jnp.sum(q * q), jnp.sum(q ** 4)
+  kurtosis = jnp.where(q2 > 0, n * q4 / jnp.where(q2 > 0, q2 * q2, 1.0), 0.0)
+  return {"blocks": f32(amax.size),
+          "saturated_blocks": jnp.sum(blocks.block_sum(sat, block) > 0, dtype=f32),
+          "underflow_blocks": jnp.sum(blocks.block_sum(flushed, block) > 0, dtype=f32),
+          "zero_blocks": jnp.sum(~nonzero, dtype=f32), "elements": n, "sum_q2": q2,
+          "sum_q4": q4, "kurtosis_sum": kurtosis, "operands": f32(1), "log2_hist": hist}
+
+
+def expert_sums(w_t: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
+  """:func:`operand_sums` of stacked expert weights [E, N, K], each expert quantized as a
+  tensor of its own (as the grouped GEMM does), summed over the experts (``operands``
+  counts one)."""
+  per = jax.vmap(lambda w: operand_sums(w, spec))(w_t)
+  out = {k: jnp.sum(v, axis=0) for k, v in per.items()}
+  out["kurtosis_sum"] = out["kurtosis_sum"] / w_t.shape[0]
+  out["operands"] = jnp.float32(1)
+  return out
+
+
+def add(*sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The sums of several operands together."""
+  return {k: sum(s[k] for s in sums) for k in sums[0]}
+
+
+def _quantile(hist: jax.Array, q: float) -> jax.Array:
+  """floor(log2 scale) at quantile ``q`` of the histogram (NaN when it is empty)."""
+  cdf = jnp.cumsum(hist)
+  total = cdf[-1]
+  idx = jnp.argmax(cdf >= q * total)
+  return jnp.where(total > 0, (idx + LOG2_LOW).astype(jnp.float32), jnp.nan)
+
+
+def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The statistics of the module docstring from (added) sums (float32 scalars)."""
+  ratio = lambda a, b: jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), jnp.nan)  # noqa: E731
+  out = {"saturated_frac": ratio(sums["saturated_blocks"], sums["blocks"]),
+         "underflow_frac": ratio(sums["underflow_blocks"], sums["blocks"]),
+         "zero_block_frac": ratio(sums["zero_blocks"], sums["blocks"]),
+         "kurtosis": ratio(sums["kurtosis_sum"], sums["operands"])}
+  for q in (5, 50, 95):
+    out[f"scale_log2_p{q:02d}"] = _quantile(sums["log2_hist"], q / 100)
+  return out
