@@ -1,0 +1,65 @@
+"""Block-scale telemetry of GEMM operands against a NumPy/ml_dtypes reference.
+
+The reference quantizes E4M3 1x128 tiles with FP32 scales (s = 448 / amax) by an
+ml_dtypes cast, block by block, and counts in float64.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+import fp8jax
+from fp8jax.gemm import operand_telemetry as ot
+
+
+def reference(x: np.ndarray, tile: int = 128) -> dict:
+  rows, cols = x.shape
+  scales, sat, under, zero, q = [], 0, 0, 0, np.zeros_like(x, np.float64)
+  n_blocks = rows * (-(-cols // tile))
+  for r in range(rows):
+    for c0 in range(0, cols, tile):
+      blk = x[r, c0:c0 + tile].astype(np.float64)
+      amax = np.max(np.abs(blk))
+      if amax == 0:
+        zero += 1
+        continue
+      s = np.float32(448.0) / np.float32(amax)
+      scaled = (blk.astype(np.float32) * s)
+      pay = scaled.astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+      sat += bool(np.any(np.abs(scaled) > 464))  # 448 + half an ulp of the top binade
+      under += bool(np.any((blk != 0) & (pay == 0)))
+      q[r, c0:c0 + tile] = pay * np.float64(np.float32(1) / s)
+      scales.append(np.floor(np.log2(np.float32(1) / s)))
+  kurt = q.size * np.sum(q ** 4) / np.sum(q ** 2) ** 2
+  return {"saturated_frac": sat / n_blocks, "underflow_frac": under / n_blocks,
+          "zero_block_frac": zero / n_blocks, "kurtosis": kurt,
+          "scale_log2_p50": np.sort(scales)[int(np.ceil(0.5 * len(scales))) - 1]}
+
+
+def test_operand_telemetry_matches_the_reference():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((12, 384)).astype(np.float32)
+  x *= np.exp(3 * rng.standard_normal((12, 1))).astype(np.float32)  # rows of other scales
+  x[3, :128] = 0.0                       # an all-zero block
+  x[5, 130] = 1e-9 * np.abs(x[5, 128:256]).max()  # flushed to zero beside a large amax
+  spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.tile(128))
+  got = jax.device_get(ot.summarize(ot.operand_sums(jnp.asarray(x), spec)))
+  want = reference(x)
+  assert want["underflow_frac"] > 0 and want["zero_block_frac"] > 0
+  for k, v in want.items():
+    np.testing.assert_allclose(float(got[k]), v, rtol=1e-4, err_msg=k)
+
+
+def test_operand_sums_add_up_and_do_not_touch_gradients():
+  spec = fp8jax.preset("mxfp4")
+  a = jax.random.normal(jax.random.key(0), (4, 64))
+  b = jax.random.normal(jax.random.key(1), (8, 64)) * 1e3
+  both = ot.summarize(ot.operand_sums(jnp.concatenate([a, b]), spec))
+  added = ot.summarize(ot.add(ot.operand_sums(a, spec), ot.operand_sums(b, spec)))
+  for k in ("saturated_frac", "underflow_frac", "zero_block_frac", "scale_log2_p05",
+            "scale_log2_p95"):
+    assert float(both[k]) == float(added[k]), k
+  assert float(both["saturated_frac"]) > 0  # the OCP rule saturates up to one binade
+  g = jax.grad(lambda v: ot.summarize(ot.operand_sums(v, spec))["kurtosis"] + jnp.sum(v))(a)
+  np.testing.assert_array_equal(g, jnp.ones_like(a))
