@@ -32,6 +32,10 @@ _DELAYED_WARMUP = flags.DEFINE_integer(
 _BRANCH_K = flags.DEFINE_integer(
     "branch_k", 8, "Training steps of each policy's branch from every checkpoint, with a BF16 "
     "reference and a noise-floor branch (0: no branch-off runs).")
+_SEED_CONTROLS = flags.DEFINE_bool(
+    "seed_controls", True, "Also compare the noise-matched controls of the seed grid's "
+    "all-layer E4M3 policies (each quantization error replaced by random noise of the same "
+    "energy per block) when the policies include the seed grid.")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "Join a multi-process run: jax.distributed.initialize() from the "
                                  "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
@@ -48,14 +52,18 @@ def main(argv):
   from fp8jax.train import (  # pylint: disable=import-outside-toplevel
     multihost,
     preemption,
+    run_config,
   )
 
   windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                           batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
   try:
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
+    controls = (pipeline.seed_controls(run_config.model_config(_CONFIG.value).num_hidden_layers)
+                if _SEED_CONTROLS.value and "seed" in _POLICIES.value else ())
     report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
                                 windows=windows, delayed_warmup=_DELAYED_WARMUP.value,
+                                controls=controls,
                                 branches=(branch.Branches(k=_BRANCH_K.value)
                                           if _BRANCH_K.value else None))
   except preemption.Preempted as e:

@@ -27,7 +27,7 @@ import fp8jax
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import operand_telemetry
 from fp8jax.kernels import grouped_gpu
-from fp8jax.models import delayed_sites, moe
+from fp8jax.models import delayed_sites, embedding, moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
 
@@ -296,7 +296,8 @@ class DeepseekMoE(nnx.Module):
 
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
-               moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False):
+               moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False,
+               deterministic: bool = False):
     cfg = self.cfg
     gemm_tel = {}
     record = (lambda name, value: gemm_tel.__setitem__(name, value)) if gemm_telemetry else None
@@ -304,7 +305,9 @@ class DeepseekMoE(nnx.Module):
     delayed_sites.check(cfg, policy, delayed_state)
     tel = {}
     aux_losses, routing = {}, {}
-    h = self.embed_tokens(tokens)
+    (table,) = self.embed_tokens.promote_dtype((self.embed_tokens.embedding[...],),
+                                               dtype=self.embed_tokens.dtype, inexact=False)
+    h = embedding.lookup(table, tokens, deterministic)  # = self.embed_tokens(tokens)
     for layer in self.layers:
       i = layer.index
 
@@ -363,7 +366,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
           moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
-          delayed_state=None, gemm_telemetry: bool = False):
+          delayed_state=None, gemm_telemetry: bool = False, deterministic: bool = False):
   """Forward pass.
 
   Args:
@@ -385,6 +388,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       ``{"layers/<i>/<module path>": {"input": sums, "weight": sums}}`` (the routed
       experts: ``layers/<i>/mlp/experts`` with ``weight_gate``, ``weight_up``,
       ``weight_down``); empty without a GEMM recipe.
+    deterministic: the embedding table's gradient as a one-hot GEMM instead of a
+      scatter-add, the same bits on every GPU run (:mod:`fp8jax.models.embedding`).
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -397,7 +402,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   model = nnx.merge(graphdef, state)
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
                moe_groups=moe_groups, delayed_state=delayed_state,
-               gemm_telemetry=gemm_telemetry)
+               gemm_telemetry=gemm_telemetry, deterministic=deterministic)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -26,6 +26,7 @@ BF16 gradient at weights perturbed at BF16 rounding level::
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -53,13 +54,15 @@ class Baseline(NamedTuple):
   nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
 
 
-def _objective(cfg, policy, moe_impl, moe_groups, telemetry: bool = False):
+def _objective(cfg, policy, moe_impl, moe_groups, telemetry: bool = False,
+               deterministic: bool = False):
   """The training objective; its aux: LM loss, balance loss, routing and, with
   ``telemetry``, the GEMM recipe's operand telemetry sums (``{}`` without a recipe)."""
   def loss_fn(params, tokens, delayed=None):
     logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
                                      moe_groups=moe_groups, delayed_state=delayed,
-                                     gemm_telemetry=telemetry and policy.gemm is not None)
+                                     gemm_telemetry=telemetry and policy.gemm is not None,
+                                     deterministic=deterministic)
     lm = deepseek_moe.lm_loss(logits, tokens)
     return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"],
                                   aux.get("gemm_telemetry", {}))
@@ -107,10 +110,13 @@ class PairedEvaluator:
       (:mod:`fp8jax.gemm.operand_telemetry`) in the results of policies with a recipe. It
       adds a few reductions per operand and compile time (on a CPU, about half again of
       the policy's compilation).
+    deterministic: every pass in the deterministic mode (:mod:`fp8jax.train.determinism`:
+      the same bits on every GPU run).
   """
 
   def __init__(self, cfg: ModelConfig, policies, mesh, moe_impl: str = "dispatch",
-               floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True):
+               floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True,
+               deterministic: bool = False):
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
       raise ValueError(f"policy names must be distinct, got {names}")
@@ -120,10 +126,11 @@ class PairedEvaluator:
     for p in policies:
       p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     self.cfg, self.mesh, self.telemetry = cfg, mesh, telemetry
+    self.objective = objective = functools.partial(_objective, deterministic=deterministic)
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
     self.moe_groups = mesh.devices.size
-    grad_bf16 = jax.value_and_grad(_objective(cfg, policy_lib.BF16, moe_impl, self.moe_groups),
+    grad_bf16 = jax.value_and_grad(objective(cfg, policy_lib.BF16, moe_impl, self.moe_groups),
                                    has_aux=True)
 
     def baseline(params, tokens):
@@ -146,7 +153,7 @@ class PairedEvaluator:
           self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, base, rep),
           out_shardings=rep)
       if self.empty_state[name]:
-        loss_fn = _objective(cfg, policy, moe_impl, self.moe_groups)
+        loss_fn = objective(cfg, policy, moe_impl, self.moe_groups)
 
         def warm(delayed, params, tokens, f=loss_fn):  # the updated histories: the gradient
           return jax.grad(lambda d: f(params, tokens, d)[0])(delayed)
@@ -158,8 +165,8 @@ class PairedEvaluator:
                              out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
-    grad_fp8 = jax.value_and_grad(_objective(self.cfg, policy, moe_impl, self.moe_groups,
-                                             self.telemetry), has_aux=True)
+    grad_fp8 = jax.value_and_grad(self.objective(self.cfg, policy, moe_impl, self.moe_groups,
+                                                 self.telemetry), has_aux=True)
 
     def variant(params, tokens, base: Baseline, delayed):
       (loss, (lm, aux, routing, tel)), grads = grad_fp8(params, tokens, delayed)
@@ -171,7 +178,7 @@ class PairedEvaluator:
     return variant
 
   def _floor_fn(self, moe_impl):
-    grad_bf16 = jax.value_and_grad(_objective(self.cfg, policy_lib.BF16, moe_impl,
+    grad_bf16 = jax.value_and_grad(self.objective(self.cfg, policy_lib.BF16, moe_impl,
                                               self.moe_groups), has_aux=True)
 
     def floor(params, tokens, base: Baseline, key):

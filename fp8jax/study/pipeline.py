@@ -15,14 +15,21 @@ from fp8jax.study import branch, report, sweep
 from fp8jax.train import loop, multihost
 
 
+def seed_controls(num_layers: int) -> list[str]:
+  """The noise-matched controls of the seed grid's all-layer E4M3 policies (attention and
+  MoE output): is FP8's error worse or better for the gradient than noise of its size?"""
+  return [f"noise({m}_l0-{num_layers - 1}_e4m3)" for m in ("attn", "moe")]
+
+
 def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | None = None,
               stream=None, delayed_warmup: int = sweep.DELAYED_WARMUP,
-              branches: branch.Branches | None = None) -> pathlib.Path:
-  """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` on
-  every checkpoint in ``<out>/compare`` (``delayed_warmup``: see :func:`sweep.run`), with
-  ``branches`` runs ``branches.k`` steps of every policy from every checkpoint in
-  ``<out>/branch`` (:func:`branch.run`), and returns the path of the report (which then
-  relates the one-step comparison to the trajectories)."""
+              branches: branch.Branches | None = None, controls=()) -> pathlib.Path:
+  """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` and the
+  noise-matched ``controls`` (policy expressions, e.g. :func:`seed_controls`) on every
+  checkpoint in ``<out>/compare``, with the noise floor (``delayed_warmup``: see
+  :func:`sweep.run`), with ``branches`` runs ``branches.k`` steps of every policy (not the
+  controls) from every checkpoint in ``<out>/branch`` (:func:`branch.run`), and returns the
+  path of the report (which then relates the one-step comparison to the trajectories)."""
   stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or sweep.Windows()
   out = pathlib.Path(out)
@@ -37,8 +44,9 @@ def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | No
   has_run = (train_dir / "checkpoints").exists()
   loop.train(train_config, train_dir, resume=has_run, stream=stream)
   stage(f"2/{n} comparing the precision policies on every checkpoint")
-  sweep.run(train_dir, out / "compare", policies=policies, windows=windows, stream=stream,
-            moe_impl=train_config.train.moe_impl, delayed_warmup=delayed_warmup)
+  sweep.run(train_dir, out / "compare", policies=[*policies, *controls], windows=windows,
+            stream=stream, moe_impl=train_config.train.moe_impl,
+            delayed_warmup=delayed_warmup)
   if branches:
     stage(f"3/{n} branch-off runs: {branches.k} steps of each policy from every checkpoint")
     branch.run(train_dir, out / "branch", policies=policies, branches=branches, stream=stream)

@@ -55,7 +55,15 @@ from fp8jax.metrics import weights
 from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import flops, metrics_log, multihost, optim, param_gather, preemption, run_config
+from fp8jax.train import (
+  flops,
+  metrics_log,
+  multihost,
+  optim,
+  param_gather,
+  preemption,
+  run_config,
+)
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
 
@@ -94,7 +102,8 @@ def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = 
   step = step_lib.make_train_step(
       model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=mesh.devices.size,
       loss_scale=run_config.loss_scale_config(cfg),
-      fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing)
+      fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
+      deterministic=cfg.train.deterministic)
   return mesh_lib.shard_step(step, mesh, sharding)
 
 
@@ -230,7 +239,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
           allow_policy_change: bool = False) -> dict:
   """Runs (or resumes) the training run ``cfg`` in ``workdir`` on ``devices`` (default
   all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``: the
-  checkpoints folder). ``allow_policy_change``: a resume may change ``cfg.policy``."""
+  checkpoints folder). ``allow_policy_change``: a resume may change ``cfg.policy``.
+  ``cfg.train.deterministic``: the deterministic mode (:mod:`fp8jax.train.determinism`)."""
   workdir = pathlib.Path(workdir)
   main, stream = multihost.is_main(), multihost.main_stream(stream or sys.stderr)
   model_cfg, policy = run_config.validate(cfg)

