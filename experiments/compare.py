@@ -59,6 +59,10 @@ _FLOOR = flags.DEFINE_bool("floor", True, "Also compare BF16 against BF16 at wei
 _TELEMETRY = flags.DEFINE_bool("telemetry", True, "Record the block-scale telemetry of the "
                                "GEMM recipes' forward operands (scales, saturated, underflowing "
                                "and all-zero blocks, kurtosis) in their rows.")
+_DETERMINISTIC = flags.DEFINE_bool(
+    "deterministic", False, "Deterministic mode: the same bits on every GPU run (XLA's "
+    "attention, a one-hot GEMM for the embedding gradient; set XLA_FLAGS="
+    "--xla_gpu_autotune_level=0 too: docs/determinism.md), at a cost in speed.")
 _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
                                   "Skip checkpoints that fail verification (corrupt or "
                                   "incomplete; they get no rows) instead of stopping.")
@@ -83,7 +87,7 @@ def main(argv):
                         data=pipeline.override(_DATA.value) if _DATA.value else None,
                         allow_other_data=_ALLOW_OTHER_DATA.value,
                         delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value,
-                        telemetry=_TELEMETRY.value)
+                        telemetry=_TELEMETRY.value, deterministic=_DETERMINISTIC.value)
   except integrity.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",

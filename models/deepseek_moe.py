@@ -131,7 +131,7 @@ class Attention(nnx.Module):
     self.v_proj = _linear(cfg, d, d_kv, rngs)
     self.o_proj = _linear(cfg, d, d, rngs)
 
-  def __call__(self, x, policy, record=None):
+  def __call__(self, x, policy, record=None, deterministic: bool = False):
     b, s, _ = x.shape
     h, kv, hd = self.cfg.num_attention_heads, self.cfg.kv_heads, self.cfg.head_dim
     pos = jnp.arange(s)
@@ -139,7 +139,13 @@ class Attention(nnx.Module):
     q = rope(proj("q_proj", x).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
     k = rope(proj("k_proj", x).reshape(b, s, kv, hd), pos, self.cfg.rope_theta)
     v = proj("v_proj", x).reshape(b, s, kv, hd)
-    out = attention_core(q, k, v, self.cfg.attention_impl).reshape(b, s, h * hd)
+    impl = self.cfg.attention_impl
+    if deterministic and impl != "xla":  # cuDNN's backward adds dQ with atomics
+      if impl == "cudnn":
+        raise ValueError("attention_impl='cudnn' is not deterministic (its backward adds dQ "
+                         "with atomics); use 'auto' or 'xla' in the deterministic mode")
+      impl = "xla"
+    out = attention_core(q, k, v, impl).reshape(b, s, h * hd)
     return proj("o_proj", out)
 
 
@@ -324,7 +330,7 @@ class DeepseekMoE(nnx.Module):
       lp = policy.at_layer(i, cfg.num_hidden_layers)  # the GEMM recipe, where it applies
       rec = _named(record, f"layers/{i}")
       h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), lp,
-                                               _named(rec, "self_attn")))
+                                               _named(rec, "self_attn"), deterministic))
       x = layer.post_attention_layernorm(h)
       if layer.is_moe:
         out, routing[i], scores = layer.mlp(x, site, moe_impl, lp, moe_groups,
@@ -388,8 +394,9 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       ``{"layers/<i>/<module path>": {"input": sums, "weight": sums}}`` (the routed
       experts: ``layers/<i>/mlp/experts`` with ``weight_gate``, ``weight_up``,
       ``weight_down``); empty without a GEMM recipe.
-    deterministic: the embedding table's gradient as a one-hot GEMM instead of a
-      scatter-add, the same bits on every GPU run (:mod:`fp8jax.models.embedding`).
+    deterministic: the same bits on every GPU run (:mod:`fp8jax.train.determinism`): the
+      embedding table's gradient as a one-hot GEMM instead of a scatter-add
+      (:mod:`fp8jax.models.embedding`) and XLA's attention instead of cuDNN's.
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE

@@ -49,8 +49,8 @@ from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import noise_floor, paired, results_io
 from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import determinism, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
-from fp8jax.train import metrics_log, multihost, run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +198,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
         stream=None, data: dict | None = None, allow_other_data: bool = False,
         delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
-        floor_seed: int = 0, telemetry: bool = True) -> dict:
+        floor_seed: int = 0, telemetry: bool = True, deterministic: bool = False) -> dict:
   """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
 
@@ -207,7 +207,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   ``floor_seed`` and the batch's step, offset and index): one more BF16 gradient per
   (checkpoint, batch). ``telemetry``: record the block-scale telemetry of the GEMM
   recipes' forward operands (``tel/*`` fields of their rows, per operand in the details;
-  :mod:`fp8jax.gemm.operand_telemetry`).
+  :mod:`fp8jax.gemm.operand_telemetry`). ``deterministic``: every pass in the deterministic
+  mode (:mod:`fp8jax.train.determinism`; recorded in ``meta.json``).
 
   ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
   histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
@@ -251,13 +252,13 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                                 **({"delayed_warmup": delayed_warmup}
                                    if delayed_sites.sites(cfg, p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
-          "code_version": ckpt_lib.code_version()}
+          "code_version": ckpt_lib.code_version(), **determinism.record(deterministic)}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
   evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl,  # checks the policies
-                                     telemetry=telemetry)
+                                     telemetry=telemetry, deterministic=deterministic)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   try:
     output, refused = _Output(out, meta, write=multihost.is_main()), None

@@ -3,8 +3,7 @@
 # 2-layer run at the DeepSeek-MoE-2B widths, 100 steps with checkpoints at 0, 50 and 100:
 #   det_a, det_b   --config.train.deterministic=True, twice (det_b compiles anew, in a
 #                  compilation cache of its own): equal losses and digests?
-#   det_c          the same, stopped by SIGTERM after step 60 (a preemption: it saves and
-#                  exits 75) and resumed: equal to det_a?
+#   det_c          the same, stopped after step 60 and resumed to 100: equal to det_a?
 #   def_a, def_b   the default mode, twice (no checkpoints): the run-to-run spread.
 # JAX's persistent compilation cache is on: det_c and def_b reuse det_a's and def_a's
 # executables, so the spread of the default runs is that of execution alone, not of
@@ -21,7 +20,7 @@ export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=$work/cache \
   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 common=(--config=experiments/configs/train_2b8l_full.py
         --config.model_overrides.num_hidden_layers=2 --config.train.steps=100
-        --config.optim.warmup_steps=20 --config.train.save_every=50
+        --config.optim.warmup_steps=20 --config.optim.total_steps=100 --config.train.save_every=50
         --config.train.checkpoints=True --config.train.log_every=1)
 train() {  # NAME ARGS...: a run in $work/NAME, its log and metrics in $out
   local name=$1; shift
@@ -42,16 +41,8 @@ python3 scripts/gpu/same_bits.py "$work/det_a" "$work/det_b" --json="$out/same_d
   | tail -3 | tee -a "$out/summary.txt"
 drop_states det_b
 
-# det_c: SIGTERM once step 60 is logged, then --resume.
-(python3 scripts/run.py fp8jax.experiments.train "${common[@]}" --workdir="$work/det_c" \
-  "${det_args[@]}" >>"$out/det_c.log" 2>&1; echo "det_c first part: exit $?" \
-  >>"$out/summary.txt") &
-pid=$!
-for _ in $(seq 600); do
-  [ "$(cat "$work/det_c/metrics.jsonl" 2>/dev/null | wc -l)" -ge 60 ] && break
-  sleep 0.5
-done
-pkill -TERM -f "workdir=$work/det_c" ; wait $pid
+# det_c: the first 60 steps, then --resume to 100 (optim.total_steps fixes the schedule).
+train det_c "${det_args[@]}" --config.train.steps=60
 train det_c "${det_args[@]}" --resume
 python3 scripts/gpu/same_bits.py "$work/det_a" "$work/det_c" --json="$out/same_resume.json" \
   | tail -3 | tee -a "$out/summary.txt"
