@@ -12,8 +12,9 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
-from fp8jax.study import report, results, trajectory
+from fp8jax.study import correlation, report, results, trajectory
 from tests.test_study_report import BAD, LAYERS, SEED, STEPS, build, rel_err
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -201,8 +202,12 @@ def test_no_relation_ci_contains_rho_and_is_deterministic(res, tmp_path):
   assert abs(want) < 0.3  # the data carry no relation
   assert c["rho"] == pytest.approx(want)
   assert c["lo"] <= c["rho"] <= c["hi"] and c["lo"] < 0 < c["hi"]
-  assert "No evidence of a relation (the CI contains 0)" in st["verdicts"][("rel_err",
-                                                                             "param_div")]
+  v = st["verdicts"][("rel_err", "param_div")]
+  assert f"No evidence of a relation (permutation p = {correlation.fmt_p(c['p'])}" in v
+  # The permutation p-value of a null relation is close to SciPy's t approximation.
+  want_p = scipy_stats.spearmanr([p["rel_err"] for p in st["pairs"]],
+                                 [p["outcome"]["param_div"] for p in st["pairs"]]).pvalue
+  assert c["p"] == pytest.approx(want_p, abs=0.05) and c["p_adj"] >= c["p"]
   again = trajectory.study(res, br, n_boot=N_BOOT)["correlations"][("rel_err", "param_div")]
   assert again == c
   x = [p["rel_err"] for p in st["pairs"]]
@@ -273,7 +278,12 @@ def test_report_section_only_with_branch_data(sweep, tmp_path):
   assert title in text and "![trajectory](figures/trajectory.png)" in text
   assert _is_png(tmp_path / "out" / "figures" / "trajectory.png")
   assert "- rel_err vs param_div: Spearman rho = 1 (95% CI [1, 1], n = 32)" in text
-  assert "| rel_err | param_div | 32 | 0 | 1 | [1, 1] | 1 (4) |" in text
+  c = trajectory.study(results.load(sweep), trajectory.load_branches(branch),
+                       n_boot=N_BOOT)["correlations"][("rel_err", "param_div")]
+  assert c["p"] == pytest.approx(1 / (correlation.N_PERM + 1))  # no pairing beats rho = 1
+  row = (f"| rel_err | param_div | 32 | 0 | 1 | [1, 1] | {correlation.fmt_p(c['p'])} | "
+         f"{correlation.fmt_p(c['p_adj'])} | 1 (4) |")
+  assert row in text
   assert "| 0 | 2 | 1e-06 | 8 of 8 |" in text  # noise floor of checkpoint 0
   # The rest of the report is unchanged by the section.
   assert text.split(title)[0] == plain.read_text().split("## Figures")[0]
