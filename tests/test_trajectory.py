@@ -15,7 +15,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from fp8jax.study import correlation, report, results, trajectory
-from tests.test_study_report import BAD, LAYERS, SEED, STEPS, build, rel_err
+from tests.test_study_report import BAD, LAYERS, SEED, STEPS, build, floor_rel_err, rel_err
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 K = 8
@@ -314,3 +314,36 @@ def test_binary_branch_flag(sweep, tmp_path):
                         capture_output=True, text=True, env=env, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert f"## {trajectory.TITLE}" in (out / "report.md").read_text()
+
+
+def test_conditioning_floor_and_telemetry_predictors_under_holm(tmp_path):
+  """With a floor and telemetry in the sweep, the floor multiple, the checkpoint's
+  conditioning and the telemetry fields join the predictors; every verdict is adjusted over
+  the whole family."""
+  tel = lambda i, j: {"tel/saturated_frac": 0.001 * (1 + i)}  # noqa: E731
+  sweep = build(tmp_path / "compare", floor=True, fields={p: tel for p in SEED[:4]},
+                grad_norm={100: 10.0})
+  res = results.load(sweep)
+  preds, _ = trajectory.predictors(res)
+  got = preds[(100, "attn_l0_e4m3")]
+  assert got["grad_norm"] == pytest.approx(10.0)
+  assert got["tel/saturated_frac"] == pytest.approx(0.002)
+  assert math.isnan(preds[(100, "moe_l0_e4m3")]["tel/saturated_frac"])  # no GEMM recipe
+  want = np.exp(np.mean([np.log(rel_err("attn_l0_e4m3", 1, j, False) / floor_rel_err(1, j))
+                         for j in range(4)]))
+  assert got["floor_multiple"] == pytest.approx(want)
+  br = trajectory.load_branches(write_branches(tmp_path / "b", grid_lines(monotone)))
+  st = trajectory.study(res, br, n_boot=N_BOOT)
+  assert st["predictors"] == ["rel_err", "share_direct", "routing", "floor_multiple", "loss",
+                              "grad_norm", "floor_rel_err", "curvature", "tel/saturated_frac"]
+  with_p = [c for c in st["correlations"].values() if math.isfinite(c["p"])]
+  assert st["n_tests"] == len(with_p) > 4  # the base predictors alone give 4 tests
+  assert [c["p_adj"] for c in with_p] == pytest.approx(
+      list(correlation.holm([c["p"] for c in with_p])))
+  f = st["correlations"][("floor_multiple", "param_div")]
+  assert f["rho"] > 0.9 and correlation.related(f)
+  assert "A positive relation (permutation p = " in st["verdicts"][("floor_multiple",
+                                                                    "param_div")]
+  assert f"Holm-adjusted p < 0.05 over {st['n_tests']} tests" in st["summary"]
+  text = "\n".join(trajectory.markdown(st, br, res))
+  assert "| tel/saturated_frac | param_div | 16 | 16 |" in text  # 16 policy branches lack it

@@ -274,8 +274,9 @@ def verdict(pred: str, name: str, c: dict, floor: dict | None, min_above: float 
 def study(res: Results, br: Branches, tail: int | None = None, n_boot: int = 2000,
           seed: int = 0) -> dict[str, Any]:
   """The whole answer: ``pairs`` (joined (from_step, policy) with predictors, outcomes,
-  ``above``), ``floors``, ``floor_counts`` per outcome, ``correlations`` {(predictor,
-  outcome): correlate(...)}, ``verdicts`` (same keys), ``skipped_rows``, ``unmatched``
+  ``above``), ``floors``, ``floor_counts`` per outcome, ``predictors`` (those tested),
+  ``correlations`` {(predictor, outcome): correlate(...) with ``p_adj``, Holm over the
+  ``n_tests`` pairs with a p-value}, ``verdicts`` (same keys), ``skipped_rows``, ``unmatched``
   (policy branches without a sweep row), ``nonfinite`` (branches with non-finite steps),
   ``k``, ``tail`` and ``summary``."""
   outs = outcomes(br, tail)
