@@ -99,7 +99,7 @@ def grad_error(res: results.Results, out_dir) -> pathlib.Path:
       _band(ax, res, metric, p, p)
     ax.set(xlabel="checkpoint step", ylabel=label, title=metric)
   axes[1].legend(fontsize=7)
-  fig.suptitle("Gradient difference (mean and 95% CI over batches)")
+  fig.suptitle("Gradient difference (geometric mean and 95% CI over batches)")
   return _save(fig, out_dir, "grad_error")
 
 
