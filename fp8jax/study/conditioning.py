@@ -27,7 +27,7 @@ import numpy as np
 
 from fp8jax.study import stats
 from fp8jax.study.results import Results
-from fp8jax.study.stats import Stat, ci, fmt, fmt_stat
+from fp8jax.study.stats import Stat, ci, fmt, fmt_stat, table
 
 SPIKE_FACTOR = 3.0
 """A checkpoint whose flag signal exceeds this multiple of the signal's median is flagged."""
@@ -131,11 +131,6 @@ def telemetry(res: Results) -> dict[str, dict[str, Any]]:
   return out
 
 
-def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> list[str]:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
-
-
 def markdown(res: Results, signals: dict[int, dict[str, Stat]] | None = None,
              flagged: dict[int, list[str]] | None = None) -> list[str]:
   """The report section: conditioning per checkpoint, flags and telemetry."""
@@ -159,13 +154,13 @@ def markdown(res: Results, signals: dict[int, dict[str, Stat]] | None = None,
   names = [k for k in SIGNALS if any(k in sig for sig in signals.values())]
   rows = [[s, *(fmt_stat(sig[k], n=False) for k in names),
            "; ".join(flagged.get(s, [])) or "no"] for s, sig in signals.items()]
-  lines += _table(["step", *(SIGNALS[k] for k in names), "flagged"], rows)
+  lines += table(["step", *(SIGNALS[k] for k in names), "flagged"], rows)
   tel = telemetry(res)
   if tel:
     fields = [f for f in TELEMETRY if any(f in t for t in tel.values())]
     lines += ["Block-scale telemetry of the GEMM recipes' forward operands (median over the "
               "checkpoints [95% bootstrap CI over the batches]):", ""]
-    lines += _table(["policy", *fields],
+    lines += table(["policy", *fields],
                     [[p, *(fmt_stat(t[f], n=False) if f in t else "n/a" for f in fields)]
                      for p, t in tel.items()])
   return lines

@@ -16,12 +16,11 @@ an interval containing 1 cannot tell.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from fp8jax.study import stats
 from fp8jax.study.results import Results
-from fp8jax.study.stats import fmt, fmt_stat
+from fp8jax.study.stats import fmt, fmt_stat, table
 
 FLOOR_MULTIPLE = 3.0
 """A policy is distinguishable from the floor when its multiple's lower bound exceeds this."""
@@ -93,11 +92,6 @@ def control(res: Results, policy: str, metric: str = "rel_err") -> dict[str, Any
           "verdict": verdict, "sentence": f"{head}: {text}."}
 
 
-def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> list[str]:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
-
-
 def floor_markdown(res: Results, factor: float = FLOOR_MULTIPLE) -> list[str]:
   """The report section on the floor multiples (a note without a floor)."""
   lines = ["## Against the noise floor", ""]
@@ -119,7 +113,7 @@ def floor_markdown(res: Results, factor: float = FLOOR_MULTIPLE) -> list[str]:
                                    for m in FLOOR_METRICS),
                  *(fmt_stat(r["per_step"][s], n=False) if s in r["per_step"] else "n/a"
                    for s in res.steps), "yes" if r["within"] else "no"])
-  return lines + _table(["policy", "kind", *(f"{m} / floor" for m in FLOOR_METRICS),
+  return lines + table(["policy", "kind", *(f"{m} / floor" for m in FLOOR_METRICS),
                          *(f"rel_err / floor @{s}" for s in res.steps),
                          f"within {factor:g}x"], rows)
 
@@ -140,5 +134,5 @@ def controls_markdown(res: Results) -> list[str]:
   rows = [[c["policy"], c["control"], fmt_stat(c["overall"], n=False),
            *(fmt_stat(c["per_step"][s], n=False) if s in c["per_step"] else "n/a"
              for s in res.steps), c["verdict"]] for c in found]
-  return lines + _table(["policy", "control", "policy / control",
+  return lines + table(["policy", "control", "policy / control",
                          *(f"@{s}" for s in res.steps), "verdict"], rows)

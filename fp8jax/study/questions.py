@@ -27,7 +27,7 @@ import numpy as np
 from fp8jax.metrics import ranking
 from fp8jax.study import conditioning, narrowing
 from fp8jax.study.results import Results, depth_layers, parse_seed_name
-from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, trajectory
+from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
 
 _MOD = {"attn": "attention", "moe": "MoE"}
 _FMT = {"e4m3": "E4M3", "e5m2": "E5M2"}
@@ -272,11 +272,6 @@ def _cap(text: str) -> str:
   return text[:1].upper() + text[1:]
 
 
-def _row_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-          + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""])
-
-
 def _steps_text(c: dict) -> tuple[str, str]:
   m = len(c["per_step"])
   return f"{c['steps_overlap']} of {m}", f"{c['steps_excludes_null']} of {m}"
@@ -295,7 +290,7 @@ def _module_md(a: dict) -> list[str]:
     rows.append([depth_label(s["depth"]), _FMT[s["format"]], fmt_stat(c["summary_a"]),
                  fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), _steps_text(c)[0],
                  _shape(s["trajectory_attn"]), _shape(s["trajectory_moe"])])
-  return _row_table(["depth", "format", f"attention {a['metric']}", f"MoE {a['metric']}",
+  return table(["depth", "format", f"attention {a['metric']}", f"MoE {a['metric']}",
                      "attention / MoE (paired)", "checkpoints with overlapping CIs",
                      "attention shape (early -> late)", "MoE shape (early -> late)"], rows)
 
@@ -309,7 +304,7 @@ def _depth_md(a: dict) -> list[str]:
                  fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), overlap,
                  nonzero, s["verdict"]])
   deep, shallow = a["settings"][0]["deep"], a["settings"][0]["shallow"]
-  return _row_table(["module", "format", depth_label(deep), depth_label(shallow),
+  return table(["module", "format", depth_label(deep), depth_label(shallow),
                      "paired ratio", "checkpoints with overlapping CIs",
                      "checkpoints where the paired CI excludes 1", "verdict"], rows)
 
@@ -322,7 +317,7 @@ def _format_md(a: dict) -> list[str]:
       rows.append([_MOD[s["module"]], depth_label(s["depth"]), m, fmt_stat(c["summary_a"]),
                    fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), overlap,
                    nonzero])
-  return _row_table(["module", "depth", "metric", "E4M3", "E5M2", "E4M3 / E5M2 (paired)",
+  return table(["module", "depth", "metric", "E4M3", "E5M2", "E4M3 / E5M2 (paired)",
                      "checkpoints with overlapping CIs",
                      "checkpoints where the paired CI excludes 1"], rows)
 
@@ -340,7 +335,7 @@ def _redistribution_md(a: dict) -> list[str]:
              ", ".join(f"{k} {v}" for k, v in m["topk_modules"].items())]
             for m in r["migration"]]
     k = r["k"]
-    lines += _row_table(["step", f"top-{k} overlap prev", "overlap first", "Spearman prev",
+    lines += table(["step", f"top-{k} overlap prev", "overlap first", "Spearman prev",
                          "Spearman first", f"top-{k} in direct", "share_direct",
                          f"top-{k} modules"], rows)
     first, last = r["migration"][0], r["migration"][-1]
@@ -364,12 +359,12 @@ def markdown(ans: dict[str, dict], figures: dict[str, Any] | None = None) -> lis
               ("narrowing", "5. Format width: from FP8 to FP4 recipes", narrowing.markdown,
                ("format_width",))]
   lines = []
-  for key, title, table, figs in sections:
+  for key, title, render, figs in sections:
     if key not in ans:
       continue
     a = ans[key]
     lines += [f"## {title}", "", _cap(a["summary"]), ""]
     if a["available"]:
-      lines += table(a)
+      lines += render(a)
     lines += [f"![{f}]({figures[f]})" for f in figs if f in figures] + [""]
   return lines

@@ -26,21 +26,16 @@ Typical notebook use::
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 import pathlib
 from typing import Any
 
 from fp8jax.study import conditioning, figures, floor, questions, trajectory, trajectory_figures
 from fp8jax.study.results import Results, load, parse_seed_name
-from fp8jax.study.stats import fmt_stat, overall, stat
+from fp8jax.study.stats import fmt_stat, overall, stat, table
 
 SUMMARY_METRICS = ("rel_err", "diff_norm", "cosine", "loss_rel_err", "share_direct")
 """Metrics of the per-policy summary table."""
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
 
 
 def _direct_text(pairs: list[tuple[str, int | None]]) -> str:
@@ -68,7 +63,7 @@ def grid_markdown(res: Results) -> list[str]:
     kind = res.kind(p) + (f" of {res.controls[p]}" if p in res.controls else "")
     grid.append([p, kind, f"`{meta['policies'][p].get('expr', '')}`", *parsed,
                  _direct_text(res.direct(p))])
-  lines += _table(["policy", "kind", "expression", "module", "depth", "format",
+  lines += table(["policy", "kind", "expression", "module", "depth", "format",
                    "direct modules"], grid)
   bad = res.nonfinite()
   expected = len(res.steps) * len(w.get("offsets") or [0]) * int(w.get("batches") or 0)
@@ -78,7 +73,7 @@ def grid_markdown(res: Results) -> list[str]:
             "## Non-finite rows", "",
             "Excluded from every mean, CI and ranking below." if bad else "None.", ""]
   if bad:
-    lines += _table(["step", "offset", "batch", "policy", "non-finite"],
+    lines += table(["step", "offset", "batch", "policy", "non-finite"],
                     [[r["step"], r["offset"], r["batch"], r["policy"], r.get("nonfinite")]
                      for r in bad])
   base_bad = res.baseline_nonfinite()
@@ -88,7 +83,7 @@ def grid_markdown(res: Results) -> list[str]:
               "batch) pairs: the checkpoint or the batch is bad, not FP8, and no FP8 row is "
               "compared against them (`python -m fp8jax.experiments.verify "
               "--workdir=<training run>` checks the checkpoints).", ""]
-    lines += _table(["step", "offset", "batch", "non-finite"],
+    lines += table(["step", "offset", "batch", "non-finite"],
                     [[b["step"], b["offset"], b["batch"], b.get("nonfinite")] for b in base_bad])
   return lines
 
@@ -107,12 +102,12 @@ def summary_markdown(res: Results) -> list[str]:
     st = {m: overall(res, m, p) for m in SUMMARY_METRICS}
     rows.append([p, st["rel_err"].n, st["rel_err"].n_nonfinite,
                  *(fmt_stat(st[m], n=False) for m in SUMMARY_METRICS)])
-  lines += _table(["policy", "finite rows", "non-finite", *SUMMARY_METRICS], rows)
+  lines += table(["policy", "finite rows", "non-finite", *SUMMARY_METRICS], rows)
   lines += ["Relative gradient error per checkpoint: geometric mean [95% t-interval of the "
             "logs] over the batches:", ""]
   cells = [[p, *(fmt_stat(stat(res, "rel_err", p, [s]), n=False) for s in res.steps)]
            for p in names]
-  return lines + _table(["policy", *(str(s) for s in res.steps)], cells)
+  return lines + table(["policy", *(str(s) for s in res.steps)], cells)
 
 
 def render(res: Results, ans: dict[str, dict], figures: dict[str, Any],

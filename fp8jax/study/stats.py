@@ -19,7 +19,7 @@ counted. :func:`fmt` and :func:`fmt_stat` format numbers, Stats and Summaries.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 import math
 from typing import Any
 
@@ -30,7 +30,7 @@ from fp8jax.study.results import Results, row_key
 
 __all__ = ["Stat", "Summary", "ci", "compare", "fmt", "fmt_stat", "is_positive", "log_ci",
            "mean_ci", "mean_details", "overall", "paired", "paired_values", "stat", "summary",
-           "t_quantile", "trajectory", "values"]
+           "t_quantile", "table", "trajectory", "values"]
 
 POSITIVE = frozenset({"rel_err", "diff_norm", "norm_bf16", "norm_fp8", "loss_rel_err",
                       "loss_abs_err", "rel_err_intersection", "diff_norm_intersection",
@@ -182,6 +182,12 @@ def mean_details(res: Results, policy: str, step: int, field: str = "per_param"
       if v is not None and not math.isnan(float(v)):
         acc[k].append(float(v))
   return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+  """A markdown table (lines, ending with a blank line)."""
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
 
 
 def fmt(v: float | None) -> str:

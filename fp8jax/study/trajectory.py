@@ -32,7 +32,6 @@ report section.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 import dataclasses
 import json
 import math
@@ -45,7 +44,7 @@ import numpy as np
 from fp8jax.study import conditioning, results, stats
 from fp8jax.study.correlation import adjust, correlate, fmt_p, related
 from fp8jax.study.results import Results
-from fp8jax.study.stats import fmt
+from fp8jax.study.stats import fmt, table
 
 __all__ = ["Branches", "EXTRA_PREDICTORS", "OUTCOMES", "PREDICTORS", "TITLE", "above_floor",
            "correlate", "floor_summary", "load_branches", "markdown", "noise_floor", "outcome",
@@ -321,11 +320,6 @@ def study(res: Results, br: Branches, tail: int | None = None, n_boot: int = 200
           "tail": n_steps, "summary": summary + "."}
 
 
-def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> list[str]:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
-
-
 def markdown(st: dict[str, Any], br: Branches, res: Results, figure: str | None = None
              ) -> list[str]:
   """The report section (markdown lines); ``figure``: the scatter PNG relative to report.md."""
@@ -352,7 +346,7 @@ def markdown(st: dict[str, Any], br: Branches, res: Results, figure: str | None 
     ci = f"[{fmt(c['lo'])}, {fmt(c['hi'])}]" if not c["reason"] else c["reason"]
     rows.append([p, k, c["n"], c["n_excluded"], fmt(c["rho"]), ci, fmt_p(c["p"]),
                  fmt_p(c["p_adj"]), f"{fmt(c['within'])} ({c['n_groups']})"])
-  lines += _table(["predictor", "outcome", "n", "excluded", "Spearman rho", "95% CI", "p",
+  lines += table(["predictor", "outcome", "n", "excluded", "Spearman rho", "95% CI", "p",
                    "Holm p", "within (checkpoints)"], rows)
   lines += ["Noise floor per checkpoint (the most divergent noise branch) and the policy "
             "branches above it:", ""]
@@ -365,13 +359,13 @@ def markdown(st: dict[str, Any], br: Branches, res: Results, figure: str | None 
   rows = [[s, f["n_noise"], fmt(f["param_div"]), "{} of {}".format(*above[(s, "param_div")]),
            fmt(f["loss_gap"]), "{} of {}".format(*above[(s, "loss_gap")]),
            fmt(f["routing_div"]), fmt(1 - f["update_cos"])] for s, f in st["floors"].items()]
-  lines += _table(["from step", "noise branches", "param_div floor", "above",
+  lines += table(["from step", "noise branches", "param_div floor", "above",
                    "abs loss gap floor", "above", "routing_div floor",
                    "1 - update_cos floor"],
                   rows)
   if st["nonfinite"]:
     lines += ["Branches with non-finite steps (those steps left out):", ""]
-    lines += _table(["from step", "branch", "non-finite steps", "first"],
+    lines += table(["from step", "branch", "non-finite steps", "first"],
                     [list(x) for x in st["nonfinite"]])
   if st["unmatched"]:
     lines += ["Policy branches without sweep rows (not joined): " + ", ".join(
