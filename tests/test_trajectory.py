@@ -322,9 +322,12 @@ def test_conditioning_floor_and_telemetry_predictors_under_holm(tmp_path):
   the whole family."""
   tel = lambda i, j: {"tel/saturated_frac": 0.001 * (1 + i)}  # noqa: E731
   sweep = build(tmp_path / "compare", floor=True, fields={p: tel for p in SEED[:4]},
-                grad_norm={100: 10.0})
+                grad_norm={100: 10.0}, controls={"attn_l0_e4m3": (2.0, 2.0, 2.0, 2.0)})
   res = results.load(sweep)
   preds, _ = trajectory.predictors(res)
+  assert preds[(0, "noise(attn_l0_e4m3)")]["rel_err"] == pytest.approx(
+      2 * preds[(0, "attn_l0_e4m3")]["rel_err"])  # a control can be branched off too
+  assert (0, "floor") not in preds
   got = preds[(100, "attn_l0_e4m3")]
   assert got["grad_norm"] == pytest.approx(10.0)
   assert got["tel/saturated_frac"] == pytest.approx(0.002)

@@ -198,14 +198,15 @@ def above_floor(name: str, value: float, floor: float) -> bool | None:
 
 
 def predictors(res: Results) -> tuple[dict[tuple[int, str], dict[str, float]], int]:
-  """``({(step, policy): {predictor: value}}, rows skipped as non-finite)``: means over the
-  finite rows (routing: each row's mean over the MoE layers; NaN where absent), the
-  geometric mean of rel_err / floor over the batches, and the checkpoint's conditioning
-  signals (their centers, :func:`fp8jax.study.conditioning.per_checkpoint`)."""
+  """``({(step, policy): {predictor: value}}, rows skipped as non-finite)`` of the policies
+  and the noise-matched controls (not the floor): means over the finite rows (routing: each
+  row's mean over the MoE layers; NaN where absent), the geometric mean of rel_err / floor
+  over the batches, and the checkpoint's conditioning signals (their centers,
+  :func:`fp8jax.study.conditioning.per_checkpoint`)."""
   out, skipped = {}, 0
   signals = conditioning.per_checkpoint(res)
   tel = [k for k in EXTRA_PREDICTORS if k.startswith("tel/")]
-  for p in res.policies:
+  for p in res.policies + list(res.controls):  # the controls can be branched off too
     for s in res.steps:
       acc = defaultdict(list)
       for r in res.rows_of(p, [s]):
