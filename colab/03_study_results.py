@@ -24,8 +24,11 @@
 # comparison sweep, write `report.md`); this notebook opens the results of such a study and
 # explores them:
 #
-# * the sweep's grid and the summary of every policy, with 95% confidence intervals over the
-#   evaluation batches;
+# * the sweep's grid, the conditioning of every checkpoint and the summary of every policy,
+#   with 95% intervals over the evaluation batches;
+# * every policy against the noise floor (how many times the checkpoint's own sensitivity to
+#   a BF16-sized perturbation it is) and, where the sweep has them, against noise-matched
+#   controls;
 # * the answers to the study's five questions (module, depth, format, redistribution and,
 #   for the `formats` grid, format width);
 # * interactive plots of one policy, metric and checkpoint at a time: a metric over the
@@ -71,7 +74,7 @@ import numpy as np
 
 import fp8jax
 from fp8jax.experiments.configs import train_tiny
-from fp8jax.study import figures, questions, report, results, stats, sweep
+from fp8jax.study import conditioning, figures, floor, questions, report, results, stats, sweep
 from fp8jax.train import loop
 
 try:
@@ -156,9 +159,12 @@ print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}
 # `results.load` reads the sweep into a `Results` object (`fp8jax.study.results`);
 # `report.grid_markdown` and `report.summary_markdown` are the first sections of `report.md`:
 # the model, the checkpoints, the evaluation windows, the policies with their directly
-# quantized modules, the rows that were not finite (excluded from every mean), and per policy
-# the mean of each metric over all finite (checkpoint, batch) rows with its 95% Student-t
-# interval, followed by the relative gradient error per checkpoint.
+# quantized modules (and the noise floor and controls, when the sweep has them), the rows that
+# were not finite (excluded from every statistic), and per policy each metric's median over
+# the checkpoints with a 95% bootstrap interval (resampling the batches within each
+# checkpoint), followed by the relative gradient error per checkpoint. Positive metrics are
+# summarized on the log scale: per checkpoint the geometric mean over the batches with the
+# t-interval of the logs, so no interval of a norm goes below zero.
 #
 # The metrics: `rel_err` = ‖g_fp8 − g_bf16‖ / ‖g_bf16‖, `diff_norm` = ‖g_fp8 − g_bf16‖,
 # `cosine` between the two gradients, `loss_rel_err` = |loss_fp8 − loss_bf16| / loss_bf16,
@@ -170,14 +176,36 @@ show_markdown(report.grid_markdown(res)[2:] + report.summary_markdown(res))
 
 # %% [markdown]
 # `stats.summary(res, metric)` (`fp8jax.study.stats`) gives the same statistics as data,
-# `{(policy, step): Stat}` with the mean, the interval and the number of batches, e.g. for the
-# last checkpoint:
+# `{(policy, step): Stat}` with the center (the geometric mean for rel_err), the interval and
+# the number of batches, e.g. for the last checkpoint:
 
 # %%
 last = res.steps[-1]
 for (p, s), st in stats.summary(res, "rel_err").items():
   if s == last:
     print(f"{p:16s} step {s}: rel_err {stats.fmt_stat(st)}")
+
+# %% [markdown]
+# ### The noise floor and the conditioning of each checkpoint
+#
+# A sweep written with a noise floor also compares BF16 with BF16 at weights perturbed at
+# BF16 rounding level, on the same batches: the checkpoint's own sensitivity to any
+# perturbation of that size. `conditioning.markdown` shows it per checkpoint with the BF16
+# loss and gradient norm and flags the checkpoints in spikes (a signal above 3x its median
+# over the checkpoints); `floor.floor_markdown` divides every policy's error by the floor's
+# on the same batch and says which policies are within 3x of it ("cannot tell from the
+# checkpoint's own sensitivity"); `floor.controls_markdown` compares each policy with its
+# noise-matched control `noise(POLICY)` when the sweep has one. A sweep without a floor says
+# so.
+
+# %%
+show_markdown(conditioning.markdown(res) + floor.floor_markdown(res)
+              + floor.controls_markdown(res))
+flagged = conditioning.flags(res)
+print("flagged checkpoints:", flagged or "none")
+if res.floor:
+  for p in res.policies:
+    print(floor.multiples(res, p)["sentence"])
 
 # %% [markdown]
 # ## 3. The five questions
@@ -324,19 +352,19 @@ else:
 #
 # `report.write_report(folder)` writes `report.md` and its figures into a sweep folder (the
 # demo study above already did); `fp8jax.study.figures` draws each figure of the report
-# separately, and `stats.compare(res, a, b, metric)` compares any two policies, per
-# checkpoint and pooled, with paired differences over the batches they share.
+# separately, and `stats.compare(res, a, b, metric)` compares any two policies on the batches
+# they share: the paired ratio a / b per batch, its geometric mean per checkpoint and the
+# median over the checkpoints with a bootstrap interval.
 
 # %%
 if len(res.policies) >= 2:
   a, b = res.policies[:2]
   c = stats.compare(res, a, b, "rel_err")
-  print(f"{a} vs {b}: pooled rel_err {stats.fmt_stat(c['pooled_a'])} vs "
-        f"{stats.fmt_stat(c['pooled_b'])}, ratio {stats.fmt(c['ratio'])}, paired "
-        f"difference {stats.fmt_stat(c['diff'])}")
+  print(f"{a} vs {b}: median rel_err {stats.fmt_stat(c['summary_a'])} vs "
+        f"{stats.fmt_stat(c['summary_b'])}, paired ratio {stats.fmt_stat(c['paired'])}")
   for s in c["per_step"]:
     print(f"  step {s['step']}: {stats.fmt(s['a'].mean)} vs {stats.fmt(s['b'].mean)}, "
-          f"difference {stats.fmt_stat(s['diff'], n=False)}")
+          f"ratio {stats.fmt_stat(s['paired'], n=False)}")
 
 # %% [markdown]
 # ## Checks
@@ -353,7 +381,7 @@ for p in res.policies:
     assert len(rows) <= per_step, (p, s)
     assert st.n + st.n_nonfinite + st.n_undefined == len(rows), (p, s, st)
     if st.has_ci:
-      assert st.lo <= st.mean <= st.hi, (p, s, st)
+      assert 0 <= st.lo <= st.mean <= st.hi, (p, s, st)  # rel_err: never below 0
   if res.details_of(p, res.steps[-1]):
     modules, layers, table = figures.module_layer_table(res, p, res.steps[-1])
     assert table.shape == (len(modules), len(layers)) and np.isfinite(table).any(), p
@@ -362,6 +390,11 @@ for r in res.rows:
     assert math.isclose(r["loss_abs_err"], abs(r["loss_fp8"] - r["loss_bf16"]),
                         rel_tol=1e-4, abs_tol=1e-7), r
 assert set(answers) == {"module", "depth", "format", "redistribution", "narrowing"}
+assert res.floor not in res.policies and not set(res.controls) & set(res.policies)
+if res.floor:
+  for p in res.policies:
+    m = floor.multiples(res, p)
+    assert m["available"] and m["overall"].median > 0, p
 if RESULTS_DIR is None:
   assert len(res.rows) == len(res.steps) * per_step * len(res.policies)
   assert answers["module"]["available"]

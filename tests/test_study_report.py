@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import ranking
@@ -75,12 +76,53 @@ def module_layer(values: dict[str, float]) -> dict[str, float]:
   return {k: math.sqrt(v) for k, v in cells.items()}
 
 
+FLOOR_NOISE = (1.0, 0.8, 1.25, 0.9)  # the floor's own per-batch factor (multiples vary)
+PERTURBATION_NORM = 0.5
+
+
+def floor_rel_err(i: int, j: int, scale: float = 1.0) -> float:
+  """The synthetic noise floor's rel_err at checkpoint index i, batch index j."""
+  return 0.01 * FLOOR_NOISE[j] * scale
+
+
+def metric_row(ids: dict, name: str, r: float, lre: float, loss: float, i: int,
+               moe: bool) -> dict:
+  """A row of the sweep's metric fields for rel_err ``r`` and loss_rel_err ``lre``."""
+  row = {**ids, "policy": name, "finite": True, "nonfinite": None, "loss_bf16": loss,
+         "loss_fp8": loss * (1 + lre), "loss_abs_err": loss * lre, "loss_rel_err": lre,
+         "diff_norm": 2.0 * r, "norm_bf16": 2.0, "norm_fp8": 2.0, "rel_err": r,
+         "cosine": 1 - r * r / 2, "share_direct": 0.8 - 0.2 * i,
+         "module/attn_o/diff_norm": r, "layer/0/rel_err": r}
+  for lay in range(1, LAYERS):
+    row[f"routing/{lay}/topk_set_diff_frac"] = 0.01 * lay * (1 + i) if moe else 0.005
+    row[f"routing/{lay}/n_only_a"] = 0.0
+    row[f"routing/{lay}/n_only_b"] = 0.0
+  return row
+
+
 def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSETS,
-          batches=BATCHES, flip=False) -> pathlib.Path:
+          batches=BATCHES, flip=False, floor=False, controls=None, grad_norm=None,
+          floor_scale=None, extra=None, fields=None) -> pathlib.Path:
+  """A sweep folder of known numbers. ``floor``: with a noise floor (:func:`floor_rel_err`);
+  ``controls``: {policy: per-batch factors of its noise-matched control's rel_err over the
+  policy's}; ``grad_norm``: {step: BF16 gradient norm} (default 2); ``floor_scale``: {step:
+  factor on the floor}; ``extra``: {policy name: f(i, j) -> rel_err}; ``fields``: {policy:
+  f(i, j) -> further row fields}. Without floor and controls the meta has no kinds (the
+  format of earlier sweeps)."""
   folder.mkdir(parents=True, exist_ok=True)
+  controls, extra, fields = controls or {}, extra or {}, fields or {}
+  kinds = bool(floor or controls)
+  entries = {p: {"expr": p.replace("_", "@", 1), "direct": direct_pairs(p)}
+             for p in (*policies, *extra)}
+  for p in entries.values():
+    p.update({"kind": "policy"} if kinds else {})
+  for p in controls:
+    entries[f"noise({p})"] = {"expr": f"noise({entries[p]['expr']})", "direct": direct_pairs(p),
+                              "kind": "control", "control_of": p}
+  if floor:
+    entries["floor"] = {"expr": "floor", "direct": [], "kind": "floor", "scale": 2.0 ** -8}
   meta = {"model": {"num_hidden_layers": LAYERS, "hidden_size": 32, "n_routed_experts": 4},
-          "policies": {p: {"expr": p.replace("_", "@", 1), "direct": direct_pairs(p)}
-                       for p in policies},
+          "policies": entries,
           "steps": list(steps), "windows": {"offsets": list(offsets), "batches": batches,
                                             "batch_size": 2, "seq_len": 16},
           "code_version": "abc1234-test", "train_workdir": "/runs/synthetic"}
@@ -92,22 +134,14 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
     for j, (o, b) in enumerate((o, b) for o in offsets for b in range(batches)):
       ids = {"step": s, "offset": o, "batch": b}
       loss = 5.0 - 0.5 * i + 0.01 * j
-      base.append({**ids, "loss": loss, "lm_loss": loss, "aux_loss": 0.0, "grad_norm": 2.0,
-                   "finite": True})
-      for p in policies:
+      base.append({**ids, "loss": loss, "lm_loss": loss, "aux_loss": 0.0,
+                   "grad_norm": (grad_norm or {}).get(s, 2.0), "finite": True})
+      for p in (*policies, *extra):
         module, _, fmt = results.parse_seed_name(p) or ("attn", "l0", "e4m3")
-        r = rel_err(p, i, j, flip)
+        r = extra[p](i, j) if p in extra else rel_err(p, i, j, flip)
         lre = 1e-3 * NOISE[j] * (1.0 if (fmt == "e4m3") != flip else 3.0)
-        row = {**ids, "policy": p, "finite": True, "nonfinite": None, "loss_bf16": loss,
-               "loss_fp8": loss * (1 + lre), "loss_abs_err": loss * lre, "loss_rel_err": lre,
-               "diff_norm": 2.0 * r, "norm_bf16": 2.0, "norm_fp8": 2.0, "rel_err": r,
-               "cosine": 1 - r * r / 2, "share_direct": 0.8 - 0.2 * i,
-               "module/attn_o/diff_norm": r, "layer/0/rel_err": r}
-        for lay in range(1, LAYERS):
-          row[f"routing/{lay}/topk_set_diff_frac"] = (0.01 * lay * (1 + i) if module == "moe"
-                                                      else 0.005)
-          row[f"routing/{lay}/n_only_a"] = 0.0
-          row[f"routing/{lay}/n_only_b"] = 0.0
+        row = {**metric_row(ids, p, r, lre, loss, i, module == "moe"),
+               **(fields[p](i, j) if p in fields else {})}
         pp = per_param(p, i, j)
         if {**ids, "policy": p} == BAD:
           row = {**{k: (math.nan if isinstance(v, float) else v) for k, v in row.items()},
@@ -115,6 +149,15 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
           pp = {k: 1e9 for k in pp}  # would dominate every ranking if it were used
         rows.append(row)
         details.append({**ids, "policy": p, "per_param": pp, "module_layer": module_layer(pp)})
+        if p in controls:
+          rows.append(metric_row(ids, f"noise({p})", r * controls[p][j], lre, loss, i,
+                                 module == "moe"))
+      if floor:
+        fr = floor_rel_err(i, j, (floor_scale or {}).get(s, 1.0))
+        row = metric_row(ids, "floor", fr, 1e-4 * FLOOR_NOISE[j], loss, i, False)
+        row.update(share_direct=math.nan, perturbation_norm=PERTURBATION_NORM,
+                   curvature=2.0 * fr / PERTURBATION_NORM)
+        rows.append(row)
   for name, items in (("rows", rows), ("details", details), ("baseline", base),
                       ("weights", weights)):
     (folder / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
@@ -168,7 +211,7 @@ def test_load_torn_lines_and_errors(tmp_path):
 
 def test_t_quantile_and_mean_ci():
   assert stats.t_quantile(1) == 12.706 and stats.t_quantile(30) == 2.042
-  assert stats.t_quantile(31) == stats.t_quantile(1000) == 1.96
+  assert stats.t_quantile(31) == pytest.approx(2.0395, abs=1e-4)  # tests/test_intervals.py
   x = np.array([1.0, 2.0, 4.0])
   s = stats.mean_ci(list(x) + [math.nan], n_nonfinite=2)
   half = 4.303 * x.std(ddof=1) / math.sqrt(3)
@@ -180,21 +223,37 @@ def test_t_quantile_and_mean_ci():
   assert stats.mean_ci([]).n == 0 and math.isnan(stats.mean_ci([]).mean)
 
 
-def test_summary_matches_hand_computation_and_excludes_nonfinite(res):
+def _log_t(x) -> tuple[float, float, float]:
+  """Geometric mean and exp of the 95% t-interval of the logs, by SciPy."""
+  lx = np.log(x)
+  lo, hi = scipy_stats.t.interval(0.95, lx.size - 1, lx.mean(), scipy_stats.sem(lx))
+  return scipy_stats.gmean(x), math.exp(lo), math.exp(hi)
+
+
+def test_summary_matches_scipy_and_excludes_nonfinite(res):
   table = stats.summary(res, "rel_err")
   assert set(table) == {(p, s) for p in SEED for s in STEPS}
   x = np.array([rel_err("attn_l0_e5m2", 2, j, False) for j in range(4)])
   st = table[("attn_l0_e5m2", 200)]
-  half = 3.182 * x.std(ddof=1) / 2
-  assert (st.mean, st.lo, st.hi, st.n) == pytest.approx((x.mean(), x.mean() - half,
-                                                         x.mean() + half, 4))
+  assert st.log and st.n == 4
+  assert (st.mean, st.lo, st.hi) == pytest.approx(_log_t(x), rel=2e-4)  # t table: 3 decimals
   bad = table[("moe_l0-8_e5m2", 100)]  # batch j = 2 (offset 8, batch 0) is non-finite
   x = np.array([rel_err("moe_l0-8_e5m2", 1, j, False) for j in (0, 1, 3)])
-  half = 4.303 * x.std(ddof=1) / math.sqrt(3)
   assert (bad.n, bad.n_nonfinite) == (3, 1)
-  assert (bad.mean, bad.hi) == pytest.approx((x.mean(), x.mean() + half))
+  assert (bad.mean, bad.lo, bad.hi) == pytest.approx(_log_t(x), rel=2e-4)
+  cos = stats.stat(res, "cosine", "attn_l0_e5m2", [200])  # signed: arithmetic t-interval
+  c = np.array([1 - rel_err("attn_l0_e5m2", 2, j, False) ** 2 / 2 for j in range(4)])
+  want = scipy_stats.t.interval(0.95, 3, c.mean(), scipy_stats.sem(c))
+  assert not cos.log and cos.mean == pytest.approx(c.mean())
+  assert (cos.hi - cos.mean, cos.mean - cos.lo) == pytest.approx(
+      (want[1] - c.mean(), c.mean() - want[0]), rel=2e-4)
   pooled = stats.stat(res, "rel_err", "moe_l0-8_e5m2")
   assert pooled.n == 15 and pooled.n_nonfinite == 1 and math.isfinite(pooled.mean)
+  over = stats.overall(res, "rel_err", "moe_l0-8_e5m2")
+  centers = [table[("moe_l0-8_e5m2", s)].mean for s in STEPS]
+  assert over.median == pytest.approx(math.exp(np.median(np.log(centers))))
+  assert (over.n_steps, over.n, over.n_nonfinite) == (4, 15, 1)
+  assert 0 < over.lo <= over.median <= over.hi
 
 
 def test_parse_seed_name():
@@ -213,14 +272,16 @@ def test_answers_follow_the_data(tmp_path, flip):
   assert not ans["narrowing"]["available"]  # this grid has no GEMM recipes
   lower, higher = ("E5M2", "E4M3") if flip else ("E4M3", "E5M2")
   fmt = ans["format"]
-  assert f"{lower} has lower mean rel_err than {higher} in 4 of 4 settings" in fmt["summary"]
-  assert f"{lower} has lower mean loss_rel_err than {higher} in 4 of 4" in fmt["summary"]
+  assert f"{lower} has lower rel_err than {higher} in 4 of 4 settings" in fmt["summary"]
+  assert f"{lower} has lower loss_rel_err than {higher} in 4 of 4" in fmt["summary"]
+  assert "the 95% interval excludes 1 in 4 of 4" in fmt["summary"]
+  assert "Flagged" not in fmt["summary"]  # no checkpoint of this sweep is flagged
   attn = [s for s in fmt["settings"] if s["module"] == "attn"]
   assert [s["comparisons"]["rel_err"]["ratio"] for s in attn] == pytest.approx(
       [2.0 if flip else 0.5] * 2)
   decay, persist = ("MoE", "attention") if flip else ("attention", "MoE")
   mod = ans["module"]
-  assert f"{persist} has lower mean rel_err than {decay} in 4 of 4" in mod["summary"]
+  assert f"{persist} has lower rel_err than {decay} in 4 of 4" in mod["summary"]
   assert f"{decay}: early-strong/later-decaying in 4 of 4" in mod["summary"]
   assert f"{persist}: bounded persistent in 4 of 4" in mod["summary"]
   t = mod["settings"][0]["trajectory_attn"]
@@ -233,16 +294,16 @@ def test_answers_follow_the_data(tmp_path, flip):
   near_cmp = next(s["comparison"] for s in ans["depth"]["settings"]
                   if s["module"] == near and s["format"] == "e4m3")
   assert near_cmp["ratio"] == pytest.approx(1.05)
-  assert near_cmp["steps_overlap"] == 4 and near_cmp["steps_diff_nonzero"] == 4
+  assert near_cmp["steps_overlap"] == 4 and near_cmp["steps_excludes_null"] == 4
   assert "close but not equal in 2 of 2" in ans["depth"]["summary"]
 
 
 def test_depth_verdict_thresholds():
-  base = {"diff_nonzero": False, "steps_diff_nonzero": 0}
+  base = {"excludes_null": False, "steps_excludes_null": 0}
   assert questions.depth_verdict({**base, "ratio": 1.5}) == "different"
   assert questions.depth_verdict({**base, "ratio": 0.7}) == "different"
   assert questions.depth_verdict({**base, "ratio": 1.1}) == "close, not distinguishable"
-  assert questions.depth_verdict({**base, "ratio": 1.1, "steps_diff_nonzero": 1}) == (
+  assert questions.depth_verdict({**base, "ratio": 1.1, "steps_excludes_null": 1}) == (
       "close but not equal")
   assert questions.depth_verdict({**base, "ratio": math.nan}) == "undetermined"
 
@@ -284,14 +345,17 @@ def test_write_report_with_figures(sweep, tmp_path):
   for title in ("1. Module sensitivity", "2. Depth sensitivity", "3. Format sensitivity",
                 "4. Perturbation redistribution"):
     assert f"## {title}" in text
-  assert "E4M3 has lower mean rel_err than E5M2 in 4 of 4 settings" in text
+  assert "E4M3 has lower rel_err than E5M2 in 4 of 4 settings" in text
   assert "nan" not in text.lower().replace("n/a", "")
+  assert "[-" not in text  # no negative bound (the pooled t-intervals had them)
+  assert "This sweep has no noise floor" in text  # a sweep in the format before floors
+  assert "| attn_l0_e4m3 | policy |" in text
   assert not (sweep / "report.md").exists()
 
 
 @pytest.mark.parametrize("kw,unavailable", [
-    ({"policies": ("attn_l0_e4m3",)}, 4),
-    ({"policies": ("custom",), "steps": (0,), "offsets": (0,), "batches": 1}, 5)])
+    ({"policies": ("attn_l0_e4m3",)}, 5),
+    ({"policies": ("custom",), "steps": (0,), "offsets": (0,), "batches": 1}, 6)])
 def test_small_grid_report(tmp_path, kw, unavailable):
   path = report.write_report(build(tmp_path / "s", **kw))
   text = path.read_text()

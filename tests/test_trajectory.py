@@ -12,9 +12,10 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
-from fp8jax.study import report, results, trajectory
-from tests.test_study_report import BAD, LAYERS, SEED, STEPS, build, rel_err
+from fp8jax.study import correlation, report, results, trajectory
+from tests.test_study_report import BAD, LAYERS, SEED, STEPS, build, floor_rel_err, rel_err
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 K = 8
@@ -201,8 +202,12 @@ def test_no_relation_ci_contains_rho_and_is_deterministic(res, tmp_path):
   assert abs(want) < 0.3  # the data carry no relation
   assert c["rho"] == pytest.approx(want)
   assert c["lo"] <= c["rho"] <= c["hi"] and c["lo"] < 0 < c["hi"]
-  assert "No evidence of a relation (the CI contains 0)" in st["verdicts"][("rel_err",
-                                                                             "param_div")]
+  v = st["verdicts"][("rel_err", "param_div")]
+  assert f"No evidence of a relation (permutation p = {correlation.fmt_p(c['p'])}" in v
+  # The permutation p-value of a null relation is close to SciPy's t approximation.
+  want_p = scipy_stats.spearmanr([p["rel_err"] for p in st["pairs"]],
+                                 [p["outcome"]["param_div"] for p in st["pairs"]]).pvalue
+  assert c["p"] == pytest.approx(want_p, abs=0.05) and c["p_adj"] >= c["p"]
   again = trajectory.study(res, br, n_boot=N_BOOT)["correlations"][("rel_err", "param_div")]
   assert again == c
   x = [p["rel_err"] for p in st["pairs"]]
@@ -273,7 +278,12 @@ def test_report_section_only_with_branch_data(sweep, tmp_path):
   assert title in text and "![trajectory](figures/trajectory.png)" in text
   assert _is_png(tmp_path / "out" / "figures" / "trajectory.png")
   assert "- rel_err vs param_div: Spearman rho = 1 (95% CI [1, 1], n = 32)" in text
-  assert "| rel_err | param_div | 32 | 0 | 1 | [1, 1] | 1 (4) |" in text
+  c = trajectory.study(results.load(sweep), trajectory.load_branches(branch),
+                       n_boot=N_BOOT)["correlations"][("rel_err", "param_div")]
+  assert c["p"] == pytest.approx(1 / (correlation.N_PERM + 1))  # no pairing beats rho = 1
+  row = (f"| rel_err | param_div | 32 | 0 | 1 | [1, 1] | {correlation.fmt_p(c['p'])} | "
+         f"{correlation.fmt_p(c['p_adj'])} | 1 (4) |")
+  assert row in text
   assert "| 0 | 2 | 1e-06 | 8 of 8 |" in text  # noise floor of checkpoint 0
   # The rest of the report is unchanged by the section.
   assert text.split(title)[0] == plain.read_text().split("## Figures")[0]
@@ -304,3 +314,39 @@ def test_binary_branch_flag(sweep, tmp_path):
                         capture_output=True, text=True, env=env, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert f"## {trajectory.TITLE}" in (out / "report.md").read_text()
+
+
+def test_conditioning_floor_and_telemetry_predictors_under_holm(tmp_path):
+  """With a floor and telemetry in the sweep, the floor multiple, the checkpoint's
+  conditioning and the telemetry fields join the predictors; every verdict is adjusted over
+  the whole family."""
+  tel = lambda i, j: {"tel/saturated_frac": 0.001 * (1 + i)}  # noqa: E731
+  sweep = build(tmp_path / "compare", floor=True, fields={p: tel for p in SEED[:4]},
+                grad_norm={100: 10.0}, controls={"attn_l0_e4m3": (2.0, 2.0, 2.0, 2.0)})
+  res = results.load(sweep)
+  preds, _ = trajectory.predictors(res)
+  assert preds[(0, "noise(attn_l0_e4m3)")]["rel_err"] == pytest.approx(
+      2 * preds[(0, "attn_l0_e4m3")]["rel_err"])  # a control can be branched off too
+  assert (0, "floor") not in preds
+  got = preds[(100, "attn_l0_e4m3")]
+  assert got["grad_norm"] == pytest.approx(10.0)
+  assert got["tel/saturated_frac"] == pytest.approx(0.002)
+  assert math.isnan(preds[(100, "moe_l0_e4m3")]["tel/saturated_frac"])  # no GEMM recipe
+  want = np.exp(np.mean([np.log(rel_err("attn_l0_e4m3", 1, j, False) / floor_rel_err(1, j))
+                         for j in range(4)]))
+  assert got["floor_multiple"] == pytest.approx(want)
+  br = trajectory.load_branches(write_branches(tmp_path / "b", grid_lines(monotone)))
+  st = trajectory.study(res, br, n_boot=N_BOOT)
+  assert st["predictors"] == ["rel_err", "share_direct", "routing", "floor_multiple", "loss",
+                              "grad_norm", "floor_rel_err", "curvature", "tel/saturated_frac"]
+  with_p = [c for c in st["correlations"].values() if math.isfinite(c["p"])]
+  assert st["n_tests"] == len(with_p) > 4  # the base predictors alone give 4 tests
+  assert [c["p_adj"] for c in with_p] == pytest.approx(
+      list(correlation.holm([c["p"] for c in with_p])))
+  f = st["correlations"][("floor_multiple", "param_div")]
+  assert f["rho"] > 0.9 and correlation.related(f)
+  assert "A positive relation (permutation p = " in st["verdicts"][("floor_multiple",
+                                                                    "param_div")]
+  assert f"Holm-adjusted p < 0.05 over {st['n_tests']} tests" in st["summary"]
+  text = "\n".join(trajectory.markdown(st, br, res))
+  assert "| tel/saturated_frac | param_div | 16 | 16 |" in text  # 16 policy branches lack it

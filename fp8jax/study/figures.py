@@ -3,7 +3,8 @@
 Every function draws one figure of a loaded sweep (:func:`fp8jax.study.results.load`) into
 ``out_dir`` and returns the path of the PNG. They build :class:`matplotlib.figure.Figure`
 objects directly (no pyplot state and no backend switch), so notebooks can call them too.
-Means are over the finite rows of each checkpoint, bands are 95% t-intervals.
+Centers are over the finite rows of each checkpoint (geometric means for positive metrics,
+arithmetic means otherwise), bands are their 95% intervals (:func:`fp8jax.study.stats.stat`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import rows as metrics_rows
-from fp8jax.study import narrowing, questions, results, stats
+from fp8jax.study import conditioning, floor, narrowing, questions, results, stats
 
 NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
-         "migration", "routing", "format_width")
+         "migration", "routing", "format_width", "noise_floor")
 """The figures of :func:`write_all`, in report order (file ``<name>.png``)."""
 
 _ROUTING = re.compile(r"^routing/(\d+)/topk_set_diff_frac$")
@@ -59,6 +60,10 @@ def series(res: results.Results, metric: str, policy: str) -> tuple[np.ndarray, 
 
 def _band(ax, res, metric: str, policy: str, label: str, **kw) -> None:
   x, mean, lo, hi = series(res, metric, policy)
+  _band_of(ax, x, mean, lo, hi, label, **kw)
+
+
+def _band_of(ax, x, mean, lo, hi, label: str, **kw) -> None:
   line, = ax.plot(x, mean, marker="o", ms=3, label=label, **kw)
   if ax.get_yscale() == "log":  # a t-interval can reach below 0: clip it at mean / 10
     lo = np.where(lo > 0, lo, mean / 10)
@@ -94,7 +99,7 @@ def grad_error(res: results.Results, out_dir) -> pathlib.Path:
       _band(ax, res, metric, p, p)
     ax.set(xlabel="checkpoint step", ylabel=label, title=metric)
   axes[1].legend(fontsize=7)
-  fig.suptitle("Gradient difference (mean and 95% CI over batches)")
+  fig.suptitle("Gradient difference (geometric mean and 95% CI over batches)")
   return _save(fig, out_dir, "grad_error")
 
 
@@ -270,6 +275,49 @@ def format_width(res: results.Results, out_dir) -> pathlib.Path:
   ax.set_title("gradient error per module as the format narrows")
   ax.legend(fontsize=7)
   return _save(fig, out_dir, "format_width")
+
+
+def _stat_arrays(per: dict, steps) -> tuple[np.ndarray, ...]:
+  st = [per.get(s) for s in steps]
+  return tuple(np.array([getattr(x, k) if x is not None else math.nan for x in st])
+               for k in ("mean", "lo", "hi"))
+
+
+def noise_floor(res: results.Results, out_dir) -> pathlib.Path:
+  """The floor per checkpoint with every policy's rel_err, each policy's rel_err as a
+  multiple of the floor (lines at 1x and :data:`fp8jax.study.floor.FLOOR_MULTIPLE`), and
+  policy / noise-matched control (line at 1); flagged checkpoints shaded. Log scales."""
+  fig, axes = _figure(3, ncols=3, size=(5.0, 3.8))
+  x = np.asarray(res.steps, np.float64)
+  if not res.floor:
+    for ax in axes:
+      _empty(ax, "no noise floor in this sweep")
+    return _save(fig, out_dir, "noise_floor")
+  _band(axes[0], res, "rel_err", res.floor, "floor", color="k", lw=2)
+  for p in res.policies:
+    axes[0].plot(*series(res, "rel_err", p)[:2], marker=".", lw=1, label=p)
+    per = floor.multiples(res, p)["per_step"]
+    _band_of(axes[1], x, *_stat_arrays(per, res.steps), p)
+    ctrl = floor.control(res, p)
+    if ctrl["available"]:
+      _band_of(axes[2], x, *_stat_arrays(ctrl["per_step"], res.steps), p)
+  for y, ls in ((1.0, "-"), (floor.FLOOR_MULTIPLE, "--")):
+    axes[1].axhline(y, color="grey", ls=ls, lw=1)
+  axes[2].axhline(1.0, color="grey", lw=1)
+  if not res.controls:
+    _empty(axes[2], "no noise-matched controls")
+  for ax in axes:
+    for s in conditioning.flags(res):
+      ax.axvspan(s - 0.02 * np.ptp(x), s + 0.02 * np.ptp(x), color="red", alpha=0.15, lw=0)
+    if res.controls or ax is not axes[2]:
+      ax.set_yscale("log")
+      ax.legend(fontsize=6)
+  axes[0].set(title="rel_err: floor (band) and policies", xlabel="checkpoint step")
+  axes[1].set(title=f"rel_err / floor (dashed: {floor.FLOOR_MULTIPLE:g}x)",
+              xlabel="checkpoint step")
+  axes[2].set(title="rel_err: policy / noise-matched control", xlabel="checkpoint step")
+  fig.suptitle("Against the noise floor and the controls (red: flagged checkpoints)")
+  return _save(fig, out_dir, "noise_floor")
 
 
 def write_all(res: results.Results, out_dir, answers: dict[str, dict] | None = None,

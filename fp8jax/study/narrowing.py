@@ -3,9 +3,10 @@
 The policies of the ``formats`` grid (:func:`fp8jax.models.policy.formats_grid`) put every
 linear layer's GEMMs under one training-precision recipe (``gemm:<recipe>``, see
 ``fp8jax.gemm.recipes``). They are ordered by element width (8-bit FP8/MXFP8, then 4-bit
-MXFP4/NVFP4) and compared per module on the relative gradient error pooled over the
-checkpoints and batches; the growth of a module is the ratio of its mean error under the
-4-bit recipes to the mean under the 8-bit ones.
+MXFP4/NVFP4) and compared per module on the relative gradient error: the median over the
+checkpoints of its geometric mean over the batches, with a bootstrap 95% interval
+(:func:`fp8jax.study.stats.overall`); the growth of a module is the ratio of the geometric
+mean of these medians under the 4-bit recipes to that under the 8-bit ones.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from fp8jax.gemm import recipes
 from fp8jax.study.results import Results
-from fp8jax.study.stats import Stat, fmt, fmt_stat, stat
+from fp8jax.study.stats import Summary, fmt, fmt_stat, overall
 
 _RECIPE = re.compile(r"^gemm:([a-z0-9_]+)$")
 _MODULE_METRIC = re.compile(r"^module/([^/]+)/rel_err$")
@@ -45,9 +46,9 @@ def modules(res: Results, policies: list[str]) -> list[str]:
   return sorted(names)
 
 
-def _mean(stats: list[Stat]) -> float:
-  v = [s.mean for s in stats if math.isfinite(s.mean)]
-  return float(np.mean(v)) if v else math.nan
+def _geomean(stats: list[Summary]) -> float:
+  v = [s.center for s in stats if math.isfinite(s.center) and s.center > 0]
+  return float(np.exp(np.mean(np.log(v)))) if v else math.nan
 
 
 def narrowing_answer(res: Results) -> dict[str, Any]:
@@ -60,18 +61,18 @@ def narrowing_answer(res: Results) -> dict[str, Any]:
             "summary": "Not available: the grid lacks an 8-bit and a 4-bit GEMM recipe "
                        "(run the `formats` grid)."}
   names = [f["policy"] for f in pols]
-  overall = {p: stat(res, "rel_err", p) for p in names}
+  total = {p: overall(res, "rel_err", p) for p in names}
   rows = []
   for mod in modules(res, names):
-    per = {p: stat(res, f"module/{mod}/rel_err", p) for p in names}
-    w, n = _mean([per[p] for p in wide]), _mean([per[p] for p in narrow])
-    ordered = all(per[a].mean < per[b].mean for a in wide for b in narrow
-                  if math.isfinite(per[a].mean) and math.isfinite(per[b].mean))
+    per = {p: overall(res, f"module/{mod}/rel_err", p) for p in names}
+    w, n = _geomean([per[p] for p in wide]), _geomean([per[p] for p in narrow])
+    ordered = all(per[a].center < per[b].center for a in wide for b in narrow
+                  if math.isfinite(per[a].center) and math.isfinite(per[b].center))
     rows.append({"module": mod, "per_policy": per, "wide": w, "narrow": n,
                  "growth": n / w if w > 0 else math.nan, "ordered": ordered})
   growth = [r for r in rows if math.isfinite(r["growth"])]
-  text = ("Relative gradient error, pooled: " + ", ".join(
-      f"{p} {fmt(overall[p].mean)}" for p in names))
+  text = ("Relative gradient error, median over the checkpoints: " + ", ".join(
+      f"{p} {fmt(total[p].center)}" for p in names))
   if growth:
     top = max(growth, key=lambda r: r["growth"])
     low = min(growth, key=lambda r: r["growth"])
@@ -81,12 +82,12 @@ def narrowing_answer(res: Results) -> dict[str, Any]:
              f"({top['module']}) across {len(growth)} modules (median "
              f"{fmt(float(np.median([r['growth'] for r in growth])))}); every 4-bit recipe "
              f"is above every 8-bit one in {n_ord} of {len(rows)} modules")
-  return {"available": True, "policies": pols, "overall": overall, "modules": rows,
+  return {"available": True, "policies": pols, "overall": total, "modules": rows,
           "settings": rows, "summary": text + "."}
 
 
 def markdown(a: dict[str, Any]) -> list[str]:
-  """The answer's tables: pooled error per recipe, then per module."""
+  """The answer's tables: the error per recipe, then per module."""
   names = [f["policy"] for f in a["policies"]]
   lines = ["| recipe | element bits | rel_err |", "|---|---|---|"]
   lines += [f"| {f['policy']} (`{f['recipe']}`) | {f['bits']} | "
@@ -94,7 +95,7 @@ def markdown(a: dict[str, Any]) -> list[str]:
   lines += ["", "| module | " + " | ".join(names) + " | 4-bit / 8-bit | ordered |",
             "|" + "---|" * (len(names) + 3)]
   for r in a["modules"]:
-    cells = [fmt(r["per_policy"][p].mean) for p in names]
+    cells = [fmt(r["per_policy"][p].center) for p in names]
     lines.append(f"| {r['module']} | " + " | ".join(cells)
                  + f" | {fmt(r['growth'])} | {'yes' if r['ordered'] else 'no'} |")
   return lines + [""]

@@ -7,9 +7,13 @@ checkpoints, and the share of the difference inside the directly quantized modul
 (5) narrowing: how the perturbation grows from 8-bit to 4-bit GEMM recipes, per module
 (:mod:`fp8jax.study.narrowing`).
 
-Each answer is a dict (numbers, :class:`~fp8jax.study.stats.Stat` means with 95% CIs, and
-a ``summary`` sentence derived from the numbers); :func:`markdown` renders them. A grid that
-lacks the policies of a question gives ``available: False`` and says what is missing.
+Comparisons are paired on the same batches (:func:`fp8jax.study.stats.compare`): the ratio
+a / b per batch, its geometric mean per checkpoint and the median over the checkpoints with
+a bootstrap 95% interval. Each answer is a dict (numbers, Stats and Summaries, and a
+``summary`` sentence derived from them); when a checkpoint is flagged for its conditioning
+(:func:`fp8jax.study.conditioning.flags`), the summaries of (1)-(4) say whether it drives
+the result. :func:`markdown` renders them. A grid that lacks the policies of a question
+gives ``available: False`` and says what is missing.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import ranking
-from fp8jax.study import narrowing
+from fp8jax.study import conditioning, narrowing
 from fp8jax.study.results import Results, depth_layers, parse_seed_name
-from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, trajectory
+from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
 
 _MOD = {"attn": "attention", "moe": "MoE"}
 _FMT = {"e4m3": "E4M3", "e5m2": "E5M2"}
@@ -40,9 +44,12 @@ def seed_grid(res: Results) -> dict[tuple[str, str, str], str]:
 
 
 def _lower_sentence(a: str, b: str, comps: list[dict], what: str, unit: str) -> str:
-  """Which of a, b has the lower pooled mean in how many comparisons, with the a/b ratios."""
-  n_a = sum(c["pooled_a"].mean < c["pooled_b"].mean for c in comps)
-  n_b = sum(c["pooled_b"].mean < c["pooled_a"].mean for c in comps)
+  """Which of a, b is lower (the paired ratio a / b below or above 1, or for a signed
+  metric the paired difference below or above 0) in how many comparisons, with the ratios
+  and how many paired intervals exclude the null."""
+  side = [c["ratio"] - 1 if c["log"] else c["paired"].center for c in comps]
+  n_a = sum(d < 0 for d in side)
+  n_b = sum(d > 0 for d in side)
   n = len(comps)
   if n_a > n_b:
     text = f"{a} has lower {what} than {b} in {n_a} of {n} {unit}"
@@ -53,8 +60,17 @@ def _lower_sentence(a: str, b: str, comps: list[dict], what: str, unit: str) -> 
   ratios = [c["ratio"] for c in comps if math.isfinite(c["ratio"])]
   if ratios:
     span = fmt(min(ratios)) if len(ratios) == 1 else f"{fmt(min(ratios))} to {fmt(max(ratios))}"
-    text += f" ({a} / {b} ratio of the means: {span})"
+    kind = "paired ratio, median over checkpoints" if comps[0]["log"] else "ratio of medians"
+    text += (f" ({a} / {b} {kind}: {span}; the 95% interval excludes "
+             f"{'1' if comps[0]['log'] else '0'} in {sum(c['excludes_null'] for c in comps)} "
+             f"of {n})")
   return text
+
+
+def _with_flags(text: str, res: Results, comps: list[tuple[str, dict]],
+                flagged: Sequence[int]) -> str:
+  note = conditioning.flag_note(res, comps, flagged)
+  return f"{text}. {note[:-1]}" if note else text
 
 
 def _pairs(res: Results, axis: int, a_val: str, b_val: str) -> list[tuple[tuple, str, str]]:
@@ -74,9 +90,10 @@ def _unavailable(need: str) -> dict[str, Any]:
           "summary": f"Not available: the grid lacks {need}."}
 
 
-def module_answer(res: Results, metric: str = "rel_err") -> dict[str, Any]:
-  """(1) Attention vs MoE at the same depth and format: ratio attn/MoE of the mean, and
-  each policy's trajectory shape."""
+def module_answer(res: Results, metric: str = "rel_err", flagged: Sequence[int] = ()
+                  ) -> dict[str, Any]:
+  """(1) Attention vs MoE at the same depth and format: the paired ratio attn/MoE, and
+  each policy's trajectory shape; ``flagged``: checkpoints flagged for conditioning."""
   pairs = _pairs(res, 0, "attn", "moe")
   if not pairs:
     return _unavailable("an attention and a MoE policy of the same depth and format")
@@ -90,7 +107,9 @@ def module_answer(res: Results, metric: str = "rel_err") -> dict[str, Any]:
     settings.append({"depth": depth, "format": fm, "attn": attn, "moe": moe,
                      "comparison": c, "trajectory_attn": t_attn, "trajectory_moe": t_moe})
   text = _lower_sentence("attention", "MoE", [x["comparison"] for x in settings],
-                         f"mean {metric}", "settings (depth, format)")
+                         metric, "settings (depth, format)")
+  text = _with_flags(text, res, [(f"{depth_label(x['depth'])} {_FMT[x['format']]}",
+                                  x["comparison"]) for x in settings], flagged)
   text += ". Trajectory shapes (late vs early "
   parts = []
   for mod, found in shapes.items():
@@ -106,22 +125,23 @@ CLOSE_TOL = 0.25
 
 
 def depth_verdict(c: dict, tol: float = CLOSE_TOL) -> str:
-  """"different", "close but not equal" (the paired difference excludes 0 pooled or at
-  some checkpoint), "close, not distinguishable" or "undetermined" for a comparison."""
+  """"different", "close but not equal" (the paired interval excludes the null over the
+  checkpoints or at some checkpoint), "close, not distinguishable" or "undetermined" for a
+  comparison."""
   r = c["ratio"]
   if not math.isfinite(r) or r <= 0:
     return "undetermined"
   if abs(math.log(r)) > math.log1p(tol):
     return "different"
-  if c["diff_nonzero"] or c["steps_diff_nonzero"]:
+  if c["excludes_null"] or c["steps_excludes_null"]:
     return "close but not equal"
   return "close, not distinguishable"
 
 
-def depth_answer(res: Results, metric: str = "rel_err", tol: float = CLOSE_TOL
-                 ) -> dict[str, Any]:
-  """(2) The fewest vs the most quantized layers, per module and format: ratio deep/shallow
-  of the mean, CI overlap per checkpoint and the paired difference."""
+def depth_answer(res: Results, metric: str = "rel_err", tol: float = CLOSE_TOL,
+                 flagged: Sequence[int] = ()) -> dict[str, Any]:
+  """(2) The fewest vs the most quantized layers, per module and format: the paired ratio
+  deep/shallow, CI overlap per checkpoint, and the verdict."""
   grid = seed_grid(res)
   settings = []
   for mod, fm in sorted({(k[0], k[2]) for k in grid}):
@@ -142,14 +162,17 @@ def depth_answer(res: Results, metric: str = "rel_err", tol: float = CLOSE_TOL
                        for v in dict.fromkeys(verdicts))
     ratios = ", ".join(f"{fmt(s['comparison']['ratio'])} ({_FMT[s['format']]})" for s in mine)
     parts.append(f"{_MOD[mod]}: {depth_label(mine[0]['deep'])} vs "
-                 f"{depth_label(mine[0]['shallow'])} mean {metric} ratio {ratios}: {counts}")
+                 f"{depth_label(mine[0]['shallow'])} paired {metric} ratio {ratios}: {counts}")
+  text = "; ".join(parts) + f" (close: ratio within a factor {1 + tol:g})"
+  text = _with_flags(text, res, [(f"{_MOD[x['module']]} {_FMT[x['format']]}", x["comparison"])
+                                 for x in settings], flagged)
   return {"available": True, "metric": metric, "tol": tol, "settings": settings,
-          "summary": "; ".join(parts) + f" (close: ratio within a factor {1 + tol:g})."}
+          "summary": text + "."}
 
 
-def format_answer(res: Results, metrics: Sequence[str] = ("rel_err", "loss_rel_err")
-                  ) -> dict[str, Any]:
-  """(3) E4M3 vs E5M2 per module and depth, on each of ``metrics``."""
+def format_answer(res: Results, metrics: Sequence[str] = ("rel_err", "loss_rel_err"),
+                  flagged: Sequence[int] = ()) -> dict[str, Any]:
+  """(3) E4M3 vs E5M2 per module and depth, on each of ``metrics`` (paired ratios)."""
   pairs = _pairs(res, 2, "e4m3", "e5m2")
   if not pairs:
     return _unavailable("an E4M3 and an E5M2 policy of the same module and depth")
@@ -159,9 +182,12 @@ def format_answer(res: Results, metrics: Sequence[str] = ("rel_err", "loss_rel_e
   sentences = []
   for m in metrics:
     sentences.append(_lower_sentence("E4M3", "E5M2", [s["comparisons"][m] for s in settings],
-                                     f"mean {m}", "settings (module, depth)"))
+                                     m, "settings (module, depth)"))
+  text = _with_flags("; ".join(sentences), res,
+                     [(f"{_MOD[s['module']]} {depth_label(s['depth'])} {m}", s["comparisons"][m])
+                      for s in settings for m in metrics], flagged)
   return {"available": True, "metrics": list(metrics), "settings": settings,
-          "summary": "; ".join(sentences) + "."}
+          "summary": text + "."}
 
 
 def _nanmean(values) -> float:
@@ -190,8 +216,10 @@ def redistribution(res: Results, policy: str, k: int = 10) -> dict[str, Any]:
           "share_direct_last": last["share_direct"].mean}
 
 
-def redistribution_answer(res: Results, k: int = 10) -> dict[str, Any]:
-  """(4) :func:`redistribution` of every policy, with a summary across policies."""
+def redistribution_answer(res: Results, k: int = 10, flagged: Sequence[int] = ()
+                          ) -> dict[str, Any]:
+  """(4) :func:`redistribution` of every policy, with a summary across policies; names the
+  first or last checkpoint when it is flagged (the comparison is first vs last)."""
   per = {p: redistribution(res, p, k) for p in res.policies}
   ok = [r for r in per.values() if r["available"]]
   if not ok:
@@ -216,14 +244,23 @@ def redistribution_answer(res: Results, k: int = 10) -> dict[str, Any]:
     down = sum(r["share_direct_last"] < r["share_direct_first"] for r in sd)
     text += (f". share_direct (the direct modules' share of ||g_fp8 - g_bf16||^2) decreases "
              f"from the first to the last checkpoint in {down} of {len(sd)} policies")
+  ends = sorted({r["migration"][i]["checkpoint"] for r in ok for i in (0, -1)}
+                & set(flagged))
+  if ends:
+    text += (f". The first-vs-last comparison rests on flagged checkpoint"
+             f"{'s' if len(ends) > 1 else ''} {', '.join(map(str, ends))} (conditioning)")
   return {"available": True, "k": k, "policies": per, "summary": text + "."}
 
 
-def answers(res: Results, top_k: int = 10) -> dict[str, dict]:
+def answers(res: Results, top_k: int = 10, flagged: Sequence[int] | None = None
+            ) -> dict[str, dict]:
   """The answers as data: ``module``, ``depth``, ``format``, ``redistribution``,
-  ``narrowing``."""
-  return {"module": module_answer(res), "depth": depth_answer(res),
-          "format": format_answer(res), "redistribution": redistribution_answer(res, top_k),
+  ``narrowing``; ``flagged`` checkpoints (default: :func:`conditioning.flags`)."""
+  flagged = list(conditioning.flags(res)) if flagged is None else list(flagged)
+  return {"module": module_answer(res, flagged=flagged),
+          "depth": depth_answer(res, flagged=flagged),
+          "format": format_answer(res, flagged=flagged),
+          "redistribution": redistribution_answer(res, top_k, flagged),
           "narrowing": narrowing.narrowing_answer(res)}
 
 
@@ -235,14 +272,9 @@ def _cap(text: str) -> str:
   return text[:1].upper() + text[1:]
 
 
-def _row_table(header: list[str], rows: list[list[Any]]) -> list[str]:
-  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-          + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""])
-
-
 def _steps_text(c: dict) -> tuple[str, str]:
   m = len(c["per_step"])
-  return f"{c['steps_overlap']} of {m}", f"{c['steps_diff_nonzero']} of {m}"
+  return f"{c['steps_overlap']} of {m}", f"{c['steps_excludes_null']} of {m}"
 
 
 def _shape(t: dict) -> str:
@@ -255,11 +287,11 @@ def _module_md(a: dict) -> list[str]:
   rows = []
   for s in a["settings"]:
     c = s["comparison"]
-    rows.append([depth_label(s["depth"]), _FMT[s["format"]], fmt_stat(c["pooled_a"]),
-                 fmt_stat(c["pooled_b"]), fmt(c["ratio"]), _steps_text(c)[0],
+    rows.append([depth_label(s["depth"]), _FMT[s["format"]], fmt_stat(c["summary_a"]),
+                 fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), _steps_text(c)[0],
                  _shape(s["trajectory_attn"]), _shape(s["trajectory_moe"])])
-  return _row_table(["depth", "format", f"attention {a['metric']}", f"MoE {a['metric']}",
-                     "attention / MoE", "checkpoints with overlapping CIs",
+  return table(["depth", "format", f"attention {a['metric']}", f"MoE {a['metric']}",
+                     "attention / MoE (paired)", "checkpoints with overlapping CIs",
                      "attention shape (early -> late)", "MoE shape (early -> late)"], rows)
 
 
@@ -268,13 +300,13 @@ def _depth_md(a: dict) -> list[str]:
   for s in a["settings"]:
     c = s["comparison"]
     overlap, nonzero = _steps_text(c)
-    rows.append([_MOD[s["module"]], _FMT[s["format"]], fmt_stat(c["pooled_a"]),
-                 fmt_stat(c["pooled_b"]), fmt(c["ratio"]), overlap,
-                 fmt_stat(c["diff"], n=False), nonzero, s["verdict"]])
+    rows.append([_MOD[s["module"]], _FMT[s["format"]], fmt_stat(c["summary_a"]),
+                 fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), overlap,
+                 nonzero, s["verdict"]])
   deep, shallow = a["settings"][0]["deep"], a["settings"][0]["shallow"]
-  return _row_table(["module", "format", depth_label(deep), depth_label(shallow), "ratio",
-                     "checkpoints with overlapping CIs", "paired difference",
-                     "checkpoints where it excludes 0", "verdict"], rows)
+  return table(["module", "format", depth_label(deep), depth_label(shallow),
+                     "paired ratio", "checkpoints with overlapping CIs",
+                     "checkpoints where the paired CI excludes 1", "verdict"], rows)
 
 
 def _format_md(a: dict) -> list[str]:
@@ -282,11 +314,12 @@ def _format_md(a: dict) -> list[str]:
   for s in a["settings"]:
     for m, c in s["comparisons"].items():
       overlap, nonzero = _steps_text(c)
-      rows.append([_MOD[s["module"]], depth_label(s["depth"]), m, fmt_stat(c["pooled_a"]),
-                   fmt_stat(c["pooled_b"]), fmt(c["ratio"]), overlap, nonzero])
-  return _row_table(["module", "depth", "metric", "E4M3", "E5M2", "E4M3 / E5M2",
-                     "checkpoints with overlapping CIs", "paired difference excludes 0"],
-                    rows)
+      rows.append([_MOD[s["module"]], depth_label(s["depth"]), m, fmt_stat(c["summary_a"]),
+                   fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), overlap,
+                   nonzero])
+  return table(["module", "depth", "metric", "E4M3", "E5M2", "E4M3 / E5M2 (paired)",
+                     "checkpoints with overlapping CIs",
+                     "checkpoints where the paired CI excludes 1"], rows)
 
 
 def _redistribution_md(a: dict) -> list[str]:
@@ -302,7 +335,7 @@ def _redistribution_md(a: dict) -> list[str]:
              ", ".join(f"{k} {v}" for k, v in m["topk_modules"].items())]
             for m in r["migration"]]
     k = r["k"]
-    lines += _row_table(["step", f"top-{k} overlap prev", "overlap first", "Spearman prev",
+    lines += table(["step", f"top-{k} overlap prev", "overlap first", "Spearman prev",
                          "Spearman first", f"top-{k} in direct", "share_direct",
                          f"top-{k} modules"], rows)
     first, last = r["migration"][0], r["migration"][-1]
@@ -326,12 +359,12 @@ def markdown(ans: dict[str, dict], figures: dict[str, Any] | None = None) -> lis
               ("narrowing", "5. Format width: from FP8 to FP4 recipes", narrowing.markdown,
                ("format_width",))]
   lines = []
-  for key, title, table, figs in sections:
+  for key, title, render, figs in sections:
     if key not in ans:
       continue
     a = ans[key]
     lines += [f"## {title}", "", _cap(a["summary"]), ""]
     if a["available"]:
-      lines += table(a)
+      lines += render(a)
     lines += [f"![{f}]({figures[f]})" for f in figs if f in figures] + [""]
   return lines

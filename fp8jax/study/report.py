@@ -5,15 +5,20 @@ statistics (:mod:`fp8jax.study.stats`) and the answers to the study's four quest
 (:mod:`fp8jax.study.questions`), draws the figures (:mod:`fp8jax.study.figures`;
 matplotlib is imported only when drawing) and writes ``report.md``: the grid, the
 non-finite FP8 rows (listed, never averaged) and, apart from them, the non-finite BF16
-baselines (a data problem), the per-policy summary, the four answers, the
-figures and the method. Means over the evaluation batches come with 95% Student-t
-intervals. Given the folder of the branch-off study (``branch=``, or found at
+baselines (a data problem), the conditioning per checkpoint
+(:mod:`fp8jax.study.conditioning`), the per-policy summary, every policy against the noise
+floor and its noise-matched control (:mod:`fp8jax.study.floor`), the answers, the figures
+and the method. Per checkpoint, positive metrics are geometric means over the batches with
+the t-interval of the logs, signed ones arithmetic means with t-intervals; across
+checkpoints, medians with bootstrap intervals over the batches. Given the folder of the
+branch-off study (``branch=``, or found at
 ``<folder>/../branch/branches.jsonl``, the pipeline's layout), the report also answers "Does
 the one-step perturbation predict the trajectory?" (:mod:`fp8jax.study.trajectory`).
 Typical notebook use::
 
     res = results.load("out/compare")
     stats.summary(res, "rel_err")[("moe_l0_e4m3", 1000)]   # Stat(mean, lo, hi, n, ...)
+    stats.overall(res, "rel_err", "moe_l0_e4m3")            # Summary(median, lo, hi, ...)
     questions.answers(res)["format"]["summary"]
     report.write_report("out/compare")                        # report.md + figures/
 """
@@ -21,21 +26,16 @@ Typical notebook use::
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 import pathlib
 from typing import Any
 
-from fp8jax.study import figures, questions, trajectory, trajectory_figures
+from fp8jax.study import conditioning, figures, floor, questions, trajectory, trajectory_figures
 from fp8jax.study.results import Results, load, parse_seed_name
-from fp8jax.study.stats import fmt, fmt_stat, stat
+from fp8jax.study.stats import fmt_stat, overall, stat, table
 
 SUMMARY_METRICS = ("rel_err", "diff_norm", "cosine", "loss_rel_err", "share_direct")
 """Metrics of the per-policy summary table."""
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
 
 
 def _direct_text(pairs: list[tuple[str, int | None]]) -> str:
@@ -58,21 +58,22 @@ def grid_markdown(res: Results) -> list[str]:
            f"batches per offset, batch size {w.get('batch_size')}, sequence length "
            f"{w.get('seq_len')} (0: the training run's).", ""]
   grid = []
-  for p in res.policies:
+  for p in res.names:
     parsed = parse_seed_name(p) or ("", "", "")
-    grid.append([p, f"`{meta['policies'][p].get('expr', '')}`", *parsed,
+    kind = res.kind(p) + (f" of {res.controls[p]}" if p in res.controls else "")
+    grid.append([p, kind, f"`{meta['policies'][p].get('expr', '')}`", *parsed,
                  _direct_text(res.direct(p))])
-  lines += _table(["policy", "expression", "module", "depth", "format", "direct modules"],
-                  grid)
+  lines += table(["policy", "kind", "expression", "module", "depth", "format",
+                   "direct modules"], grid)
   bad = res.nonfinite()
   expected = len(res.steps) * len(w.get("offsets") or [0]) * int(w.get("batches") or 0)
   lines += [f"Rows: {len(res.rows)} ({len(res.rows) - len(bad)} finite, {len(bad)} "
-            f"non-finite) of {expected * len(res.policies)} expected "
-            f"({expected} batches x {len(res.policies)} policies).", "",
+            f"non-finite) of {expected * len(res.names)} expected "
+            f"({expected} batches x {len(res.names)} policies, floor and controls).", "",
             "## Non-finite rows", "",
             "Excluded from every mean, CI and ranking below." if bad else "None.", ""]
   if bad:
-    lines += _table(["step", "offset", "batch", "policy", "non-finite"],
+    lines += table(["step", "offset", "batch", "policy", "non-finite"],
                     [[r["step"], r["offset"], r["batch"], r["policy"], r.get("nonfinite")]
                      for r in bad])
   base_bad = res.baseline_nonfinite()
@@ -82,48 +83,66 @@ def grid_markdown(res: Results) -> list[str]:
               "batch) pairs: the checkpoint or the batch is bad, not FP8, and no FP8 row is "
               "compared against them (`python -m fp8jax.experiments.verify "
               "--workdir=<training run>` checks the checkpoints).", ""]
-    lines += _table(["step", "offset", "batch", "non-finite"],
+    lines += table(["step", "offset", "batch", "non-finite"],
                     [[b["step"], b["offset"], b["batch"], b.get("nonfinite")] for b in base_bad])
   return lines
 
 
 def summary_markdown(res: Results) -> list[str]:
-  """Per-policy means pooled over checkpoints and batches, and rel_err per checkpoint."""
+  """Per-policy medians over the checkpoints, and rel_err per checkpoint (the floor and
+  the controls in their own rows)."""
   lines = ["## Summary per policy", "",
-           "Mean [95% CI] over all finite (checkpoint, batch) rows; CIs are t-intervals "
-           "over those rows.", ""]
+           "Median over the checkpoints of each checkpoint's center [95% bootstrap interval, "
+           "resampling the batches within each checkpoint]; the center is the geometric mean "
+           "over the batches for positive metrics (rel_err, diff_norm, loss_rel_err), the "
+           "arithmetic mean for signed ones (cosine, share_direct).", ""]
   rows = []
-  for p in res.policies:
-    st = {m: stat(res, m, p) for m in SUMMARY_METRICS}
+  names = res.policies + ([res.floor] if res.floor else []) + list(res.controls)
+  for p in names:
+    st = {m: overall(res, m, p) for m in SUMMARY_METRICS}
     rows.append([p, st["rel_err"].n, st["rel_err"].n_nonfinite,
                  *(fmt_stat(st[m], n=False) for m in SUMMARY_METRICS)])
-  lines += _table(["policy", "finite rows", "non-finite", *SUMMARY_METRICS], rows)
-  lines += ["Relative gradient error per checkpoint, mean +- 95% CI half-width over the "
-            "batches:", ""]
-  cells = []
-  for p in res.policies:
-    row = [p]
-    for s in res.steps:
-      st = stat(res, "rel_err", p, [s])
-      row.append(fmt(st.mean) + (f" +- {fmt(st.hi - st.mean)}" if st.has_ci else ""))
-    cells.append(row)
-  return lines + _table(["policy", *(str(s) for s in res.steps)], cells)
+  lines += table(["policy", "finite rows", "non-finite", *SUMMARY_METRICS], rows)
+  lines += ["Relative gradient error per checkpoint: geometric mean [95% t-interval of the "
+            "logs] over the batches:", ""]
+  cells = [[p, *(fmt_stat(stat(res, "rel_err", p, [s]), n=False) for s in res.steps)]
+           for p in names]
+  return lines + table(["policy", *(str(s) for s in res.steps)], cells)
 
 
 def render(res: Results, ans: dict[str, dict], figures: dict[str, Any],
            extra: Sequence[str] = ()) -> str:
   """The full report.md text (``figures``: {name: path relative to report.md}; ``extra``:
   markdown lines of further sections, after the answers)."""
-  lines = grid_markdown(res) + summary_markdown(res) + questions.markdown(ans, figures)
+  lines = grid_markdown(res) + conditioning.markdown(res) + summary_markdown(res)
+  lines += floor.floor_markdown(res) + floor.controls_markdown(res)
+  lines += [f"![noise_floor]({figures['noise_floor']})", ""] if "noise_floor" in figures else []
+  lines += questions.markdown(ans, figures)
   lines += list(extra)
   lines += ["## Figures", ""] + [f"![{k}]({v})" for k, v in figures.items()] + [""]
-  lines += ["## Method", "",
-            "Each row pairs the BF16 gradient of a checkpoint and batch with an FP8 policy's "
-            "gradient on the same batch. Means are over the evaluation batches (all offsets); "
-            "CIs are two-sided 95% Student-t intervals (no CI for a single batch). Paired "
-            "differences use the batches where both policies are finite. Trajectory shapes "
-            "compare the first third of the checkpoints with the last third.", ""]
+  lines += ["## Method", "", METHOD, ""]
   return "\n".join(lines)
+
+
+METHOD = (
+    "Each row pairs the BF16 gradient of a checkpoint and batch with a policy's gradient on "
+    "the same batch (the noise floor: with a BF16 gradient at weights perturbed at BF16 "
+    "rounding level). Per checkpoint, over its evaluation batches (all offsets): positive "
+    "quantities (norms, relative errors, ratios) are geometric means with the two-sided 95% "
+    "Student-t interval of their logs, exponentiated (never below 0); signed quantities "
+    "(cosines, shares) are arithmetic means with 95% t-intervals; a single batch has no "
+    "interval. Across checkpoints: the median of the per-checkpoint centers (on the log "
+    "scale for positive quantities) with a 95% percentile bootstrap interval (2000 "
+    "resamples, seed 0) that resamples the batches within each checkpoint: the checkpoints "
+    "are the design and stay fixed, the batches are the sample (no interval when a "
+    "checkpoint has a single batch). Comparisons between policies are paired on the batches "
+    "where both are finite: the per-batch ratio for positive metrics (so the batch's own "
+    "difficulty cancels), the difference for signed ones, summarized the same way. "
+    "Trajectory shapes compare the geometric mean over the first third of the checkpoints "
+    "with the last third. In the trajectory section, each predictor x outcome relation has "
+    "a permutation p-value (fixed seed), adjusted with Holm's method over all the pairs "
+    "tested: it controls the chance of stating any false relation at 5% whatever the "
+    "dependence between the predictors.")
 
 
 def branch_folder(folder: str | pathlib.Path) -> pathlib.Path | None:

@@ -14,6 +14,16 @@ writer, is dropped; later duplicates of a row replace earlier ones). A (checkpoi
 whose BF16 baseline is non-finite is a data problem, not an FP8 result: it is listed by
 :meth:`Results.baseline_nonfinite`, and FP8 rows compared against it (written by sweeps of
 earlier versions) are left out. The statistics over it are in :mod:`fp8jax.study.stats`.
+
+``meta.json`` gives every entry of ``policies`` a ``kind``: ``"policy"`` (a precision policy
+compared with BF16), ``"floor"`` (the noise floor: a BF16 gradient at weights perturbed at
+BF16 rounding level, ``w * (1 + 2^-8 U(-1, 1))``, against the BF16 one; its rows also hold
+``perturbation_norm`` and ``curvature`` = diff_norm / perturbation_norm) or ``"control"``
+(a noise-matched control ``noise(<policy>)``: each quantization error of the policy
+``control_of`` replaced by unbiased noise of the same energy per block). Folders written
+before kinds existed have none: every entry is a policy and there is no floor.
+:attr:`Results.policies` lists the policies only (the questions, grids and rankings are
+over them); :attr:`Results.floor` and :attr:`Results.controls` name the others.
 """
 
 from __future__ import annotations
@@ -108,10 +118,35 @@ class Results:
       if row_key(d) in finite:
         self._details[(d["policy"], int(d["step"]))].append(d)
 
+  def kind(self, name: str) -> str:
+    """The kind of an entry of ``meta["policies"]``: "policy" (the default), "floor" or
+    "control"."""
+    return self.meta["policies"][name].get("kind", "policy")
+
+  @property
+  def names(self) -> list[str]:
+    """Every entry of ``meta["policies"]`` (policies, floor, controls), in its order."""
+    return list(self.meta["policies"])
+
   @property
   def policies(self) -> list[str]:
-    """Policy names in the order of ``meta.json``."""
-    return list(self.meta["policies"])
+    """The precision policies (kind "policy"), in the order of ``meta.json``."""
+    return [n for n in self.names if self.kind(n) not in ("floor", "control")]
+
+  @property
+  def floor(self) -> str | None:
+    """The name of the noise floor's entry, or None (a sweep without one)."""
+    return next((n for n in self.names if self.kind(n) == "floor"), None)
+
+  @property
+  def controls(self) -> dict[str, str]:
+    """``{control name: the policy it controls}`` of the noise-matched controls."""
+    return {n: self.meta["policies"][n].get("control_of", "") for n in self.names
+            if self.kind(n) == "control"}
+
+  def control_for(self, policy: str) -> str | None:
+    """The noise-matched control of a policy, or None."""
+    return next((c for c, b in self.controls.items() if b == policy), None)
 
   @property
   def steps(self) -> list[int]:
@@ -147,13 +182,32 @@ def _dedup(items: list[dict], key) -> list[dict]:
   return list({key(x): x for x in items}.values())
 
 
+KINDS = ("policy", "floor", "control")
+"""The kinds of the entries of ``meta["policies"]``."""
+
+
+def _check_kinds(path: pathlib.Path, entries: dict) -> None:
+  kinds = {n: e.get("kind", "policy") for n, e in entries.items()}
+  for n, k in kinds.items():
+    if k not in KINDS:
+      raise ValueError(f"{path}: policies[{n!r}] has kind {k!r}, not one of {KINDS}")
+    base = entries[n].get("control_of")
+    if k == "control" and kinds.get(base) != "policy":
+      raise ValueError(f"{path}: control {n!r} has control_of {base!r}, not a policy of the "
+                       "sweep")
+  floors = [n for n, k in kinds.items() if k == "floor"]
+  if len(floors) > 1:
+    raise ValueError(f"{path}: more than one floor: {floors}")
+
+
 def load(folder: str | pathlib.Path) -> Results:
   """Reads a sweep folder.
 
   Raises:
     FileNotFoundError: a file of :data:`FILES` is missing (named in the message).
     ValueError: a line names a policy or step that ``meta.json`` does not list, or lacks
-      an identifying key.
+      an identifying key; a ``meta.json`` entry has an unknown kind, a control names no
+      policy of the sweep, or there is more than one floor.
   """
   folder = pathlib.Path(folder)
   meta_path = folder / "meta.json"
@@ -162,6 +216,7 @@ def load(folder: str | pathlib.Path) -> Results:
   meta = json.loads(meta_path.read_text())
   data = {name: read_jsonl(folder / f"{name}.jsonl")
           for name in ("rows", "details", "baseline", "weights")}
+  _check_kinds(meta_path, meta["policies"])
   policies, steps = set(meta["policies"]), {int(s) for s in meta["steps"]}
   need = {"rows": ("step", "offset", "batch", "policy", "finite"),
           "details": ("step", "offset", "batch", "policy"),

@@ -18,16 +18,20 @@ value at K is NaN when step K is non-finite. The noise floor of a checkpoint
 
 Predictors per (checkpoint step, policy) come from the comparison sweep (:func:`predictors`:
 means over the finite evaluation rows of ``rel_err``, ``share_direct`` and the routing
-divergence). :func:`study` joins both on (step == from_step, policy), and gives each
-predictor x outcome pair a Spearman correlation with a percentile bootstrap 95% CI over the
-pairs (fixed seed), the mean within-checkpoint Spearman correlation, and a verdict sentence.
-:func:`markdown` renders the report section.
+divergence, :data:`PREDICTORS`; when the sweep has them, :data:`EXTRA_PREDICTORS`: the
+rel_err as a multiple of the noise floor, the checkpoint's conditioning signals
+(:mod:`fp8jax.study.conditioning`) and the block-scale telemetry of the GEMM recipes).
+:func:`study` joins both on (step == from_step, policy), and gives each predictor x outcome
+pair a Spearman correlation with a percentile bootstrap 95% CI over the pairs, a
+permutation p-value (fixed seeds), the mean within-checkpoint Spearman correlation and a
+verdict sentence; a relation is stated only when its Holm-adjusted p-value over all the
+pairs tested is below 0.05 (:mod:`fp8jax.study.correlation`). :func:`markdown` renders the
+report section.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 import dataclasses
 import json
 import math
@@ -37,10 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.metrics.ranking import spearman
-from fp8jax.study import results
+from fp8jax.study import conditioning, results, stats
+from fp8jax.study.correlation import adjust, correlate, fmt_p, related
 from fp8jax.study.results import Results
-from fp8jax.study.stats import fmt
+from fp8jax.study.stats import fmt, table
+
+__all__ = ["Branches", "EXTRA_PREDICTORS", "OUTCOMES", "PREDICTORS", "TITLE", "above_floor",
+           "correlate", "floor_summary", "load_branches", "markdown", "noise_floor", "outcome",
+           "outcomes", "predictors", "study", "tail_len", "verdict"]
 
 TITLE = "Does the one-step perturbation predict the trajectory?"
 KINDS = ("reference", "noise", "policy")
@@ -54,7 +62,12 @@ smaller is."""
 PREDICTORS = {"rel_err": "one-step relative gradient error",
               "share_direct": "direct share of the perturbation",
               "routing": "one-step routing divergence"}
-"""Predictor name -> description (dimensionless)."""
+"""Predictor name -> description (dimensionless); always tested."""
+EXTRA_PREDICTORS = {
+    "floor_multiple": "one-step rel_err / noise floor",
+    **{k: f"{v} (checkpoint)" for k, v in conditioning.SIGNALS.items()},
+    **{f"tel/{k}": f"telemetry: {v}" for k, v in conditioning.TELEMETRY.items()}}
+"""Predictors tested when the sweep has them (conditioning signals are per checkpoint)."""
 _NEED = ("from_step", "branch", "kind", "steps", "finite")
 _SERIES = ("loss_rel_gap", "param_div", "update_cos", "routing_diff", "finite")
 _ROUTING = re.compile(r"^routing/\d+/topk_set_diff_frac$")
@@ -185,10 +198,15 @@ def above_floor(name: str, value: float, floor: float) -> bool | None:
 
 
 def predictors(res: Results) -> tuple[dict[tuple[int, str], dict[str, float]], int]:
-  """``({(step, policy): {predictor: mean over the finite rows}}, rows skipped as
-  non-finite)``; routing is each row's mean over the MoE layers (NaN without routing)."""
+  """``({(step, policy): {predictor: value}}, rows skipped as non-finite)`` of the policies
+  and the noise-matched controls (not the floor): means over the finite rows (routing: each
+  row's mean over the MoE layers; NaN where absent), the geometric mean of rel_err / floor
+  over the batches, and the checkpoint's conditioning signals (their centers,
+  :func:`fp8jax.study.conditioning.per_checkpoint`)."""
   out, skipped = {}, 0
-  for p in res.policies:
+  signals = conditioning.per_checkpoint(res)
+  tel = [k for k in EXTRA_PREDICTORS if k.startswith("tel/")]
+  for p in res.policies + list(res.controls):  # the controls can be branched off too
     for s in res.steps:
       acc = defaultdict(list)
       for r in res.rows_of(p, [s]):
@@ -197,45 +215,19 @@ def predictors(res: Results) -> tuple[dict[tuple[int, str], dict[str, float]], i
           continue
         layers = [float(v) for k, v in r.items() if _ROUTING.match(k) and v is not None]
         vals = {"rel_err": r.get("rel_err"), "share_direct": r.get("share_direct"),
-                "routing": float(np.mean(layers)) if layers else None}
+                "routing": float(np.mean(layers)) if layers else None,
+                **{k: r.get(k) for k in tel}}
         for k, v in vals.items():
           if v is not None and math.isfinite(float(v)):
             acc[k].append(float(v))
-      out[(s, p)] = {k: float(np.mean(acc[k])) if acc[k] else math.nan for k in PREDICTORS}
+      d = {k: float(np.mean(acc[k])) if acc[k] else math.nan for k in (*PREDICTORS, *tel)}
+      multiple = (stats.paired_values(res, "rel_err", p, res.floor, s, log=True)
+                  if res.floor else np.zeros(0))
+      multiple = multiple[np.isfinite(multiple) & (multiple > 0)]
+      d["floor_multiple"] = float(np.exp(np.log(multiple).mean())) if multiple.size else math.nan
+      d.update({k: st.center for k, st in signals[s].items()})
+      out[(s, p)] = d
   return out, skipped
-
-
-def correlate(x: Sequence[float], y: Sequence[float], groups: Sequence[Any] | None = None,
-              n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
-  """Spearman correlation of the pairs with finite x and y: ``rho``, percentile bootstrap
-  95% CI ``lo``/``hi`` (``n_boot`` resamples of the pairs, ``seed``), ``n``, ``n_excluded``,
-  ``within`` (the mean over ``groups`` of their Spearman correlation, groups of >= 3
-  non-constant pairs) and ``n_groups``; ``reason`` (rho NaN) when there is not enough data.
-  """
-  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-  g = np.zeros(x.size, int) if groups is None else np.asarray(groups)
-  ok = np.isfinite(x) & np.isfinite(y)
-  x, y, g = x[ok], y[ok], g[ok]
-  out = {"rho": math.nan, "lo": math.nan, "hi": math.nan, "n": int(x.size),
-         "n_excluded": int((~ok).sum()), "within": math.nan, "n_groups": 0, "reason": None}
-  if x.size < 3:
-    out["reason"] = f"{x.size} pairs, fewer than 3"
-    return out
-  if np.ptp(x) == 0 or np.ptp(y) == 0:
-    out["reason"] = "constant " + ("predictor" if np.ptp(x) == 0 else "outcome")
-    return out
-  out["rho"] = spearman(x, y)
-  idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
-  boot = np.array([spearman(x[i], y[i]) for i in idx])
-  boot = boot[np.isfinite(boot)]
-  if boot.size:
-    out["lo"], out["hi"] = (float(v) for v in np.percentile(boot, [2.5, 97.5]))
-  within = [spearman(x[g == k], y[g == k]) for k in dict.fromkeys(g.tolist())
-            if (g == k).sum() >= 3]
-  within = [w for w in within if math.isfinite(w)]
-  if within:
-    out["within"], out["n_groups"] = float(np.mean(within)), len(within)
-  return out
 
 
 def floor_summary(pairs: list[dict], name: str) -> dict[str, int]:
@@ -244,11 +236,12 @@ def floor_summary(pairs: list[dict], name: str) -> dict[str, int]:
   return {"above": int(sum(flags)), "n": len(flags)}
 
 
-def verdict(pred: str, name: str, c: dict, floor: dict | None, min_above: float = 0.5
-            ) -> str:
-  """A sentence with the numbers of one predictor x outcome correlation; outcomes above
-  their noise floor in at most a ``min_above`` fraction of branches are called "not
-  distinguishable from the noise floor"."""
+def verdict(pred: str, name: str, c: dict, floor: dict | None, min_above: float = 0.5,
+            n_tests: int | None = None) -> str:
+  """A sentence with the numbers of one predictor x outcome correlation (a relation when its
+  Holm-adjusted p-value, over ``n_tests``, is below 0.05); outcomes above their noise floor
+  in at most a ``min_above`` fraction of branches are called "not distinguishable from the
+  noise floor"."""
   head = f"{pred} vs {name}: "
   if c["reason"]:
     return head + f"not enough data ({c['reason']}; n = {c['n']})."
@@ -258,12 +251,14 @@ def verdict(pred: str, name: str, c: dict, floor: dict | None, min_above: float 
   if c["n_groups"]:
     text += (f"; within checkpoints mean rho = {fmt(c['within'])} over {c['n_groups']} "
              "checkpoints")
-  if not math.isfinite(c["lo"]):
-    text += ". Undetermined (no bootstrap interval)."
-  elif c["lo"] <= 0 <= c["hi"]:
-    text += ". No evidence of a relation (the CI contains 0)."
+  family = f" over {n_tests} tests" if n_tests else ""
+  p = f"permutation p = {fmt_p(c['p'])}, Holm-adjusted p = {fmt_p(c['p_adj'])}{family}"
+  if not math.isfinite(c["p_adj"]):
+    text += ". Undetermined (no p-value)."
+  elif related(c):
+    text += f". A {'positive' if c['rho'] > 0 else 'negative'} relation ({p})."
   else:
-    text += f". A {'positive' if c['rho'] > 0 else 'negative'} relation (the CI excludes 0)."
+    text += f". No evidence of a relation ({p})."
   if floor is not None and name in FLOOR_SIGN:
     a, n = floor["above"], floor["n"]
     if not n:
@@ -279,8 +274,9 @@ def verdict(pred: str, name: str, c: dict, floor: dict | None, min_above: float 
 def study(res: Results, br: Branches, tail: int | None = None, n_boot: int = 2000,
           seed: int = 0) -> dict[str, Any]:
   """The whole answer: ``pairs`` (joined (from_step, policy) with predictors, outcomes,
-  ``above``), ``floors``, ``floor_counts`` per outcome, ``correlations`` {(predictor,
-  outcome): correlate(...)}, ``verdicts`` (same keys), ``skipped_rows``, ``unmatched``
+  ``above``), ``floors``, ``floor_counts`` per outcome, ``predictors`` (those tested),
+  ``correlations`` {(predictor, outcome): correlate(...) with ``p_adj``, Holm over the
+  ``n_tests`` pairs with a p-value}, ``verdicts`` (same keys), ``skipped_rows``, ``unmatched``
   (policy branches without a sweep row), ``nonfinite`` (branches with non-finite steps),
   ``k``, ``tail`` and ``summary``."""
   outs = outcomes(br, tail)
@@ -297,32 +293,32 @@ def study(res: Results, br: Branches, tail: int | None = None, n_boot: int = 200
     pairs.append({"step": s, "policy": b, **preds[(s, b)], "outcome": o,
                   "above": {k: above_floor(k, o[k], f.get(k, math.nan)) for k in FLOOR_SIGN}})
   counts = {k: floor_summary(pairs, k) for k in FLOOR_SIGN}
-  corr, verdicts = {}, {}
-  for p in PREDICTORS:
-    for k in OUTCOMES:
-      c = correlate([x[p] for x in pairs], [x["outcome"][k] for x in pairs],
-                    [x["step"] for x in pairs], n_boot, seed)
-      corr[(p, k)], verdicts[(p, k)] = c, verdict(p, k, c, counts.get(k))
+  names = list(PREDICTORS) + [p for p in EXTRA_PREDICTORS
+                              if any(math.isfinite(x.get(p, math.nan)) for x in pairs)]
+  corr = {(p, k): correlate([x.get(p, math.nan) for x in pairs],
+                            [x["outcome"][k] for x in pairs], [x["step"] for x in pairs],
+                            n_boot, seed)
+          for p in names for k in OUTCOMES}
+  n_tests = adjust(corr)
+  verdicts = {(p, k): verdict(p, k, c, counts.get(k), n_tests=n_tests)
+              for (p, k), c in corr.items()}
   n_steps = tail_len(br.k) if tail is None else tail
   nonfinite = [(s, b, o["n_nonfinite"], o["nonfinite"]) for (s, b), o in outs.items()
                if o["n_nonfinite"]]
   summary = (f"{len(pairs)} (checkpoint, policy) pairs joined over {len(br.from_steps)} "
              f"checkpoints, K = {br.k} steps (loss gap over the last {n_steps})")
-  good = [key for key, c in corr.items() if math.isfinite(c["lo"]) and not c["lo"] <= 0
-          <= c["hi"]]
-  summary += (": a relation (CI excluding 0) for " + ", ".join(f"{p} vs {k}" for p, k in good)
-              if good else ": no predictor x outcome pair shows evidence of a relation")
+  good = [key for key, c in corr.items() if related(c)]
+  summary += (f": a relation (Holm-adjusted p < 0.05 over {n_tests} tests) for "
+              + ", ".join(f"{p} vs {k}" for p, k in good) if good else
+              f": no predictor x outcome pair shows evidence of a relation ({n_tests} tests, "
+              "Holm-adjusted p < 0.05)")
   quiet = [k for k, c in counts.items() if c["n"] and c["above"] <= 0.5 * c["n"]]
   if quiet:
     summary += "; not distinguishable from the noise floor: " + ", ".join(quiet)
   return {"pairs": pairs, "floors": floors, "floor_counts": counts, "correlations": corr,
-          "verdicts": verdicts, "skipped_rows": skipped, "unmatched": unmatched,
-          "nonfinite": nonfinite, "k": br.k, "tail": n_steps, "summary": summary + "."}
-
-
-def _table(header: Sequence[str], rows: list[Sequence[Any]]) -> list[str]:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+          "verdicts": verdicts, "predictors": names, "n_tests": n_tests,
+          "skipped_rows": skipped, "unmatched": unmatched, "nonfinite": nonfinite, "k": br.k,
+          "tail": n_steps, "summary": summary + "."}
 
 
 def markdown(st: dict[str, Any], br: Branches, res: Results, figure: str | None = None
@@ -338,17 +334,21 @@ def markdown(st: dict[str, Any], br: Branches, res: Results, figure: str | None 
             f"(non-finite sweep rows skipped: {st['skipped_rows']}). Outcomes: after K steps "
             "from each checkpoint, against the BF16 branch on identical batches. Spearman "
             "correlations over the (checkpoint, policy) pairs with 95% percentile bootstrap "
-            "CIs over the pairs; 'within' averages the correlation across policies at each "
-            "checkpoint (checkpoints with >= 3 policies), so a common trend over training does "
-            "not dominate.", ""]
+            "CIs over the pairs and two-sided permutation p-values; a relation is stated when "
+            f"the Holm-adjusted p-value over all {st['n_tests']} predictor x outcome pairs "
+            "tested is below 0.05 (Holm: the chance of any false statement stays at 5% "
+            "whatever the dependence between the predictors). 'within' averages the "
+            "correlation across policies at each checkpoint (checkpoints with >= 3 policies), "
+            "so a common trend over training does not dominate; the conditioning predictors "
+            "are per checkpoint and have none.", ""]
   lines += [f"- {v}" for v in st["verdicts"].values()] + [""]
   rows = []
   for (p, k), c in st["correlations"].items():
     ci = f"[{fmt(c['lo'])}, {fmt(c['hi'])}]" if not c["reason"] else c["reason"]
-    rows.append([p, k, c["n"], c["n_excluded"], fmt(c["rho"]), ci,
-                 f"{fmt(c['within'])} ({c['n_groups']})"])
-  lines += _table(["predictor", "outcome", "n", "excluded", "Spearman rho", "95% CI",
-                   "within (checkpoints)"], rows)
+    rows.append([p, k, c["n"], c["n_excluded"], fmt(c["rho"]), ci, fmt_p(c["p"]),
+                 fmt_p(c["p_adj"]), f"{fmt(c['within'])} ({c['n_groups']})"])
+  lines += table(["predictor", "outcome", "n", "excluded", "Spearman rho", "95% CI", "p",
+                   "Holm p", "within (checkpoints)"], rows)
   lines += ["Noise floor per checkpoint (the most divergent noise branch) and the policy "
             "branches above it:", ""]
   above = defaultdict(lambda: [0, 0])
@@ -360,13 +360,13 @@ def markdown(st: dict[str, Any], br: Branches, res: Results, figure: str | None 
   rows = [[s, f["n_noise"], fmt(f["param_div"]), "{} of {}".format(*above[(s, "param_div")]),
            fmt(f["loss_gap"]), "{} of {}".format(*above[(s, "loss_gap")]),
            fmt(f["routing_div"]), fmt(1 - f["update_cos"])] for s, f in st["floors"].items()]
-  lines += _table(["from step", "noise branches", "param_div floor", "above",
+  lines += table(["from step", "noise branches", "param_div floor", "above",
                    "abs loss gap floor", "above", "routing_div floor",
                    "1 - update_cos floor"],
                   rows)
   if st["nonfinite"]:
     lines += ["Branches with non-finite steps (those steps left out):", ""]
-    lines += _table(["from step", "branch", "non-finite steps", "first"],
+    lines += table(["from step", "branch", "non-finite steps", "first"],
                     [list(x) for x in st["nonfinite"]])
   if st["unmatched"]:
     lines += ["Policy branches without sweep rows (not joined): " + ", ".join(
