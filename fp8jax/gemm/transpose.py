@@ -88,6 +88,7 @@ def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qt
   data = _swap(qtensor.payload_f32(qt.data))
   new_block = spec.granularity.block_shape(data.shape)
   new_inv = blocks.block_amax(old_inv, new_block)  # largest old scale_inv per new block
+  new_inv = jnp.where(jnp.isinf(new_inv), jnp.float32(jnp.nan), new_inv)  # NaN blocks stay
   ratio = old_inv / blocks.broadcast_blocks(new_inv, new_block, data.shape)
   payload = formats.saturating_cast(data * ratio, spec.fmt)
   stored = new_inv.astype(ml_dtypes.float8_e8m0fnu) if spec.store_e8m0 else new_inv

@@ -40,8 +40,18 @@ def finite_abs(x: jnp.ndarray) -> jnp.ndarray:
   return jnp.where(jnp.isfinite(a) & (a >= np.float32(np.finfo(np.float32).tiny)), a, 0.0)
 
 
+def amax_abs(x: jnp.ndarray) -> jnp.ndarray:
+  """|x| as it enters a block amax: float32, float32 subnormals 0 (as in
+  :func:`finite_abs`), NaN and ±inf +inf, so that a block holding a non-finite value has
+  amax +inf and its scale marks it (``fp8jax.numerics.scales``). The one reduction then
+  carries both facts, also where max drops NaN (Triton)."""
+  a = jnp.abs(x.astype(jnp.float32))
+  small = a < np.float32(np.finfo(np.float32).tiny)
+  return jnp.where(jnp.isfinite(a), jnp.where(small, 0.0, a), np.float32(np.inf))
+
+
 def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
-  """Largest finite |x| of every block.
+  """Largest |x| of every block (:func:`amax_abs`: +inf for a block holding NaN or ±inf).
 
   Args:
     x: array of shape ``S``.
@@ -50,7 +60,7 @@ def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
   Returns:
     float32 array of shape ``num_blocks(S, block)``.
   """
-  a = finite_abs(x)
+  a = amax_abs(x)
   counts = num_blocks(x.shape, block)
   pad = [(0, n * b - d) for d, b, n in zip(x.shape, block, counts)]
   if any(hi for _, hi in pad):
@@ -80,14 +90,3 @@ def broadcast_blocks(values: jnp.ndarray, block: tuple[int, ...],
   if full.shape != tuple(shape):
     full = full[tuple(slice(0, d) for d in shape)]
   return full
-
-
-def block_any_nan(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
-  """Whether each block of ``x`` holds a NaN: bool array of ``num_blocks(S, block)``."""
-  nan = jnp.isnan(x).astype(jnp.float32)
-  counts = num_blocks(x.shape, block)
-  pad = [(0, n * b - d) for d, b, n in zip(x.shape, block, counts)]
-  if any(hi for _, hi in pad):
-    nan = jnp.pad(nan, pad)
-  split = [v for n, b in zip(counts, block) for v in (n, b)]
-  return jnp.max(nan.reshape(split), axis=tuple(range(1, 2 * x.ndim, 2)), initial=0.0) > 0

@@ -1,0 +1,77 @@
+"""Checks of the public functions' arguments: a wrong argument gets a TypeError or
+ValueError that names the function, the argument and what was passed, never an
+AttributeError from deep inside.
+
+The checks look at Python types only, so they cost nothing under ``jax.jit`` and accept
+tracers (every tracer is a ``jax.Array``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax.numerics import formats
+from fp8jax.numerics import spec as spec_lib
+
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
+
+
+def _describe(value) -> str:
+  text = repr(value)
+  text = text if len(text) <= 60 else text[:57] + "..."
+  return f"{type(value).__name__} {text}"
+
+
+def array(value, arg: str, fn: str):
+  """``value`` when it is a JAX or NumPy array (or NumPy scalar), else TypeError."""
+  if isinstance(value, _ARRAYS):
+    return value
+  hint = "; wrap it with jnp.asarray(...)" if isinstance(value, (list, tuple)) else ""
+  raise TypeError(f"{fn}: {arg} must be a jax.Array or numpy.ndarray, got "
+                  f"{_describe(value)}{hint}")
+
+
+def float_array(value, arg: str, fn: str):
+  """An array argument that also accepts Python ints and floats (as float32 scalars)."""
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return jnp.float32(value)
+  return array(value, arg, fn)
+
+
+def quant_spec(value, arg: str, fn: str) -> spec_lib.QuantSpec:
+  """``value`` when it is a :class:`QuantSpec`; a string is answered with the preset call
+  it probably meant."""
+  if isinstance(value, spec_lib.QuantSpec):
+    return value
+  if isinstance(value, str):
+    raise TypeError(f"{fn}: {arg} must be a QuantSpec, got the string {value!r}; for a "
+                    f"named preset pass fp8jax.preset({value!r})")
+  raise TypeError(f"{fn}: {arg} must be a QuantSpec (e.g. fp8jax.preset('deepseek_v3')), "
+                  f"got {_describe(value)}")
+
+
+def float_format(value, arg: str, fn: str) -> formats.FloatFormat:
+  """A :class:`FloatFormat`, or the format a name (e.g. ``"e4m3"``) stands for."""
+  if isinstance(value, formats.FloatFormat):
+    return value
+  if isinstance(value, str):
+    try:
+      return formats.get_format(value)
+    except ValueError as e:
+      raise ValueError(f"{fn}: {arg}: {e}") from None
+  raise TypeError(f"{fn}: {arg} must be a FloatFormat or a format name such as 'e4m3', "
+                  f"got {_describe(value)}")
+
+
+def dtype(value, arg: str, fn: str) -> np.dtype:
+  """A floating-point dtype, else TypeError."""
+  try:
+    dt = jnp.dtype(value)
+  except TypeError:
+    raise TypeError(f"{fn}: {arg} must be a floating-point dtype, got "
+                    f"{_describe(value)}") from None
+  if not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{fn}: {arg} must be a floating-point dtype, got {dt}")
+  return dt
