@@ -102,8 +102,8 @@ def test_all_zero_block_and_tensor(name):
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
 def test_nan_or_inf_inside_a_block(name, bad):
   """A NaN or ±inf element makes its whole block NaN through a NaN scale (E8M0 0xFF, an
-  E4M3 NaN), as the OCP reference library, torchao's MX and TE's MXFP8 do with a
-  non-finite block maximum; the other block is untouched."""
+  E4M3 NaN), as the OCP reference library and torchao's MX do with a non-finite block
+  maximum; the other block is untouched."""
   spec = fp8jax.preset(name)
   x = _tiny_block(3.0, n=64).reshape(2, 32)
   x[0, 7] = bad

@@ -21,8 +21,8 @@ Non-finite blocks: a block holding NaN or ±inf has amax +inf
 (``fp8jax.numerics.blocks.amax_abs``) and gets ``s = 1`` and a NaN ``scale_inv``, so the
 whole block dequantizes to NaN and every GEMM output it enters is NaN: an overflow is
 never hidden by quantization. This is what an OCP MX NaN scale (E8M0 0xFF) means, and
-what the MX conversions of the OCP reference library, torchao and Transformer Engine do
-with a NaN or inf block maximum. The payload keeps the saturating cast (±inf -> ±max).
+what the OCP reference library and torchao's MX conversion do with a NaN or inf block
+maximum (docs/formats.md, "Conformance"). The payload keeps the saturating cast.
 """
 
 from __future__ import annotations
