@@ -25,7 +25,7 @@ from jax import lax
 import jax.numpy as jnp
 import ml_dtypes
 
-from fp8jax.numerics import blocks, formats
+from fp8jax.numerics import arguments, blocks, formats
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import qtensor
 
@@ -50,6 +50,9 @@ def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.Quant
   Returns:
     A QTensor of shape [..., C, R].
   """
+  if not isinstance(qt, qtensor.QTensor):
+    raise TypeError(f"transposed: qt must be a QTensor, got {type(qt).__name__}")
+  spec = arguments.quant_spec(spec, "spec", "transposed")
   if policy == "requant":
     if x_hp is None:
       raise ValueError("the requant transpose policy needs the high-precision tensor")

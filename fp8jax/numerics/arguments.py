@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.numerics import formats
 from fp8jax.numerics import spec as spec_lib
 
 _ARRAYS = (jax.Array, np.ndarray, np.generic)
@@ -49,19 +48,6 @@ def quant_spec(value, arg: str, fn: str) -> spec_lib.QuantSpec:
     raise TypeError(f"{fn}: {arg} must be a QuantSpec, got the string {value!r}; for a "
                     f"named preset pass fp8jax.preset({value!r})")
   raise TypeError(f"{fn}: {arg} must be a QuantSpec (e.g. fp8jax.preset('deepseek_v3')), "
-                  f"got {_describe(value)}")
-
-
-def float_format(value, arg: str, fn: str) -> formats.FloatFormat:
-  """A :class:`FloatFormat`, or the format a name (e.g. ``"e4m3"``) stands for."""
-  if isinstance(value, formats.FloatFormat):
-    return value
-  if isinstance(value, str):
-    try:
-      return formats.get_format(value)
-    except ValueError as e:
-      raise ValueError(f"{fn}: {arg}: {e}") from None
-  raise TypeError(f"{fn}: {arg} must be a FloatFormat or a format name such as 'e4m3', "
                   f"got {_describe(value)}")
 
 
