@@ -117,13 +117,8 @@ DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)
 
 def check_config(config, fn: str) -> GemmConfig:
   """``config`` when it is a :class:`GemmConfig`, else a TypeError naming ``fn``."""
-  if isinstance(config, GemmConfig):
-    return config
-  if isinstance(config, str):
-    raise TypeError(f"{fn}: config must be a GemmConfig, got the string {config!r}; for a "
-                    f"named recipe pass fp8jax.recipes.recipe({config!r})")
-  raise TypeError(f"{fn}: config must be a GemmConfig (e.g. fp8jax.recipes.recipe("
-                  f"'fp32_blockwise')), got {type(config).__name__}")
+  return arguments.named(config, GemmConfig, "config", fn, "fp8jax.recipes.recipe", "recipe",
+                         "fp32_blockwise")
 
 
 def _dims(dimension_numbers, lhs, rhs):

@@ -39,16 +39,21 @@ def float_array(value, arg: str, fn: str):
   return array(value, arg, fn)
 
 
-def quant_spec(value, arg: str, fn: str) -> spec_lib.QuantSpec:
-  """``value`` when it is a :class:`QuantSpec`; a string is answered with the preset call
-  it probably meant."""
-  if isinstance(value, spec_lib.QuantSpec):
+def named(value, cls: type, arg: str, fn: str, maker: str, kind: str, example: str):
+  """``value`` when it is a ``cls``, else TypeError; a string is answered with the call
+  ``maker(value)`` that builds the named ``kind`` (a preset, a recipe)."""
+  if isinstance(value, cls):
     return value
   if isinstance(value, str):
-    raise TypeError(f"{fn}: {arg} must be a QuantSpec, got the string {value!r}; for a "
-                    f"named preset pass fp8jax.preset({value!r})")
-  raise TypeError(f"{fn}: {arg} must be a QuantSpec (e.g. fp8jax.preset('deepseek_v3')), "
-                  f"got {_describe(value)}")
+    raise TypeError(f"{fn}: {arg} must be a {cls.__name__}, got the string {value!r}; for "
+                    f"a named {kind} pass {maker}({value!r})")
+  raise TypeError(f"{fn}: {arg} must be a {cls.__name__} (e.g. {maker}({example!r})), got "
+                  f"{_describe(value)}")
+
+
+def quant_spec(value, arg: str, fn: str) -> spec_lib.QuantSpec:
+  """``value`` when it is a :class:`QuantSpec` (see :func:`named`)."""
+  return named(value, spec_lib.QuantSpec, arg, fn, "fp8jax.preset", "preset", "deepseek_v3")
 
 
 def dtype(value, arg: str, fn: str) -> np.dtype:

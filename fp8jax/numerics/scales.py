@@ -114,7 +114,7 @@ def compute_scale(amax: jnp.ndarray,
   raw = amax.astype(jnp.float32)
   amax = jnp.maximum(jnp.where(jnp.isfinite(raw), raw, 0.0), jnp.float32(spec.eps))
   amax = jnp.where(amax >= jnp.float32(_FP32_SCALE_MIN), amax, 0.0)
-  # fp8_max * 2**-margin is exact; dividing amax by fp8_max first cannot overflow.
+  # fp8_max * 2**-margin is exact.
   target = jnp.float32(spec.fmt.max * 2.0**-spec.margin)
   if spec.scale_format == "pow2" and spec.pow2_rounding == "rceil":
     scale_inv = _rceil_scale_inv(amax, spec.fmt.max, spec.margin)
