@@ -1,12 +1,18 @@
 """Test configuration: CPU JAX, a persistent compilation cache, hypothesis profiles.
 
-``FP8JAX_HYPOTHESIS=thorough`` runs many more examples, and the tests marked
-``thorough`` (many-example repeats of property tests that also run at default size),
-which the default suite leaves out. In CI (``CI=true``) the examples are derandomized so
-that a run is reproducible.
+``FP8JAX_HYPOTHESIS`` picks the profile:
+
+* ``default``: 40 examples per property; in CI (``CI=true``) derandomized, so that every
+  run replays the same examples;
+* ``explore``: 40 fresh examples per property from one seed per run, printed in the
+  pytest header; ``FP8JAX_HYPOTHESIS_SEED=N`` (or ``--hypothesis-seed=N``) replays a run.
+  CI runs the numerics property tests once more this way after the suite (``.ci/run``);
+* ``thorough``: 1000 examples, and the tests marked ``thorough`` (many-example repeats of
+  property tests that also run at default size), which the other profiles leave out.
 """
 
 import os
+import secrets
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Many tests (and the binaries they start) compile the same tiny-model functions: a
@@ -18,15 +24,44 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 from hypothesis import HealthCheck, settings  # noqa: E402
 import pytest  # noqa: E402
 
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
-    "default", max_examples=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    "default", max_examples=40, deadline=None, suppress_health_check=_SUPPRESS,
     derandomize=os.environ.get("CI", "").lower() == "true")
 settings.register_profile(
-    "thorough", max_examples=1000, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile(os.environ.get("FP8JAX_HYPOTHESIS", "default"))
-THOROUGH = os.environ.get("FP8JAX_HYPOTHESIS") == "thorough"
+    "explore", max_examples=40, deadline=None, suppress_health_check=_SUPPRESS,
+    derandomize=False, print_blob=True)
+settings.register_profile(
+    "thorough", max_examples=1000, deadline=None, suppress_health_check=_SUPPRESS)
+PROFILE = os.environ.get("FP8JAX_HYPOTHESIS", "default")
+settings.load_profile(PROFILE)
+THOROUGH = PROFILE == "thorough"
+SEED_VARIABLE = "FP8JAX_HYPOTHESIS_SEED"
+
+
+def pytest_configure(config):
+  """An explore run (or one given FP8JAX_HYPOTHESIS_SEED) draws all examples from one
+  seed: the given one, else a fresh one, exported so that xdist workers use it too. It
+  reaches hypothesis as ``--hypothesis-seed`` (this hook runs before the plugin's)."""
+  if config.getoption("hypothesis_seed", None) is not None or settings.default.derandomize:
+    return
+  seed = os.environ.get(SEED_VARIABLE)
+  if seed is None and PROFILE != "explore":
+    return
+  seed = seed or str(secrets.randbelow(2**32))
+  os.environ[SEED_VARIABLE] = seed
+  config.option.hypothesis_seed = seed
+
+
+def pytest_report_header(config):
+  """How to replay this run's hypothesis examples."""
+  seed = config.getoption("hypothesis_seed", None)
+  if settings.default.derandomize:
+    return f"fp8jax hypothesis: profile {PROFILE}, derandomized (fixed examples)"
+  if seed is not None:
+    return (f"fp8jax hypothesis: profile {PROFILE}, seed {seed}; replay with "
+            f"FP8JAX_HYPOTHESIS={PROFILE} {SEED_VARIABLE}={seed}")
+  return f"fp8jax hypothesis: profile {PROFILE}, random examples (failures print a blob)"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -55,13 +55,28 @@ def ref_pow2(v: float, mode: str) -> np.float32:
   return F32(2.0**k)
 
 
+def round24(v: float) -> float:
+  """``v`` rounded to 24 significant bits, ties to even, with an unbounded exponent (float32
+  precision, never a subnormal, an overflow or a flush); from frexp."""
+  if v == 0.0 or not math.isfinite(v):
+    return v
+  m, e = math.frexp(v)  # 0.5 <= |m| < 1: m * 2**24 is exact in float64
+  return math.ldexp(round(m * 2.0**24), e - 24)  # round(): half to even
+
+
 def ref_scale(amax, fmt, eps, margin, scale_format, rounding):
-  """(s, scale_inv) as float32 scalars for one block."""
+  """(s, scale_inv) as float32 scalars for one block; ``amax`` +inf or NaN marks a block
+  holding a non-finite value: (1, NaN)."""
+  if not math.isfinite(float(amax)):
+    return F32(1.0), F32(np.nan)
   fmax = F32(FP8_MAX[fmt])
   a = max(F32(amax), F32(eps))
   with np.errstate(divide="ignore", over="ignore"):
     if scale_format == "pow2" and rounding == "rceil":
-      inv = ref_pow2(F32(F32(a / fmax) * F32(2.0**margin)), "ceil")
+      # The smallest power of two >= amax * 2**margin / fmax, the quotient rounded to
+      # float32 precision without a float32 exponent range (a subnormal quotient would
+      # lose bits, a flushed one the margin).
+      inv = ref_pow2(round24(float(a) / float(fmax)) * 2.0**margin, "ceil")
       s = F32(F32(1.0) / inv)
     elif scale_format == "pow2":
       s = ref_pow2(F32(F32(fmax * F32(2.0**-margin)) / a), rounding)
@@ -105,6 +120,8 @@ def ref_quantize(x: np.ndarray, fmt: str, kind: str, axes, sizes, *, eps=1e-12,
     tile_amax = F32(np.max(np.abs(finite))) if finite.size else F32(0.0)
     s, inv = ref_scale(tile_amax if amax is None else amax, fmt, eps, margin,
                        scale_format, rounding)
+    if finite.size < tile.size:  # NaN or inf in the block: s = 1 and a NaN scale_inv
+      s, inv = F32(1.0), F32(np.nan)
     scale_inv[idx] = inv
     with np.errstate(invalid="ignore", over="ignore"):
       scaled = (tile * s).astype(np.float32)

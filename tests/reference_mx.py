@@ -90,6 +90,13 @@ def f32(v: float, ftz: bool = True) -> float:
   return r
 
 
+def round_24_bits(v: float) -> float:
+  """``v`` > 0 rounded to 24 significant bits (float32 precision), ties to even, at any
+  exponent (no subnormal, overflow or flush)."""
+  m, e = math.frexp(v)
+  return math.ldexp(round(m * 2.0**24), e - 24)
+
+
 def floor_log2(v: float) -> int:
   """floor(log2 v) for finite v > 0, from frexp (v = m * 2**e, 0.5 <= m < 1)."""
   _, e = math.frexp(v)
@@ -202,10 +209,9 @@ def pow2_scale(amax: float, fmt: Fmt, rule: str, eps: float, margin: int = 0,
   if rule == "ocp":  # section 6.3: X = 2**(floor(log2 amax) - emax_elem)
     return inv_from_exponent(floor_log2(a) - fmt.emax)
   if rule == "rceil":  # smallest power of two >= amax * 2**m / max_elem
-    v = f32(f32(a / fmt.max, ftz) * 2.0**margin, ftz)
-    if v == 0.0:
-      return inv_from_exponent(-1000)
-    return inv_from_exponent(128 if math.isinf(v) else ceil_log2(v))
+    # The quotient rounded to float32 precision with an unbounded exponent: the exponent
+    # of a, the margin and the clamp never interact with the rounding.
+    return inv_from_exponent(ceil_log2(round_24_bits(a / fmt.max)) + margin)
   if rule in ("floor", "ceil"):  # s = 2**floor/ceil(log2(max_elem * 2**-m / amax))
     r = f32(f32(fmt.max * 2.0**-margin, ftz) / a, ftz)
     if math.isinf(r):
@@ -260,7 +266,8 @@ class RefQuant:
   float8_e8m0fnu / float8_e4m3fn). tensor_scale_inv: float32 scalar (NVFP4) or None.
   deq: dequantized, in ``out_dtype``. enc: float32 per-block multiplier applied to x.
   scaled: float32 x * enc per element (before rounding). unspecified: bool mask of
-  payload elements the contract leaves open (non-NaN elements of a NaN-scaled block).
+  payload elements the contract leaves open (none: a block holding NaN or inf has
+  enc = 1, so its payload is x saturated, NaN as +0 in formats without NaN).
   """
 
   payload: np.ndarray
@@ -291,8 +298,10 @@ def ref_quantize(x, fmt, block, *, scale_format="pow2", pow2_rounding="ocp", eps
   scale_inv = np.zeros(counts, np.float64)
   enc_all = np.zeros(counts, np.float64)
   tensor_inv = None
-  if scale_format == "e4m3":
-    s_enc, d = nvfp4_tensor_scale(finite_amax(xf), fmt, eps, ftz)
+  if scale_format == "e4m3":  # G: the largest amax of the blocks free of NaN and inf
+    g = max((finite_amax(xf[sl]) for _, sl in blocks(x.shape, block)
+             if np.all(np.isfinite(xf[sl]))), default=0.0)
+    s_enc, d = nvfp4_tensor_scale(g, fmt, eps, ftz)
     tensor_inv = F32(d)
   for idx, sl in blocks(x.shape, block):
     tile = xf[sl]
@@ -305,14 +314,15 @@ def ref_quantize(x, fmt, block, *, scale_format="pow2", pow2_rounding="ocp", eps
       inv, enc = nvfp4_block_scale(amax, s_enc, d, fmt, ftz)
     else:
       raise ValueError(scale_format)
+    if not all(math.isfinite(e) for e in tile.ravel()):
+      # NaN or inf in the block: a NaN scale (E8M0 0xFF; OCP sections 5.4, 6.3) makes the
+      # whole block NaN; the payload is x itself, saturated (enc = 1).
+      enc, inv = 1.0, math.nan
     vals = np.array([f32(e * enc, ftz) for e in tile.ravel()])
     q = np.array([round_nearest(v, fmt) for v in vals])
     nan_in = np.isnan(tile.ravel())
-    block_nan = bool(nan_in.any()) and not fmt.has_nan
-    if block_nan:  # section 6.3 / 5.4: a NaN scale makes the whole block NaN
-      unspecified[sl] = ~nan_in.reshape(tile.shape)
-      q[nan_in] = 0.0  # +0 payload for the NaN element
-      inv = math.nan
+    if not fmt.has_nan:
+      q[nan_in] = 0.0  # +0 payload for a NaN element where the format has no NaN
     if scale_format == "e4m3":
       r = np.array([f32(f32(p * inv, ftz) * d, ftz) for p in q])
     else:

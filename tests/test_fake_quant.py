@@ -85,7 +85,8 @@ def _np_telemetry(x, spec):
   payload, scale_inv, deq = ref_for_spec(x, spec)
   g = spec.granularity
   block = ref.ref_block_shape(x.shape, g.kind, g.axes, g.sizes)
-  s = 1.0 / scale_inv.astype(np.float64)
+  inv = scale_inv.astype(np.float64)
+  s = np.where(np.isnan(inv), 1.0, 1.0 / inv)  # s = 1 in a block holding NaN or inf
   s_full = s
   for axis, b in enumerate(block):
     s_full = np.repeat(s_full, b, axis=axis)

@@ -1,6 +1,6 @@
 """Formats, the saturating cast, and scale rules against independent references."""
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 import jax.numpy as jnp
 import ml_dtypes
@@ -67,6 +67,9 @@ def test_round_pow2_is_not_round_to_nearest():
                           ("pow2", "rceil")])
 @given(amax=st.floats(width=32, min_value=0.0, allow_nan=False, allow_infinity=False),
        eps=st.sampled_from([0.0, 1e-12, 1e-4]), margin=st.integers(-3, 3))
+# rceil, e5m2: amax / 57344 is below 2**-126 and flushed on XLA:CPU, which lost the margin
+# (2**-126 instead of the smallest power of two >= amax * 2 / 57344, 2**-125).
+@example(amax=4.626502859949186e-34, eps=0.0, margin=1)
 def test_compute_scale_matches_reference(fmt, scale_format, rounding, amax, eps, margin):
   rounding = rounding if scale_format == "pow2" else None
   spec = fp8jax.QuantSpec(format=fmt, scale_format=scale_format, pow2_rounding=rounding,

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.gemm import accumulate, hadamard, transpose
+from fp8jax.numerics import arguments
 from fp8jax.numerics import roles as roles_lib
 from fp8jax.quant import qtensor, rounding_bits
 
@@ -112,6 +113,30 @@ class GemmConfig:
 BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
 FP32_BLOCKWISE = GemmConfig()  # DeepSeek-V3 roles, FP32 accumulation
 DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)
+
+
+def check_config(config, fn: str) -> GemmConfig:
+  """``config`` when it is a :class:`GemmConfig`, else a TypeError naming ``fn``."""
+  return arguments.named(config, GemmConfig, "config", fn, "fp8jax.recipes.recipe", "recipe",
+                         "fp32_blockwise")
+
+
+def _dims(dimension_numbers, lhs, rhs):
+  """``((lc, rc), (lb, rb))`` as tuples of non-negative ints, checked against the ranks."""
+  try:
+    (lc, rc), (lb, rb) = dimension_numbers
+    lc, rc, lb, rb = (tuple(int(d) for d in v) for v in (lc, rc, lb, rb))
+  except (TypeError, ValueError):
+    raise ValueError(
+        "fp8_dot_general: dimension_numbers must be ((lhs_contract, rhs_contract), "
+        f"(lhs_batch, rhs_batch)) as in lax.dot_general, got {dimension_numbers!r}") from None
+  out = []
+  for dims, x, side in ((lc, lhs, "lhs"), (rc, rhs, "rhs"), (lb, lhs, "lhs"), (rb, rhs, "rhs")):
+    if any(not -x.ndim <= d < x.ndim for d in dims):
+      raise ValueError(f"fp8_dot_general: dimension_numbers {dimension_numbers!r} names an "
+                       f"axis outside {side} of rank {x.ndim}")
+    out.append(tuple(d % x.ndim for d in dims))
+  return out
 
 
 # --- layout ------------------------------------------------------------------------
@@ -231,8 +256,10 @@ def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None,
     The product with ``lax.dot_general``'s output layout: batch, lhs free, rhs free.
   """
   del precision, unused_kwargs
-  (lc, rc), (lb, rb) = dimension_numbers
-  lc, rc, lb, rb = (tuple(int(d) for d in v) for v in (lc, rc, lb, rb))
+  config = check_config(config, "fp8_dot_general")
+  lhs = arguments.array(lhs, "lhs", "fp8_dot_general")
+  rhs = arguments.array(rhs, "rhs", "fp8_dot_general")
+  lc, rc, lb, rb = _dims(dimension_numbers, lhs, rhs)
   if [lhs.shape[d] for d in lc] != [rhs.shape[d] for d in rc]:
     raise ValueError(f"contracting dims differ: lhs {lhs.shape} on {lc}, rhs {rhs.shape} "
                      f"on {rc}")
@@ -247,11 +274,12 @@ def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None,
 
 def dot_general_fn(config: GemmConfig):
   """A ``dot_general`` callable bound to ``config`` (for Flax layers and einsum)."""
-  return functools.partial(fp8_dot_general, config=config)
+  return functools.partial(fp8_dot_general, config=check_config(config, "dot_general_fn"))
 
 
 def fp8_einsum(subscripts: str, lhs, rhs, *, config: GemmConfig = DEEPSEEK_V3,
                preferred_element_type=None):
   """Two-operand ``jnp.einsum`` through :func:`fp8_dot_general` (lhs = input role)."""
+  config = check_config(config, "fp8_einsum")
   return jnp.einsum(subscripts, lhs, rhs, preferred_element_type=preferred_element_type,
                     _dot_general=dot_general_fn(config))

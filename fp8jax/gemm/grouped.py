@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_tc, hadamard, padding, transpose
 from fp8jax.kernels import grouped_scaled_pallas, placement
+from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
 
 KERNEL_INTERPRET = False
@@ -342,7 +343,12 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
   Returns:
     [N, F] in x's dtype (zeros on padding rows).
   """
+  config = gemm_lib.check_config(config, "fp8_ragged_dot")
   _check(config)
+  for name, value, rank in (("x", x, 2), ("w", w, 3), ("group_sizes", group_sizes, 1)):
+    if arguments.array(value, name, "fp8_ragged_dot").ndim != rank:
+      raise ValueError(f"fp8_ragged_dot: {name} must have rank {rank}, got shape "
+                       f"{tuple(value.shape)}")
   need = group_multiple_of(config)
   if group_multiple < 1 or (group_multiple > 1 and group_multiple % need):
     raise ValueError(f"group_multiple={group_multiple} must be 1 or a multiple of the "

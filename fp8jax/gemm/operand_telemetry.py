@@ -53,7 +53,7 @@ def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]
   scale = qt.scale_inv.astype(f32)
   if qt.tensor_scale_inv is not None:
     scale = scale * qt.tensor_scale_inv
-  nonzero = amax > 0
+  nonzero = (amax > 0) & jnp.isfinite(amax) & jnp.isfinite(scale)  # NaN/inf blocks: apart
   bins = jnp.clip(jnp.floor(jnp.log2(jnp.where(nonzero, scale, 1.0))) - LOG2_LOW, 0,
                   LOG2_BINS - 1).astype(jnp.int32)
   hist = jnp.zeros(LOG2_BINS, f32).at[bins.ravel()].add(nonzero.astype(f32).ravel())
@@ -65,7 +65,7 @@ def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]
   return {"blocks": f32(amax.size),
           "saturated_blocks": jnp.sum(blocks.block_sum(sat, block) > 0, dtype=f32),
           "underflow_blocks": jnp.sum(blocks.block_sum(flushed, block) > 0, dtype=f32),
-          "zero_blocks": jnp.sum(~nonzero, dtype=f32), "elements": n, "sum_q2": q2,
+          "zero_blocks": jnp.sum(amax == 0, dtype=f32), "elements": n, "sum_q2": q2,
           "sum_q4": q4, "kurtosis_sum": kurtosis, "operands": f32(1), "log2_hist": hist}
 
 

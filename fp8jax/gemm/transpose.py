@@ -25,7 +25,7 @@ from jax import lax
 import jax.numpy as jnp
 import ml_dtypes
 
-from fp8jax.numerics import blocks, formats
+from fp8jax.numerics import arguments, blocks, formats
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import qtensor
 
@@ -50,6 +50,9 @@ def transposed(x_hp: jax.Array | None, qt: qtensor.QTensor, spec: spec_lib.Quant
   Returns:
     A QTensor of shape [..., C, R].
   """
+  if not isinstance(qt, qtensor.QTensor):
+    raise TypeError(f"transposed: qt must be a QTensor, got {type(qt).__name__}")
+  spec = arguments.quant_spec(spec, "spec", "transposed")
   if policy == "requant":
     if x_hp is None:
       raise ValueError("the requant transpose policy needs the high-precision tensor")
@@ -88,6 +91,7 @@ def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qt
   data = _swap(qtensor.payload_f32(qt.data))
   new_block = spec.granularity.block_shape(data.shape)
   new_inv = blocks.block_amax(old_inv, new_block)  # largest old scale_inv per new block
+  new_inv = jnp.where(jnp.isinf(new_inv), jnp.float32(jnp.nan), new_inv)  # NaN blocks stay
   ratio = old_inv / blocks.broadcast_blocks(new_inv, new_block, data.shape)
   payload = formats.saturating_cast(data * ratio, spec.fmt)
   stored = new_inv.astype(ml_dtypes.float8_e8m0fnu) if spec.store_e8m0 else new_inv

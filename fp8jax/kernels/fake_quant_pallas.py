@@ -119,15 +119,17 @@ def apply_scales_cast(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
   Equal to it bit for bit where ``astype(fmt.dtype)`` rounds to nearest even (XLA, and
   Triton on sm_90+): ``clip(v, -max, max)`` then the cast is
   :func:`fp8jax.numerics.formats.saturating_cast`, which ``round_to_format`` equals, and the rest
-  is the same arithmetic. NaN in ``v = x * s`` gives ``v * scale_inv`` as there (selected
-  back at the end because Triton's clip turns NaN into -max); ±inf saturates to ±max.
+  is the same arithmetic. NaN in ``v = x * s`` or in ``scale_inv`` (a non-finite block)
+  gives ``v * scale_inv``, NaN, as there (selected back at the end because Triton's clip
+  turns NaN into -max); ±inf saturates to ±max.
   """
   dtype = jnp.dtype(dtype)
   v = x.astype(jnp.float32) * s
   q = jnp.clip(v, -fmt.max, fmt.max).astype(fmt.dtype).astype(jnp.float32)
   top = float(jnp.finfo(dtype).max)
-  out = jnp.clip(q * scale_inv, -top, top)  # q is finite: no NaN to keep here
-  return jnp.where(jnp.isnan(v), v * scale_inv, out).astype(dtype)
+  out = jnp.clip(q * scale_inv, -top, top)  # NaN only through scale_inv or v: see below
+  nan = jnp.isnan(v) | jnp.isnan(scale_inv)
+  return jnp.where(nan, v * scale_inv, out).astype(dtype)
 
 
 _APPLY = {"integer": scales.apply_scales, "cast": apply_scales_cast}
@@ -135,12 +137,10 @@ _APPLY = {"integer": scales.apply_scales, "cast": apply_scales_cast}
 
 def _round_tile(x, spec: spec_lib.QuantSpec, dtype, axis: int, rounding: str, g=None):
   """One tile's round trip; ``g`` [1, 1] is the tensor's amax (two-level scales)."""
-  amax = jnp.max(blocks.finite_abs(x), axis=axis, keepdims=True)
+  # +inf for a tile holding NaN or ±inf: its scale_inv is NaN (the whole tile NaN).
+  amax = jnp.max(blocks.amax_abs(x), axis=axis, keepdims=True)
   # Per tile: [.., 1] along `axis`; the two-level rule reads the tensor amax from `g`.
   s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec, g)
-  if not spec.fmt.has_nan:  # a NaN in the tile marks the whole tile through its scale
-    has_nan = jnp.max(jnp.isnan(x).astype(jnp.float32), axis=axis, keepdims=True) > 0
-    scale_inv = scales.mark_nan_blocks(scale_inv, has_nan, spec.fmt)
   if tensor_scale_inv is not None:
     return scales.apply_scales(x, s, scale_inv, spec.fmt, dtype, tensor_scale_inv)
   return _APPLY[rounding](x, s, scale_inv, spec.fmt, dtype)
@@ -279,7 +279,9 @@ def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int
   in_specs, args = [spec_block], [x2]
   if spec.scale_format == "e4m3":  # two-level: the tensor amax first (one XLA reduction)
     in_specs.append(pl.BlockSpec((1, 1), lambda i, j: (0, 0)))
-    args.append(jnp.max(blocks.finite_abs(x2), initial=0.0).reshape(1, 1))
+    tiles_amax = jnp.max(blocks.amax_abs(x2.reshape(rows, k // t, t)), axis=-1)
+    g = jnp.max(jnp.where(jnp.isfinite(tiles_amax), tiles_amax, 0.0), initial=0.0)
+    args.append(g.reshape(1, 1))  # over the tiles free of NaN and inf, as compute_scales
   out = pl.pallas_call(
       functools.partial(_KERNELS[split], spec=spec, t=t, tiles=tiles, rounding=rounding),
       out_shape=jax.ShapeDtypeStruct((rows, k), x.dtype),

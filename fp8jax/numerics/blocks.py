@@ -40,8 +40,18 @@ def finite_abs(x: jnp.ndarray) -> jnp.ndarray:
   return jnp.where(jnp.isfinite(a) & (a >= np.float32(np.finfo(np.float32).tiny)), a, 0.0)
 
 
+def amax_abs(x: jnp.ndarray) -> jnp.ndarray:
+  """|x| as it enters a block amax: float32, float32 subnormals 0 (as in
+  :func:`finite_abs`), NaN and ±inf +inf, so that a block holding a non-finite value has
+  amax +inf and its scale marks it (``fp8jax.numerics.scales``). The one reduction then
+  carries both facts, also where max drops NaN (Triton)."""
+  a = jnp.abs(x.astype(jnp.float32))
+  small = a < np.float32(np.finfo(np.float32).tiny)
+  return jnp.where(jnp.isfinite(a), jnp.where(small, 0.0, a), np.float32(np.inf))
+
+
 def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
-  """Largest finite |x| of every block.
+  """Largest |x| of every block (:func:`amax_abs`: +inf for a block holding NaN or ±inf).
 
   Args:
     x: array of shape ``S``.
@@ -50,7 +60,7 @@ def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
   Returns:
     float32 array of shape ``num_blocks(S, block)``.
   """
-  a, axes = _blocked(finite_abs(x), block)
+  a, axes = _blocked(amax_abs(x), block)
   return jnp.max(a, axis=axes, initial=0.0)
 
 
@@ -85,12 +95,6 @@ def _blocked(x: jnp.ndarray, block: tuple[int, ...]) -> tuple[jnp.ndarray, tuple
     x = jnp.pad(x, pad)
   split = [v for n, b in zip(counts, block) for v in (n, b)]
   return x.reshape(split), tuple(range(1, 2 * len(block), 2))
-
-
-def block_any_nan(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
-  """Whether each block of ``x`` holds a NaN: bool array of ``num_blocks(S, block)``."""
-  nan, axes = _blocked(jnp.isnan(x).astype(jnp.float32), block)
-  return jnp.max(nan, axis=axes, initial=0.0) > 0
 
 
 def block_sum(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 from jax import lax
 import jax.numpy as jnp
 import ml_dtypes
@@ -124,8 +125,14 @@ _ALIASES = {
 
 
 def canonical_format_name(name: str) -> str:
-  """Returns the canonical short name for ``name`` or raises ValueError."""
-  key = str(name).lower()
+  """Returns the canonical short name for ``name`` (a string, or an ml_dtypes type or
+  dtype) or raises ValueError (unknown name) or TypeError (not a name)."""
+  if isinstance(name, np.dtype) or (isinstance(name, type) and issubclass(name, np.generic)):
+    name = np.dtype(name).name
+  if not isinstance(name, str):
+    raise TypeError(f"format name must be a string such as 'e4m3', got "
+                    f"{type(name).__name__} {name!r}")
+  key = name.lower()
   key = _ALIASES.get(key, key)
   if key not in FORMATS:
     known = sorted(set(FORMATS) | set(_ALIASES))
@@ -138,17 +145,28 @@ def get_format(name: str) -> FloatFormat:
   return FORMATS[canonical_format_name(name)]
 
 
-def saturating_cast(x: jnp.ndarray, fmt: FloatFormat) -> jnp.ndarray:
+def saturating_cast(x: jnp.ndarray, fmt: FloatFormat | str) -> jnp.ndarray:
   """Rounds ``x`` to ``fmt`` (nearest-even), saturating finite overflow and ±inf.
 
   Args:
     x: float array of any shape (already multiplied by its scale).
-    fmt: the target format.
+    fmt: the target format, or its name (e.g. "e4m3").
 
   Returns:
     An array of ``fmt.storage_dtype`` with the shape of ``x``. NaN stays NaN where the
     storage type has it (E2M1 has not: mark such blocks NaN through their scale).
   """
+  if not isinstance(fmt, FloatFormat):
+    if not isinstance(fmt, str):
+      raise TypeError(f"saturating_cast: fmt must be a FloatFormat or a format name such as "
+                      f"'e4m3', got {type(fmt).__name__} {fmt!r}")
+    try:
+      fmt = get_format(fmt)
+    except ValueError as e:
+      raise ValueError(f"saturating_cast: fmt: {e}") from None
+  if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+    raise TypeError(f"saturating_cast: x must be a jax.Array or numpy.ndarray, got "
+                    f"{type(x).__name__}")
   if fmt.storage_dtype is not fmt.dtype:  # FP6: exact values, stored in E4M3
     return round_to_format(x, fmt).astype(fmt.storage_dtype)
   return jnp.clip(x, -fmt.max, fmt.max).astype(fmt.dtype)

@@ -130,4 +130,8 @@ def tile(size: int = 128, axis: int = -1) -> Granularity:
 def block(sizes: tuple[int, int] = (128, 128),
           axes: tuple[int, int] = (-2, -1)) -> Granularity:
   """``sizes[0]`` x ``sizes[1]`` blocks over ``axes``."""
+  for name, value in (("sizes", sizes), ("axes", axes)):
+    if not isinstance(value, (tuple, list)):
+      raise TypeError(f"block: {name} must be a pair of integers such as (128, 128), got "
+                      f"{type(value).__name__} {value!r}")
   return Granularity("block", tuple(axes), tuple(sizes))

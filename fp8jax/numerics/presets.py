@@ -46,14 +46,20 @@ from fp8jax.numerics import granularity as gran
 from fp8jax.numerics.spec import QuantSpec
 
 _TILE = QuantSpec(format="e4m3", granularity=gran.tile(128, axis=-1))
+# MX and NVFP4 take no eps (0): the formats' own range decides, not a floor on the amax
+# (eps 1e-12 flushed every block below it to zero; E8M0 reaches 2**-127, and the NVFP4
+# reference quantizer of Transformer Engine takes none). The exponent clamp [1, 253] of
+# power-of-two scales and the clip of the NVFP4 tensor scale to [2**-126, 2**126] are the
+# only floors left (docs/formats.md, "Conformance").
 _MX = QuantSpec(format="e4m3", granularity=gran.tile(32, axis=-1),
-                scale_format="pow2", pow2_rounding="rceil", store_e8m0=True)
+                scale_format="pow2", pow2_rounding="rceil", store_e8m0=True, eps=0.0)
 _TE_GRAD = QuantSpec(format="e5m2", granularity=gran.per_tensor(), scaling="delayed")
 _MX_OCP = _MX.replace(pow2_rounding="ocp")
 _MXFP6_E2M3 = _MX_OCP.replace(format="e2m3")
 _MXFP6_E3M2 = _MX_OCP.replace(format="e3m2")
 _MXFP4 = _MX_OCP.replace(format="e2m1")
-_NVFP4 = QuantSpec(format="e2m1", granularity=gran.tile(16, axis=-1), scale_format="e4m3")
+_NVFP4 = QuantSpec(format="e2m1", granularity=gran.tile(16, axis=-1), scale_format="e4m3",
+                   eps=0.0)
 
 PRESETS: dict[str, QuantSpec] = {
     "deepseek_v3": _TILE.replace(backward=_TILE),
@@ -83,6 +89,9 @@ PRESETS: dict[str, QuantSpec] = {
 
 def preset(name: str) -> QuantSpec:
   """The preset spec called ``name``; raises ValueError listing the known names."""
+  if not isinstance(name, str):
+    raise TypeError(f"preset: name must be a string such as 'deepseek_v3', got "
+                    f"{type(name).__name__} {name!r}")
   if name not in PRESETS:
     raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
   return PRESETS[name]

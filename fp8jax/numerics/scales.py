@@ -9,7 +9,7 @@ maps 0 to NaN. It is only used to *store* values that are already powers of two.
 
 Two-level scales (``scale_format="e4m3"``, NVFP4; arXiv 2509.25149 and Transformer
 Engine's NVFP4 recipe), with ``e = elem_max`` (6 for E2M1), ``G`` the tensor's largest
-finite magnitude and every operation rounded to float32::
+magnitude over its blocks free of NaN and inf, and every operation rounded to float32::
 
     S_enc = clip(448 * e / max(G, eps), 2**-126, 2**126)   (1 when G = 0)
     D     = 1 / S_enc                                       # tensor_scale_inv
@@ -17,9 +17,12 @@ finite magnitude and every operation rounded to float32::
     s_b   = min(1 / (sd_b * D), FLT_MAX)                    # the multiplier
     x_hat = (round(x * s_b) * sd_b) * D
 
-Formats without a NaN encoding (E2M1, FP6) cannot carry a NaN element: a block holding
-NaN gets a NaN ``scale_inv``, so the whole block dequantizes to NaN, as an OCP MX NaN
-scale (E8M0 0xFF) makes it.
+Non-finite blocks: a block holding NaN or ±inf has amax +inf
+(``fp8jax.numerics.blocks.amax_abs``) and gets ``s = 1`` and a NaN ``scale_inv``, so the
+whole block dequantizes to NaN and every GEMM output it enters is NaN: an overflow is
+never hidden by quantization. This is what an OCP MX NaN scale (E8M0 0xFF) means, and
+what the OCP reference library and torchao's MX conversion do with a NaN or inf block
+maximum (docs/formats.md, "Conformance"). The payload keeps the saturating cast.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax.numerics import formats
+from fp8jax.numerics import arguments, formats
 from fp8jax.numerics import spec as spec_lib
 
 _MANTISSA_MASK = 0x007FFFFF
@@ -49,6 +52,7 @@ def round_pow2(v: jnp.ndarray, rounding: str) -> jnp.ndarray:
     lie in [2**-126, 2**126] and so do their reciprocals (0 and subnormals go to
     2**-126, inf to 2**126).
   """
+  v = arguments.float_array(v, "v", "round_pow2")
   bits = lax.bitcast_convert_type(v.astype(jnp.float32), jnp.int32)
   exponent = (bits >> 23) & 0xFF
   if rounding == "ceil":
@@ -64,12 +68,38 @@ def _exponent_pow2(biased: jnp.ndarray) -> jnp.ndarray:
   return lax.bitcast_convert_type(jnp.clip(biased, 1, 253) << 23, jnp.float32)
 
 
+def _rceil_scale_inv(amax: jnp.ndarray, elem_max: float, margin: int) -> jnp.ndarray:
+  """2**ceil(log2(amax * 2**margin / elem_max)) for normal float32 ``amax`` > 0.
+
+  With ``amax = m * 2**e`` (1 <= m < 2), the quotient ``m / elem_max`` is a normal float32,
+  rounded as ``amax / elem_max`` is wherever that is normal; ``e`` and ``margin`` are then
+  added as exponents. A float32 quotient below 2**-126 would flush to zero on XLA:CPU
+  (and lose the margin: amax 4.6e-34 in E5M2 with margin 1 gave 2**-126, not 2**-125).
+  """
+  bits = lax.bitcast_convert_type(amax, jnp.int32)
+  mantissa = lax.bitcast_convert_type((bits & _MANTISSA_MASK) | (127 << 23), jnp.float32)
+  q = lax.bitcast_convert_type(mantissa / jnp.float32(elem_max), jnp.int32)
+  biased = ((q >> 23) & 0xFF) + ((q & _MANTISSA_MASK) != 0).astype(jnp.int32)
+  return _exponent_pow2(biased + ((bits >> 23) & 0xFF) - 127 + margin)
+
+
+def mark_nonfinite(s: jnp.ndarray, scale_inv: jnp.ndarray,
+                   amax: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """``(s, scale_inv)`` with ``s = 1`` and ``scale_inv = NaN`` where ``amax`` is not
+  finite (a block holding NaN or ±inf: see the module docstring)."""
+  bad = ~jnp.isfinite(amax)
+  return (jnp.where(bad, jnp.float32(1.0), s),
+          jnp.where(bad, jnp.float32(jnp.nan), scale_inv))
+
+
 def compute_scale(amax: jnp.ndarray,
                   spec: spec_lib.QuantSpec) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """Scales for blocks whose largest finite magnitude is ``amax`` (one-level specs).
+  """Scales for blocks whose largest magnitude is ``amax`` (one-level specs).
 
   Args:
-    amax: float array (any shape) of per-block amax values, >= 0.
+    amax: float array (any shape) of per-block amax values, >= 0; +inf (or NaN) marks a
+      block holding a non-finite value, whose ``scale_inv`` is NaN. Float32 subnormals
+      count as 0 on every platform.
     spec: the quantization spec (format, eps, margin, scale format); two-level
       (``"e4m3"``) specs need :func:`compute_scales`.
 
@@ -77,14 +107,17 @@ def compute_scale(amax: jnp.ndarray,
     ``(s, scale_inv)``, float32 arrays shaped like ``amax``: quantize with
     ``x * s``, dequantize with ``q * scale_inv``.
   """
+  amax = arguments.float_array(amax, "amax", "compute_scale")
+  spec = arguments.quant_spec(spec, "spec", "compute_scale")
   if spec.scale_format == "e4m3":
     raise ValueError("two-level E4M3 scales need compute_scales (a per-tensor level too)")
-  amax = jnp.maximum(amax.astype(jnp.float32), jnp.float32(spec.eps))
-  # fp8_max * 2**-margin is exact; dividing amax by fp8_max first cannot overflow.
+  raw = amax.astype(jnp.float32)
+  amax = jnp.maximum(jnp.where(jnp.isfinite(raw), raw, 0.0), jnp.float32(spec.eps))
+  amax = jnp.where(amax >= jnp.float32(_FP32_SCALE_MIN), amax, 0.0)
+  # fp8_max * 2**-margin is exact.
   target = jnp.float32(spec.fmt.max * 2.0**-spec.margin)
   if spec.scale_format == "pow2" and spec.pow2_rounding == "rceil":
-    scale_inv = round_pow2(amax / jnp.float32(spec.fmt.max) * jnp.float32(2.0**spec.margin),
-                           "ceil")
+    scale_inv = _rceil_scale_inv(amax, spec.fmt.max, spec.margin)
     s = 1.0 / scale_inv
   elif spec.scale_format == "pow2" and spec.pow2_rounding == "ocp":
     biased = (lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF
@@ -95,7 +128,7 @@ def compute_scale(amax: jnp.ndarray,
   else:
     s = jnp.clip(target / amax, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
   s = jnp.where(amax > 0, s, jnp.float32(1.0))
-  return s, 1.0 / s
+  return mark_nonfinite(s, 1.0 / s, raw)
 
 
 _E4M3_MAX = 448.0
@@ -104,23 +137,27 @@ _FLT_MAX = float(jnp.finfo(jnp.float32).max)
 
 def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec,
                    tensor_amax: jnp.ndarray | None = None):
-  """Scales for blocks whose largest finite magnitudes are ``amax``, any spec.
+  """Scales for blocks whose largest magnitudes are ``amax``, any spec.
 
   Args:
     amax: float array of the per-block amax values of ONE tensor (any shape: the
-      two-level rule takes the tensor's amax as their maximum).
+      two-level rule takes the tensor's amax as the maximum of the finite ones); +inf
+      marks a non-finite block (NaN ``scale_inv``).
     spec: the quantization spec.
     tensor_amax: the tensor's amax when ``amax`` holds only some of its blocks (a
-      kernel's tile); None: ``max(amax)``.
+      kernel's tile); None: the largest finite entry of ``amax`` (blocks holding NaN or
+      inf are NaN as a whole and do not set the tensor scale).
 
   Returns:
     ``(s, scale_inv, tensor_scale_inv)``: float32 arrays shaped like ``amax`` (quantize
     with ``x * s``, dequantize with ``q * scale_inv * tensor_scale_inv``) and a float32
     scalar for two-level specs, None for the others.
   """
+  spec = arguments.quant_spec(spec, "spec", "compute_scales")
   if spec.scale_format != "e4m3":
     return (*compute_scale(amax, spec), None)
-  amax = amax.astype(jnp.float32)
+  raw = arguments.float_array(amax, "amax", "compute_scales").astype(jnp.float32)
+  amax = jnp.where(jnp.isfinite(raw), raw, 0.0)
   elem_max = spec.fmt.max
   g = jnp.max(amax, initial=0.0) if tensor_amax is None else tensor_amax.astype(jnp.float32)
   g = jnp.maximum(g, jnp.float32(spec.eps))
@@ -131,15 +168,7 @@ def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec,
   block = jnp.minimum(amax * multiplier, jnp.float32(_E4M3_MAX))
   scale_inv = formats.round_to_format(block, formats.get_format("e4m3"))
   s = jnp.minimum(1.0 / (scale_inv * tensor_scale_inv), jnp.float32(_FLT_MAX))
-  return s, scale_inv, tensor_scale_inv
-
-
-def mark_nan_blocks(scale_inv: jnp.ndarray, has_nan: jnp.ndarray,
-                    fmt: formats.FloatFormat) -> jnp.ndarray:
-  """``scale_inv`` with NaN where a block holds NaN, for formats without a NaN code."""
-  if fmt.has_nan:
-    return scale_inv
-  return jnp.where(has_nan, jnp.float32(jnp.nan), scale_inv)
+  return (*mark_nonfinite(s, scale_inv, raw), tensor_scale_inv)
 
 
 def round_elements(v: jnp.ndarray, fmt: formats.FloatFormat,

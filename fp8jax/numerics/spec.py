@@ -10,7 +10,8 @@ Scale convention (as in Transformer Engine)::
     scale_inv = 1 / s                                      # what a GEMM kernel consumes
     x_hat     = payload * scale_inv                        # dequantized
 
-``amax`` is the largest finite |x| in the block (NaN and inf never enter it).
+``amax`` is the largest |x| in the block; a block holding NaN or ±inf gets a NaN
+``scale_inv`` and dequantizes to NaN as a whole (``fp8jax.numerics.scales``).
 
 Two-level scales (``scale_format="e4m3"``, NVFP4) add a per-tensor FP32 level below the
 per-block E4M3 scales; see ``fp8jax.numerics.scales``. The format semantics and their

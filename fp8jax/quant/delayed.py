@@ -46,7 +46,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax.numerics import blocks, scales
+from fp8jax.numerics import arguments, blocks, scales
 from fp8jax.numerics import spec as spec_lib
 
 
@@ -71,6 +71,7 @@ def init_history(spec: spec_lib.QuantSpec) -> jax.Array:
 
 def init_state(spec: spec_lib.QuantSpec) -> DelayedState:
   """The empty state that ``fake_quant(x, spec, state)`` expects for ``spec``."""
+  spec = arguments.quant_spec(spec, "spec", "init_state")
   bwd = spec.backward
   return DelayedState(
       fwd=init_history(spec) if spec.scaling == "delayed" else None,

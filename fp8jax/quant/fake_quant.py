@@ -27,6 +27,7 @@ import jax
 from jax import lax
 
 from fp8jax.kernels import fake_quant_pallas as fqp
+from fp8jax.numerics import arguments
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import delayed, fast_quant, qtensor
 
@@ -49,8 +50,8 @@ def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
   Returns:
     ``x_hat`` with the shape and dtype of ``x``, or ``(x_hat, telemetry)``.
   """
-  if not isinstance(spec, spec_lib.QuantSpec):
-    raise TypeError(f"spec must be a QuantSpec, got {spec!r}")
+  spec = arguments.quant_spec(spec, "spec", "fake_quant")
+  x = arguments.array(x, "x", "fake_quant")
   if delayed.needs_state(spec):
     _check_state(state, spec)
     out = _fake_quant_stateful(x, state, spec, telemetry)

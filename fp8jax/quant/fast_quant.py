@@ -63,11 +63,8 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
   split = [v for n, b in zip(counts, block) for v in (n, b)]
   xs = xp.reshape(split)
   inner = tuple(range(1, 2 * len(shape), 2))
-  amax = jnp.max(blocks.finite_abs(xs), axis=inner, keepdims=True, initial=0.0)
+  amax = jnp.max(blocks.amax_abs(xs), axis=inner, keepdims=True, initial=0.0)
   s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
-  if not spec.fmt.has_nan:
-    has_nan = jnp.any(jnp.isnan(xs), axis=inner, keepdims=True)
-    scale_inv = scales.mark_nan_blocks(scale_inv, has_nan, spec.fmt)
   bits = rounding_bits.rounding_bits(x, spec, key)
   if bits is not None:
     if padded != shape:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fp8jax.numerics import blocks, formats, scales
+from fp8jax.numerics import arguments, blocks, formats, scales
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import delayed, noise_control, rounding_bits
 from fp8jax.quant import telemetry as telemetry_lib
@@ -62,11 +62,12 @@ class QTensor:
     return blocks.align_block(self.block, self.data.ndim)
 
 
-def _check_input(x: jax.Array) -> None:
+def _check_input(x: jax.Array, fn: str = "quantize") -> None:
+  arguments.array(x, "x", fn)
   if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(f"quantize needs a floating-point input, got dtype {x.dtype}")
+    raise TypeError(f"{fn}: x must be a floating-point array, got dtype {x.dtype}")
   if jnp.dtype(x.dtype).itemsize == 1:
-    raise TypeError(f"input is already 8-bit ({x.dtype}); dequantize it first")
+    raise TypeError(f"{fn}: x is already 8-bit ({x.dtype}); dequantize it first")
 
 
 def _scales(x, spec, history, amax=None):
@@ -81,12 +82,11 @@ def _scales(x, spec, history, amax=None):
     s, scale_inv = delayed.history_scale(
         delayed.as_float32(history), spec, jnp.max(amax, initial=0.0))
     s, scale_inv = (jnp.broadcast_to(v, amax.shape) for v in (s, scale_inv))
+    s, scale_inv = scales.mark_nonfinite(s, scale_inv, amax)  # also with a history
   else:
     if history is not None:
       raise ValueError(f"spec {spec.describe()} uses current scaling; it takes no history")
     s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
-  if not spec.fmt.has_nan:
-    scale_inv = scales.mark_nan_blocks(scale_inv, blocks.block_any_nan(x, block), spec.fmt)
   return block, s, scale_inv, tensor_scale_inv
 
 
@@ -95,6 +95,7 @@ def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
                          amax: jax.Array | None = None):
   """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``."""
   _check_input(x)
+  spec = arguments.quant_spec(spec, "spec", "quantize")
   if spec.noise_control:  # the format's own quantization, then its error replaced
     qt, scaled, s = quantize_with_scaled(x, spec.replace(noise_control=False), history, key,
                                          amax)
@@ -159,7 +160,10 @@ def dequantize(qt: QTensor, dtype=None) -> jax.Array:
     qt: the quantized tensor.
     dtype: output dtype; defaults to the dtype of the quantized input.
   """
-  dtype = jnp.dtype(qt.dtype if dtype is None else dtype)
+  if not isinstance(qt, QTensor):
+    raise TypeError(f"dequantize: qt must be a QTensor (from fp8jax.quantize), got "
+                    f"{type(qt).__name__}")
+  dtype = arguments.dtype(qt.dtype if dtype is None else dtype, "dtype", "dequantize")
   scale_inv = blocks.broadcast_blocks(
       qt.scale_inv.astype(jnp.float32), qt.full_block, qt.shape)
   out = payload_f32(qt.data) * scale_inv
@@ -181,6 +185,8 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
   Returns:
     ``x_hat`` (dtype of ``x``), or ``(x_hat, QuantTelemetry)`` with ``telemetry``.
   """
+  _check_input(x, "quantize_dequantize")
+  spec = arguments.quant_spec(spec, "spec", "quantize_dequantize")
   qt, scaled, s = quantize_with_scaled(x, spec, history, key)
   x_hat = dequantize(qt)
   if not telemetry:
@@ -200,5 +206,7 @@ def quantize_and_update(x: jax.Array, spec: spec_lib.QuantSpec, history: jax.Arr
   Returns:
     ``(QTensor, new_history)``.
   """
+  _check_input(x, "quantize_and_update")
+  spec = arguments.quant_spec(spec, "spec", "quantize_and_update")
   qt = quantize(x, spec, history)
   return qt, delayed.update_history(delayed.as_float32(history), delayed.tensor_amax(x))

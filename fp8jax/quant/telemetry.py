@@ -19,7 +19,8 @@ class QuantTelemetry:
 
   Attributes:
     amax: largest finite |x| of the tensor.
-    scale_min: smallest quantization multiplier ``s`` over the blocks.
+    scale_min: smallest quantization multiplier ``s`` over the blocks (a block holding
+      NaN or inf has ``s = 1``).
     scale_max: largest ``s`` over the blocks.
     saturated_frac: fraction of elements that the saturating cast clipped: those
       where a plain cast of x * s would overflow (±inf inputs included). Values
@@ -27,8 +28,10 @@ class QuantTelemetry:
     underflow_frac: fraction of the non-zero finite elements flushed to zero.
     nonfinite_frac: fraction of elements that are NaN or ±inf.
     signal_power: mean x**2 over finite elements.
-    noise_power: mean (x - x_hat)**2 over finite elements.
-    snr_db: 10 log10(signal_power / noise_power); +inf when the round trip is exact.
+    noise_power: mean (x - x_hat)**2 over finite elements; NaN when a block holding NaN
+      or inf made its finite elements NaN too (``fp8jax.numerics.scales``).
+    snr_db: 10 log10(signal_power / noise_power); +inf when the round trip is exact, NaN
+      with a NaN noise power.
   """
 
   amax: jax.Array
@@ -68,7 +71,7 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
   noise = jnp.sum(err * err) / n_finite
   overflow = saturates(jnp.abs(scaled.astype(jnp.float32)), fmt)
   snr = jnp.where(noise > 0, 10.0 * jnp.log10(signal / jnp.where(noise > 0, noise, 1.0)),
-                  jnp.inf)
+                  jnp.where(noise == 0, jnp.inf, jnp.nan))  # NaN noise: NaN, never +inf
   return QuantTelemetry(
       amax=jnp.max(jnp.abs(x0), initial=0.0),
       scale_min=jnp.min(s).astype(jnp.float32) if s.size else jnp.float32(0),
