@@ -61,8 +61,8 @@ _TELEMETRY = flags.DEFINE_bool("telemetry", True, "Record the block-scale teleme
                                "and all-zero blocks, kurtosis) in their rows.")
 _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", False, "Deterministic mode: the same bits on every GPU run (XLA's "
-    "attention, a one-hot GEMM for the embedding gradient; set XLA_FLAGS="
-    "--xla_gpu_autotune_level=0 too: docs/determinism.md), at a cost in speed.")
+    "attention, a one-hot GEMM for the embedding gradient, no autotuning: "
+    "docs/determinism.md), at a cost in speed.")
 _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
                                   "Skip checkpoints that fail verification (corrupt or "
                                   "incomplete; they get no rows) instead of stopping.")

@@ -2,6 +2,11 @@
 the one-hot-GEMM embedding gradient against a NumPy scatter-add, the model's gradient
 with and without the mode, and the run config field reaching the training step."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,3 +51,25 @@ def test_model_gradient_in_the_deterministic_mode():
       np.testing.assert_allclose(b, a, rtol=0, atol=2**-7 * float(jnp.max(jnp.abs(a))))
     else:  # nothing else changes
       np.testing.assert_array_equal(b, a)
+
+
+def test_the_mode_sets_its_xla_flag_before_the_first_computation(tmp_path):
+  """In a fresh process a deterministic run adds the flag to XLA_FLAGS and records the
+  mode; in this one (backends started, CPU) it is too late and harmless."""
+  from fp8jax.train import determinism
+  code = (
+      "import os, sys\n"
+      "from fp8jax.train import loop, run_config\n"
+      "cfg = run_config.defaults()\n"
+      "cfg.train.steps, cfg.optim.warmup_steps, cfg.train.deterministic = 2, 1, True\n"
+      "loop.train(cfg, sys.argv[1])\n"
+      "print(os.environ['XLA_FLAGS'])\n")
+  out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                                    "XLA_FLAGS": ""})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == [determinism.FLAG]
+  assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["deterministic"]
+  jnp.ones(1).block_until_ready()  # this process's backends run: too late for the flag
+  assert determinism.record(True) == {"deterministic": True}  # no error, no warning on CPU
+  assert determinism.FLAG not in os.environ.get("XLA_FLAGS", "").split()

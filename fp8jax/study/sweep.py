@@ -224,6 +224,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     fp8jax.models.integrity.CheckpointError: a checkpoint is corrupt or incomplete (unless
       ``skip_corrupt``); the rows of the checkpoints before it are kept.
   """
+  mode = determinism.record(deterministic)  # its XLA flag, before any computation
   stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
@@ -252,7 +253,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                                 **({"delayed_warmup": delayed_warmup}
                                    if delayed_sites.sites(cfg, p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
-          "code_version": ckpt_lib.code_version(), **determinism.record(deterministic)}
+          "code_version": ckpt_lib.code_version(), **mode}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",

@@ -11,15 +11,26 @@ cuDNN, the Pallas and Mosaic GPU grouped GEMMs, XLA's reductions and GEMMs). Aft
 steps at the 2B widths two runs then end 4% apart in loss, which a BF16-vs-FP8 comparison
 would mix with the recipe.
 
-The mode (``train.deterministic`` in a run config, ``deterministic=`` in the library)
-computes the embedding table's gradient as a one-hot GEMM (:mod:`fp8jax.models.embedding`)
-and keeps the grouped GEMM on the kernels (``moe_impl="pallas"`` on a GPU). It is a
-static option of the traced functions, so it needs no process-wide setting and can be
-mixed in one process.
+The mode (``train.deterministic`` in a run config, ``deterministic=`` in the library,
+``--deterministic`` for the comparison binaries) removes each source:
 
-XLA's own flag for this, ``--xla_gpu_deterministic_ops=true`` (and
+- the embedding table's gradient is a one-hot GEMM (:mod:`fp8jax.models.embedding`);
+- attention runs through XLA instead of cuDNN: cuDNN's flash-attention backward adds the
+  query gradient with atomics (seen on the H100: after 50 steps only ``q_proj`` and its
+  moments differed between two runs of one executable);
+- XLA's autotuner is off (:func:`enable`: ``--xla_gpu_autotune_level=0``), so every
+  compilation picks the same kernels by its heuristics: two compilations of the same step
+  then gave different bits from the third step on with autotuning, the same bits without;
+- on a GPU the routed experts should run on the kernels (``moe_impl="pallas"``, the 2B
+  configs' choice): XLA's grouped GEMM takes its weight gradient by a scatter-add.
+
+The first two are static options of the traced functions; the third is a process-wide XLA
+flag, read when JAX starts its backends, so :func:`enable` must run before the process's
+first computation (the binaries and :func:`fp8jax.train.loop.train` call it first).
+
+XLA's own switch, ``--xla_gpu_deterministic_ops=true`` (or
 ``--xla_gpu_exclude_nondeterministic_ops=true``), was tried first: on jax 0.11.2 with CUDA
-13 the training step then fails at its first execution with ``IndexError:
+13 the 2-layer training step then fails at its first execution with ``IndexError:
 absl::container_internal::raw_hash_map<>::at``, with or without command buffers, the
 Pallas kernels or cuDNN attention (``scripts/gpu/det_variants.sh``), while a single-layer
 gradient runs. The mode therefore does not set it.
@@ -27,7 +38,38 @@ gradient runs. The mode therefore does not set it.
 
 from __future__ import annotations
 
+import os
+import warnings
+
+FLAG = "--xla_gpu_autotune_level=0"
+"""The XLA flag of the deterministic mode: no autotuning, the same kernels every time."""
+
+
+def _backends_started() -> bool:
+  """Whether JAX has started its backends (XLA has then read ``XLA_FLAGS``)."""
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  return bool(getattr(xla_bridge, "_backends", None))
+
+
+def enable() -> None:
+  """Adds :data:`FLAG` to ``XLA_FLAGS`` for this process. Once JAX has started its
+  backends it is too late: then, on a GPU, a warning says so (autotuning may pick other
+  kernels in another compilation; set ``XLA_FLAGS`` before the first computation)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if FLAG in flags.split():
+    return
+  if not _backends_started():
+    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}".strip()
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.default_backend() == "gpu":
+    warnings.warn(f"the deterministic mode could not set XLA_FLAGS={FLAG}: JAX already "
+                  "started its backends, so another compilation may autotune other kernels; "
+                  "set it before the first computation of the process", stacklevel=2)
+
 
 def record(deterministic: bool) -> dict:
-  """The mode as a run or a sweep records it."""
+  """The mode as a run or a sweep records it (and :func:`enable` when it is on)."""
+  if deterministic:
+    enable()
   return {"deterministic": bool(deterministic)}

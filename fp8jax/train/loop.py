@@ -56,6 +56,7 @@ from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
+    determinism,
   flops,
   metrics_log,
   multihost,
@@ -241,6 +242,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
   all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``: the
   checkpoints folder). ``allow_policy_change``: a resume may change ``cfg.policy``.
   ``cfg.train.deterministic``: the deterministic mode (:mod:`fp8jax.train.determinism`)."""
+  determinism.record(cfg.train.deterministic)  # its XLA flag, before any computation
   workdir = pathlib.Path(workdir)
   main, stream = multihost.is_main(), multihost.main_stream(stream or sys.stderr)
   model_cfg, policy = run_config.validate(cfg)
