@@ -84,7 +84,9 @@ def test_control_is_a_function_of_the_tensor_and_keeps_non_finite_values():
   a, b = fp8jax.quantize_dequantize(x, spec), fp8jax.quantize_dequantize(x, spec)
   np.testing.assert_array_equal(a, b)
   real = fp8jax.quantize_dequantize(x, spec.replace(noise_control=False))
-  assert jnp.isnan(a[1, 5]) and a[0, 7] == real[0, 7]
+  # A block holding NaN or inf dequantizes to NaN as a whole, under its control too.
+  assert bool(jnp.all(jnp.isnan(a[1, :128]))) and bool(jnp.all(jnp.isnan(a[0, :128])))
+  np.testing.assert_array_equal(jnp.isnan(a), jnp.isnan(real))
   other = fp8jax.quantize_dequantize(x.at[0, 0].add(1.0), spec)
   assert not np.allclose(other[1, 100:], a[1, 100:])  # a new tensor, new draws
 

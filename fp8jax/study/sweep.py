@@ -46,8 +46,8 @@ import orbax.checkpoint as ocp
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.models import deepseek_moe, delayed_sites, integrity
-from fp8jax.models import policy as policy_lib
 from fp8jax.study import noise_floor, paired, results_io
+from fp8jax.study.policies import expand_policies, expression, policy_meta  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import determinism, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
@@ -63,37 +63,6 @@ class Windows:
   seq_len: int = 0        # 0: the training run's
   seed: int = 1234
   split: str = ""         # "": the training run's
-
-
-def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
-  """Policies from names/expressions; a grid name of :data:`fp8jax.models.policy.GRIDS`
-  (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth, and
-  ``noise(GRID)`` to the noise-matched control of each of its policies
-  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`)."""
-  out = []
-  for spec in specs:
-    spec = spec.strip()
-    inner = spec[len("noise("):-1] if spec.startswith("noise(") and spec.endswith(")") else ""
-    grid = policy_lib.GRIDS.get(inner or spec)
-    if grid is None:
-      out.append(policy_lib.parse_policy(spec))
-      continue
-    for name, expr in grid(num_layers).items():
-      pol = dataclasses.replace(policy_lib.parse_policy(expr), name=name)
-      out.append(policy_lib.noise_policy(pol) if inner else pol)
-  if not out:
-    raise ValueError("no policies to compare")
-  return out
-
-
-def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
-  """A policy's ``meta.json`` entry: its expression, directly quantized modules and kind
-  (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it controls)."""
-  entry = {"expr": expression(policy),
-           "direct": sorted(metrics.direct_modules(policy, num_layers)), "kind": "policy"}
-  if policy_lib.is_noise_control(policy):
-    entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
-  return entry
 
 
 def data_config(train_cfg, data: dict | None = None) -> dict:
@@ -341,28 +310,6 @@ def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
     output.append("rows.jsonl", row)
     written += 1
   return written
-
-
-def expression(policy: policy_lib.PrecisionPolicy) -> str:
-  """The site rules of a policy as an expression (``site@layers:format``; a noise-matched
-  control as ``noise(...)`` of its policy's expression)."""
-  if policy_lib.is_noise_control(policy):
-    return f"noise({expression(policy_lib.control_base(policy))})"
-  terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
-           f"{r.spec.format}/{r.spec.granularity.kind}{_delayed_suffix(r.spec)}"
-           for r in policy.rules]
-  if policy.gemm is not None:
-    name = next((n for n, c in policy_lib.GEMMS.items() if c == policy.gemm), "custom")
-    layers = "" if policy.gemm_layers is None else "@" + ",".join(map(str, policy.gemm_layers))
-    terms.append(f"gemm:{name}{layers}")
-  return "+".join(terms) or "bf16"
-
-
-def _delayed_suffix(spec) -> str:
-  """``/delayed(h=..,reduce=..,margin=..)`` of a delayed-scaled forward spec, else ""."""
-  if spec.scaling != "delayed":
-    return ""
-  return f"/delayed(h={spec.history_len},reduce={spec.history_reduce},margin={spec.margin})"
 
 
 def _baseline_row(base: paired.Baseline, params) -> dict:
