@@ -174,6 +174,8 @@ def test_nonfinite_losses_are_reported_not_averaged(tmp_path):
   section = text.split("## Non-finite losses", 1)[1].split("##", 1)[0]
   assert "| 40 | fp8 |" in section and "| 200 | fp8 |" in section
   assert "| fp8 | `fp8` | 200 | non-finite |" in text
+  runs = text.split("## Runs", 1)[1].split("##", 1)[0]  # which mode each run ran in
+  assert "| mode |" in runs and "| default |" in runs and "cannot be told" in runs
 
 
 def table_row(text: str, name: str) -> list[str]:

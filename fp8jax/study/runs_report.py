@@ -358,9 +358,17 @@ def render(res: dict, runs: Sequence[Run], paths: dict[str, str],
     lines += ["Skipped steps: the last logged `skipped_steps` of the run (FP16 loss "
               "scaling).", ""]
   lines += ["## Runs", ""]
-  lines += _table(["run", "folder", "logged steps", "seed", "notes"],
-                  [[r.name, f"`{r.workdir}`", len(r.rows), r.config.get("seed", "n/a"),
+  mode = lambda r: ("deterministic" if (r.config.get("train") or {}).get("deterministic")  # noqa: E731
+                    else "default")
+  lines += _table(["run", "folder", "logged steps", "seed", "mode", "notes"],
+                  [[r.name, f"`{r.workdir}`", len(r.rows), r.config.get("seed", "n/a"), mode(r),
                     "; ".join(r.notes) or "-"] for r in runs])
+  if any(mode(r) == "default" for r in runs):
+    lines += ["Mode: a run in the default mode on a GPU differs from itself from run to run "
+              "(two runs of one 2-layer config at the 2B widths on an H100 were 1.5% apart in "
+              "LM loss over steps 21-50 and 3% over steps 51-100, docs/determinism.md); a gap "
+              "smaller than that between such runs cannot be told from the hardware's "
+              "reduction order. `train.deterministic=True` removes it on a GPU.", ""]
   if res["mismatch"]:
     lines += ["**Warning**: compared with allow_mismatch although the runs differ in "
               + ", ".join(f"`{k}`" for k in res["mismatch"]) + ".", ""]
