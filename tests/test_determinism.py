@@ -73,3 +73,21 @@ def test_the_mode_sets_its_xla_flag_before_the_first_computation(tmp_path):
   jnp.ones(1).block_until_ready()  # this process's backends run: too late for the flag
   assert determinism.record(True) == {"deterministic": True}  # no error, no warning on CPU
   assert determinism.FLAG not in os.environ.get("XLA_FLAGS", "").split()
+
+
+def test_sweep_in_the_deterministic_mode(train_run, tmp_path):
+  """The sweep records the mode, and on a CPU its rows match the default mode's up to the
+  embedding gradient's summation order."""
+  from fp8jax.study import results_io, sweep
+  windows = sweep.Windows(offsets=(0,), batches=1, batch_size=4)
+  rows = {}
+  for det in (False, True):
+    out = tmp_path / f"det{det}"
+    sweep.run(train_run, out, policies=["attn_l0_e4m3"], steps=[4], windows=windows,
+              deterministic=det)
+    assert json.loads((out / "meta.json").read_text())["deterministic"] is det
+    rows[det] = {r["policy"]: r for r in results_io.read(out / "rows.jsonl")}
+  for policy in ("attn_l0_e4m3", "floor"):
+    assert rows[True][policy]["rel_err"] == pytest.approx(rows[False][policy]["rel_err"],
+                                                          rel=1e-2)
+    assert rows[True][policy]["loss_fp8"] == rows[False][policy]["loss_fp8"]  # forward: same
