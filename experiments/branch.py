@@ -31,6 +31,10 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
                                  "Join a multi-process run: jax.distributed.initialize() from the "
                                  "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
                                  "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
+_DETERMINISTIC = flags.DEFINE_bool(
+    "deterministic", None, "Deterministic mode: the same bits on every GPU run (XLA's "
+    "autotuning off, one-hot embedding gradient, XLA attention; docs/determinism.md), at a "
+    "cost in speed. Unset: the training run's own mode.")
 _ALLOW = flags.DEFINE_bool("allow_policy_change", False, "Branch from checkpoints trained "
                            "under a policy other than BF16 (the reference continues in BF16).")
 
@@ -46,7 +50,8 @@ def main(argv):
         _TRAIN.value, _OUT.value, policies=_POLICIES.value,
         from_steps=[int(s) for s in _FROM.value] or None,
         branches=branch.Branches(k=_K.value, noise=_NOISE.value, noise_seed=_NOISE_SEED.value),
-        allow_policy_change=_ALLOW.value, max_together=_TOGETHER.value or None)
+        allow_policy_change=_ALLOW.value, max_together=_TOGETHER.value or None,
+        deterministic=_DETERMINISTIC.value)
   except (ValueError, FileNotFoundError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -91,3 +91,21 @@ def test_sweep_in_the_deterministic_mode(train_run, tmp_path):
     assert rows[True][policy]["rel_err"] == pytest.approx(rows[False][policy]["rel_err"],
                                                           rel=1e-2)
     assert rows[True][policy]["loss_fp8"] == rows[False][policy]["loss_fp8"]  # forward: same
+
+
+def test_branch_follows_the_run_or_its_own_flag(train_run, tmp_path):
+  """Branches run in the training run's mode unless told otherwise; meta records the mode,
+  and on a CPU the two modes' branch losses agree."""
+  from fp8jax.study import branch, results_io
+  rows = {}
+  for det in (None, True):
+    out = tmp_path / f"det{det}"
+    branch.run(train_run, out, policies=["bf16"], from_steps=[4],
+               branches=branch.Branches(k=1, noise=1), deterministic=det)
+    assert json.loads((out / "meta.json").read_text())["deterministic"] is bool(det)
+    rows[det] = {r["branch"]: r for r in results_io.read(out / "branches.jsonl")}
+  assert rows[True].keys() == rows[None].keys() and rows[True]
+  for name, row in rows[True].items():
+    for key, value in row.items():
+      if isinstance(value, float) and "loss" in key:
+        assert value == pytest.approx(rows[None][name][key], rel=1e-4, abs=1e-6), key

@@ -56,7 +56,7 @@ from fp8jax.models import delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import branch_metrics, results_io, sweep
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import loop, metrics_log, multihost, run_config
+from fp8jax.train import determinism, loop, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
 
 REFERENCE = "bf16"
@@ -187,7 +187,8 @@ class _Branch:
 
 def run(train_workdir, out, policies=("seed",), from_steps=None,
         branches: Branches | None = None, devices=None, stream=None,
-        allow_policy_change: bool = False, max_together: int | None = None) -> dict:
+        allow_policy_change: bool = False, max_together: int | None = None,
+        deterministic: bool | None = None) -> dict:
   """Runs (or resumes) the branch-off runs; returns ``rows_written`` and ``out``.
 
   Args:
@@ -197,6 +198,8 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
     from_steps: the checkpoints to branch from (default: all).
     branches: ``k``, the noise branches (:class:`Branches`).
     max_together: branches stepped together besides the reference (default: what fits).
+    deterministic: every step in the deterministic mode (:mod:`fp8jax.train.determinism`);
+      None: the training run's own mode. Recorded in ``meta.json``.
 
   Raises:
     ValueError: bad input (unknown checkpoint, policy, a results folder of another run, a
@@ -207,6 +210,9 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
   branches = branches or Branches()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
   train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
+  if deterministic is not None:
+    train_cfg.train.deterministic = bool(deterministic)
+  mode = determinism.record(train_cfg.train.deterministic)  # before any computation
   model_cfg, _ = run_config.validate(train_cfg)
   pols = branch_policies(policies, model_cfg.num_hidden_layers, branches)
   for p in pols:
@@ -231,7 +237,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
                     "seed": branches.noise_seed},
           "data": json.loads(json.dumps(sweep.data_config(train_cfg))),
           "policies": {p.name: {"expr": expr[p.name]} for p in pols},
-          "from_steps": steps, "code_version": ckpt_lib.code_version()}
+          "from_steps": steps, "code_version": ckpt_lib.code_version(), **mode}
   try:
     output, refused = _Output(out, meta, write=multihost.is_main()), None
   except ValueError as e:

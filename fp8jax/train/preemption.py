@@ -61,5 +61,11 @@ class Watch:
     self.signalled = True
 
   def reached(self, step: int) -> bool:
-    """Whether to save at ``step`` and stop (the same answer on every process)."""
+    """Whether to save at ``step`` and stop (the same answer on every process).
+
+    Re-installs the SIGTERM handler first: a native library loaded during the run may
+    replace it behind Python's back (on an H100 a SIGTERM once reached a C++ failure-signal
+    handler, which aborted the run, instead of this one), and Python cannot see that."""
+    if self._installed:
+      signal.signal(signal.SIGTERM, self._handle)
     return self.manager.reached_preemption(step) or self.signalled
