@@ -14,7 +14,13 @@ Across checkpoints (:class:`Summary`, :func:`median_boot`): the median over the 
 of the per-checkpoint centers (arithmetic means, or means of the logs), with a 95%
 percentile bootstrap interval that resamples the batches *within* each checkpoint
 (a stratified bootstrap, fixed seed). The checkpoints are the study's design, fixed; the
-evaluation batches are the random sample. A paired comparison of two policies on the same
+evaluation batches are the random sample. A resample of n values has (n - 1) / n of the
+variance of the sample, which makes a plain bootstrap of few batches too narrow (with 2
+batches per checkpoint its 95% interval covered the true median in 62% of simulated
+studies): each checkpoint's deviations from its mean are therefore scaled by sqrt(n / (n - 1))
+before resampling, and there is no interval unless every checkpoint has at least
+:data:`MIN_BATCHES` batches (the scaled bootstrap then covered 92% with 3 batches, 91% with 4,
+94% with 8; ``tests/test_intervals.py``). A paired comparison of two policies on the same
 batches is the same summary of the per-batch ratios (or differences).
 
 Multiple comparisons: :func:`holm` (Holm's step-down adjustment, valid under any dependence
@@ -36,6 +42,9 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
          2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 _Z975 = 1.959963984540054
+
+MIN_BATCHES = 3
+"""The fewest batches per checkpoint for a bootstrap interval across checkpoints."""
 
 
 def t_quantile(df: int) -> float:
@@ -139,7 +148,7 @@ def ci(values: Iterable[float], log: bool, n_nonfinite: int = 0) -> Stat:
 class Summary:
   """The median over ``n_steps`` checkpoints of their centers (arithmetic means, or
   geometric means when ``log``) with a 95% bootstrap interval [lo, hi] over the batches
-  (NaN when a checkpoint has fewer than 2 values); ``n`` values in all, ``n_nonfinite`` rows
+  (NaN when a checkpoint has fewer than :data:`MIN_BATCHES` values); ``n`` values in all, ``n_nonfinite`` rows
   excluded as non-finite, ``n_undefined`` NaN values."""
 
   median: float
@@ -169,7 +178,8 @@ def median_boot(groups: Sequence[Iterable[float]], log: bool, n_boot: int = 2000
       values are left out and counted as undefined; empty groups are dropped).
     log: centers and median on the log scale (when every value is positive; else the
       arithmetic scale, as :func:`ci`).
-    n_boot: bootstrap resamples; each draws every group's batches with replacement.
+    n_boot: bootstrap resamples; each draws every group's batches with replacement, after
+      scaling the group's deviations from its mean by sqrt(n / (n - 1)) (module docstring).
     seed: the resamples' seed (the interval is reproducible).
   """
   kept, undefined = [], 0
@@ -187,8 +197,9 @@ def median_boot(groups: Sequence[Iterable[float]], log: bool, n_boot: int = 2000
   back = np.exp if log else (lambda v: v)
   median = float(back(np.median([x.mean() for x in kept])))
   lo = hi = math.nan
-  if min(x.size for x in kept) >= 2 and n_boot > 0:
+  if min(x.size for x in kept) >= MIN_BATCHES and n_boot > 0:
     rng = np.random.default_rng(seed)
+    kept = [x.mean() + (x - x.mean()) * math.sqrt(x.size / (x.size - 1)) for x in kept]
     means = np.stack([x[rng.integers(0, x.size, (n_boot, x.size))].mean(1) for x in kept], 1)
     lo, hi = (float(v) for v in back(np.percentile(np.median(means, 1), [2.5, 97.5])))
   return Summary(median, lo, hi, len(kept), n, log, n_nonfinite, undefined)
