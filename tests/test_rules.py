@@ -122,6 +122,8 @@ def test_describe_lists_paths_actions_and_unmatched_rules():
   assert "mix  gemm[einsum]: recipe fp32_blockwise  (rules 4)" in lines
   assert lines[-1] == "unmatched: rules[5] rule 'nothing/here', role gemm"
   assert not any(ln.startswith("head") for ln in lines)
+  undone = rules_lib.describe(model, [Rule(".*", BLOCKWISE), Rule("head", None, role="gemm")])
+  assert "head  unquantized  (rules 0, 1)" in undone.splitlines()
 
 
 def test_rules_are_hashable_and_jit_does_not_retrace():

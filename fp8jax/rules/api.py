@@ -47,17 +47,19 @@ def _config_name(config) -> str:
 
 def describe(model, rules, *args, **kwargs) -> str:
   """A report of what ``rules`` do to ``model``: one line per quantized module
-  (``path  gemm[op]: recipe fp32_blockwise | output: e4m3 1x128@-1 ... (rules 0, 2)``),
-  then each rule that matches no module. Linen models need example inputs."""
+  (``path  gemm[op]: recipe fp32_blockwise | output: e4m3 1x128@-1 ... (rules 0, 2)``;
+  ``unquantized`` where None actions undo the rest), then each rule that matches no
+  module. Linen models need example inputs."""
   rules = rule_lib.as_rules(rules)
   found = plans(model, rules, *args, **kwargs)
   lines = []
   for path, plan in sorted(found.items()):
-    if plan.empty:
+    if not plan.matched:
       continue
     parts = [f"gemm[{op}]: {_config_name(c)}" for op, c in plan.gemm]
     if plan.output is not None:
       parts.append(f"output: {plan.output.describe()}")
+    parts = parts or ["unquantized"]
     used = ", ".join(map(str, plan.matched))
     lines.append(f"{path or '<root>'}  {' | '.join(parts)}  (rules {used})")
   used = {i for p in found.values() for i in p.matched}
