@@ -249,3 +249,25 @@ def test_linen_unmatched_paths_and_no_rules_stay_bit_identical():
   assert text.splitlines()[-1] == "unmatched: rules[3] rule 'fc2_in', role gemm"
   with pytest.raises(ValueError, match=r"rule 'fc2_in', role gemm \(rules\[3\]\) matches no"):
     rules_lib.check_linen(model, Rules((*LINEN_RULES, Rule("fc2_in", TENSOR))), x)
+
+
+class Experts(nnx.Module):
+  """A user MoE layer calling its ``ragged_dot`` hook: x [N, K], w [E, K, F]."""
+
+  def __init__(self, rngs, ragged_dot=lax.ragged_dot):
+    self.w = nnx.Param(jax.random.normal(rngs.params(), (2, D, 16)))
+    self.ragged_dot = ragged_dot
+
+  def __call__(self, x, group_sizes):
+    return self.ragged_dot(x, self.w[...], group_sizes)
+
+
+def test_ragged_dot_rules_route_through_the_grouped_gemm():
+  x, sizes = _x((24, D)), jnp.array([10, 14], jnp.int32)
+  hand = Experts(nnx.Rngs(0), functools.partial(fp8jax.grouped_gemm.fp8_ragged_dot,
+                                                config=BLOCKWISE))
+  quantized = rules_lib.quantize_model(Experts(nnx.Rngs(0)),
+                                       [Rule("", BLOCKWISE, op="ragged_dot")])
+  grad = lambda m: jax.value_and_grad(lambda x: jnp.sum(jnp.sin(m(x, sizes))))(x)  # noqa: E731
+  _assert_same(grad(quantized), grad(hand))
+  assert not np.array_equal(Experts(nnx.Rngs(0))(x, sizes), quantized(x, sizes))
