@@ -18,6 +18,8 @@ The package is layered; each layer imports only the ones above it in this list:
 * :mod:`fp8jax.quant`: quantize / dequantize / fake-quant ops, delayed scaling, telemetry;
 * :mod:`fp8jax.gemm`: the simulated FP8 GEMM (dense and grouped), accumulation, transposes;
 * this module: the public API (re-exported names only);
+* :mod:`fp8jax.rules`: precision rules over module paths for any Flax model (beside the
+  API: it imports the layers above it, never this module);
 * :mod:`fp8jax.models`: DeepSeek-MoE with precision policies and named sites;
 * :mod:`fp8jax.data`, :mod:`fp8jax.metrics` (side layers with no fp8jax imports above);
 * :mod:`fp8jax.train`, then :mod:`fp8jax.study`, then the binaries in

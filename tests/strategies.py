@@ -78,3 +78,42 @@ def arrays(draw, shape, dtype_name=None, allow_nonfinite=True):
     x[rng.integers(0, n, k)] = rng.choice([np.nan, np.inf, -np.inf], k)
   with np.errstate(over="ignore"):
     return x.astype(DTYPES[dtype_name]).reshape(shape)
+
+
+def _expressible_specs() -> list:
+  """Every site spec the policy grammar writes: the presets and FORMAT/GRANULARITY with
+  current or delayed (per-tensor) scaling."""
+  from fp8jax.models import policy as policy_lib
+  out = list(fp8jax.PRESETS.values())
+  for fmt in fp8jax.FORMATS:
+    for make in policy_lib.GRANULARITIES.values():
+      out.append(fp8jax.QuantSpec(format=fmt, granularity=make()))
+    for h, reduce, margin in ((1024, "max", 0), (16, "most_recent", 2), (1, "max", -3)):
+      out.append(fp8jax.QuantSpec(format=fmt, granularity=fp8jax.per_tensor(),
+                                  scaling="delayed", history_len=h, history_reduce=reduce,
+                                  margin=margin))
+  return out
+
+
+@st.composite
+def policies(draw, max_layer=11):
+  """Precision policies the expression grammar can write: site rules (any site, layer set
+  and expressible spec), an optional named GEMM recipe on all or some layers with its BF16
+  tail, optionally as a noise-matched control; named by an arbitrary label."""
+  from fp8jax.gemm import recipes
+  from fp8jax.models import policy as policy_lib
+  layer_sets = st.none() | st.lists(st.integers(0, max_layer), min_size=1, max_size=6,
+                                    unique=True).map(lambda v: tuple(sorted(v)))
+  rules = draw(st.lists(st.builds(policy_lib.SiteRule, st.sampled_from(policy_lib.SITES),
+                                  layer_sets, st.sampled_from(_expressible_specs())),
+                        max_size=4))
+  gemm_name = draw(st.none() | st.sampled_from(sorted(recipes.RECIPES)))
+  gemm, gemm_layers, tail = None, None, 0.0
+  if gemm_name is not None:
+    gemm, gemm_layers = recipes.RECIPES[gemm_name], draw(layer_sets)
+    tail = recipes.BF16_TAIL.get(gemm_name, 0.0)
+  pol = policy_lib.PrecisionPolicy(tuple(rules), draw(st.sampled_from(["p", "x_l0"])), gemm,
+                                   gemm_layers, tail)
+  if (rules or gemm is not None) and draw(st.booleans()):
+    pol = policy_lib.noise_policy(pol)
+  return pol

@@ -1,7 +1,7 @@
 """The policies of a sweep: grids and expressions expanded, and their ``meta.json`` records.
 
     expand_policies(["seed", "noise(formats)"], num_layers=9)   # 8 + 6 policies
-    expression(policy)                                           # "attn_out@0:e4m3/tensor"
+    expression(policy)                                           # "attn_out@0-8:e4m3/tensor"
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import dataclasses
 
 from fp8jax import metrics
 from fp8jax.models import policy as policy_lib
+from fp8jax.models import policy_expression
 
 
 def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
@@ -44,22 +45,6 @@ def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
 
 
 def expression(policy: policy_lib.PrecisionPolicy) -> str:
-  """The site rules of a policy as an expression (``site@layers:format``; a noise-matched
-  control as ``noise(...)`` of its policy's expression)."""
-  if policy_lib.is_noise_control(policy):
-    return f"noise({expression(policy_lib.control_base(policy))})"
-  terms = [f"{r.site}@{'all' if r.layers is None else ','.join(map(str, r.layers))}:"
-           f"{r.spec.format}/{r.spec.granularity.kind}{_delayed_suffix(r.spec)}"
-           for r in policy.rules]
-  if policy.gemm is not None:
-    name = next((n for n, c in policy_lib.GEMMS.items() if c == policy.gemm), "custom")
-    layers = "" if policy.gemm_layers is None else "@" + ",".join(map(str, policy.gemm_layers))
-    terms.append(f"gemm:{name}{layers}")
-  return "+".join(terms) or "bf16"
-
-
-def _delayed_suffix(spec) -> str:
-  """``/delayed(h=..,reduce=..,margin=..)`` of a delayed-scaled forward spec, else ""."""
-  if spec.scaling != "delayed":
-    return ""
-  return f"/delayed(h={spec.history_len},reduce={spec.history_reduce},margin={spec.margin})"
+  """The policy's canonical expression, which ``parse_policy`` reads back as the same
+  rules and GEMM recipe (:func:`fp8jax.models.policy_expression.to_expression`)."""
+  return policy_expression.to_expression(policy)

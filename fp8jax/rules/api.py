@@ -1,0 +1,67 @@
+"""The engine's entry points for any Flax model: :func:`quantize_model` and :func:`describe`.
+
+    rules = Rules([Rule(r".*mlp/.*", recipes.recipe("fp32_blockwise")),
+                   Rule(r"blocks/\\d+/attn", fp8jax.preset("deepseek_v3"))])
+    qmodel = quantize_model(model, rules)            # NNX: a quantized copy
+    with intercept(rules):                           # Linen: interception while applied
+      y = linen_model.apply(variables, x)
+    print(describe(model, rules))                    # path -> action, unmatched rules
+"""
+
+from __future__ import annotations
+
+from flax import linen as nn
+from flax import nnx
+
+from fp8jax.gemm import recipes
+from fp8jax.rules import linen_apply, nnx_apply
+from fp8jax.rules import rule as rule_lib
+
+
+def quantize_model(model, rules, *, strict: bool = True):
+  """An NNX model with ``rules`` applied (a copy; see :mod:`fp8jax.rules.nnx_apply`).
+  Linen models are applied inside ``with fp8jax.rules.intercept(rules):`` instead."""
+  if isinstance(model, nn.Module):
+    raise TypeError("quantize_model: Linen modules are quantized at apply time: call "
+                    "model.apply(...) inside `with fp8jax.rules.intercept(rules):`")
+  return nnx_apply.quantize_nnx(model, rules, strict=strict)
+
+
+def plans(model, rules, *args, **kwargs) -> dict[str, rule_lib.Plan]:
+  """``{path: Plan}`` of every module: NNX from its graph, Linen by tracing
+  ``model.init(key, *args, **kwargs)`` abstractly (example inputs needed)."""
+  if isinstance(model, nnx.Module):
+    return nnx_apply.plans(model, rules)
+  if isinstance(model, nn.Module):
+    if not args and not kwargs:
+      raise TypeError("describe/plans of a Linen model need example inputs: its modules "
+                      "exist only while it runs")
+    return linen_apply.linen_plans(model, rules, *args, **kwargs)
+  raise TypeError(f"expected a Flax NNX or Linen module, got {type(model).__name__}")
+
+
+def _config_name(config) -> str:
+  name = next((n for n, c in recipes.RECIPES.items() if c == config), None)
+  return f"recipe {name}" if name else config.describe()
+
+
+def describe(model, rules, *args, **kwargs) -> str:
+  """A report of what ``rules`` do to ``model``: one line per quantized module
+  (``path  gemm[op]: recipe fp32_blockwise | output: e4m3 1x128@-1 ... (rules 0, 2)``;
+  ``unquantized`` where None actions undo the rest), then each rule that matches no
+  module. Linen models need example inputs."""
+  rules = rule_lib.as_rules(rules)
+  found = plans(model, rules, *args, **kwargs)
+  lines = []
+  for path, plan in sorted(found.items()):
+    if not plan.matched:
+      continue
+    parts = [f"gemm[{op}]: {_config_name(c)}" for op, c in plan.gemm]
+    if plan.output is not None:
+      parts.append(f"output: {plan.output.describe()}")
+    parts = parts or ["unquantized"]
+    used = ", ".join(map(str, plan.matched))
+    lines.append(f"{path or '<root>'}  {' | '.join(parts)}  (rules {used})")
+  used = {i for p in found.values() for i in p.matched}
+  lines += [f"unmatched: rules[{i}] {r.label()}" for i, r in enumerate(rules) if i not in used]
+  return "\n".join(lines) or "no module is quantized"

@@ -1,0 +1,111 @@
+"""Rules on a Flax Linen model, through ``nn.intercept_methods``.
+
+    with fp8jax.rules.intercept(rules):
+      logits = model.apply(variables, tokens)
+
+Every method call of a bound module passes the interceptor, which knows the module's
+``path`` (joined with ``/``) and resolves the rules for it once per path:
+
+* GEMM rules: while the matched module's method runs, its ``dot_general`` attribute (the
+  hook ``nn.Dense`` and ``nn.DenseGeneral`` read at call time; ``dot_general_cls`` is
+  cleared for that time) is the simulated GEMM of :mod:`fp8jax.rules.ops`, then restored.
+  Linen's ``nn.Einsum`` has no such hook: einsum rules apply to user modules exposing
+  ``einsum_op`` (and ragged-dot rules to ``ragged_dot``).
+* output rules: the result of the module's ``__call__`` is fake-quantized.
+
+Nothing is changed outside the ``with`` block and no parameter moves. The interception
+happens at trace time, so a jitted function must call ``model.apply`` inside the block
+(and takes the rules as a static argument to be retraced when they change).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from flax import linen as nn
+import jax
+
+from fp8jax.rules import ops as ops_lib
+from fp8jax.rules import rule as rule_lib
+
+_HOOKS = {"dot_general": "dot_general", "einsum": "einsum_op", "ragged_dot": "ragged_dot"}
+
+
+def module_path(module: nn.Module) -> str:
+  return "/".join(str(k) for k in module.path)
+
+
+def module_ops(module: nn.Module) -> tuple[str, ...]:
+  return tuple(op for op, attr in _HOOKS.items() if hasattr(module, attr))
+
+
+class _Interceptor:
+  """Applies the rules to each intercepted call; records ``{path: Plan}`` as it goes."""
+
+  def __init__(self, rules: rule_lib.Rules):
+    self.rules = rules
+    self.plans: dict[str, rule_lib.Plan] = {}
+
+  def plan(self, module: nn.Module) -> rule_lib.Plan:
+    path = module_path(module)
+    if path not in self.plans:
+      self.plans[path] = rule_lib.resolve(self.rules, path, module_ops(module))
+    return self.plans[path]
+
+  def __call__(self, next_fun, args, kwargs, context):
+    module = context.module
+    plan = self.plan(module)
+    if plan.empty or context.method_name == "setup":
+      return next_fun(*args, **kwargs)
+    saved = {}
+    for op, config in plan.gemm:
+      for attr, value in ((_HOOKS[op], ops_lib.OP_CALLABLES[op](config)),
+                          *((("dot_general_cls", None),) if op == "dot_general" else ())):
+        if hasattr(module, attr):
+          saved.setdefault(attr, getattr(module, attr))
+          object.__setattr__(module, attr, value)
+    try:
+      out = next_fun(*args, **kwargs)
+    finally:
+      for attr, value in saved.items():
+        object.__setattr__(module, attr, value)
+    if plan.output is not None and context.method_name == "__call__":
+      out = ops_lib.quantize_output(out, plan.output, module_path(module))
+    return out
+
+
+@contextlib.contextmanager
+def intercept(rules):
+  """Applies ``rules`` to every Linen module called inside the block; yields the
+  interceptor, whose ``plans`` maps each path seen to its :class:`~fp8jax.rules.rule.Plan`."""
+  interceptor = _Interceptor(rule_lib.as_rules(rules))
+  with nn.intercept_methods(interceptor):
+    yield interceptor
+
+
+def linen_plans(model: nn.Module, rules, *args, method=None, **kwargs) -> dict:
+  """``{path: Plan}`` of every module ``model.init(key, *args, **kwargs)`` calls (traced
+  abstractly with ``jax.eval_shape``: nothing is computed)."""
+  rules = rule_lib.as_rules(rules)
+
+  def run():
+    with intercept(rules) as icpt:
+      model.init(jax.random.key(0), *args, method=method, **kwargs)
+    return icpt.plans
+
+  found = {}
+
+  def trace():
+    found.update(run())
+    return 0
+
+  jax.eval_shape(trace)
+  return found
+
+
+def check_linen(model: nn.Module, rules, *args, **kwargs) -> dict:
+  """:func:`linen_plans`, raising ValueError naming the first rule that matches no module."""
+  rules = rule_lib.as_rules(rules)
+  found = linen_plans(model, rules, *args, **kwargs)
+  rule_lib.check_all_matched(rules, found, f"the {type(model).__name__} model")
+  return found

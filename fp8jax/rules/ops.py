@@ -1,0 +1,73 @@
+"""The callables the rules put in place of a module's matmul, and the output fake-quant.
+
+They are frozen dataclasses, so equal configs give equal (hashable) callables: a model
+quantized twice by equal rules has an equal static structure and ``jax.jit`` does not
+trace it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax.gemm import dense, grouped
+from fp8jax.numerics.spec import QuantSpec
+from fp8jax.quant.fake_quant import fake_quant
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantDotGeneral:
+  """A ``dot_general`` (Flax ``dot_general=`` hook) through :func:`fp8jax.fp8_dot_general`."""
+
+  config: dense.GemmConfig
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None,
+               preferred_element_type=None, **kwargs):
+    return dense.fp8_dot_general(lhs, rhs, dimension_numbers, precision,
+                                 preferred_element_type, config=self.config, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantEinsum:
+  """An ``einsum`` (NNX ``einsum_op=`` hook): two-operand ``jnp.einsum`` whose contraction
+  runs through :func:`fp8jax.fp8_dot_general` (the first operand is the input role)."""
+
+  config: dense.GemmConfig
+
+  def __call__(self, subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
+               out_sharding=None):
+    del out_sharding  # the simulated GEMM is not sharding-aware
+    return jnp.einsum(subscripts, lhs, rhs, precision=precision,
+                      preferred_element_type=preferred_element_type,
+                      _dot_general=dense.dot_general_fn(self.config))
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantRaggedDot:
+  """A ``ragged_dot(x [N, K], w [E, K, F], group_sizes [E])`` through
+  :func:`fp8jax.gemm.grouped.fp8_ragged_dot`."""
+
+  config: dense.GemmConfig
+
+  def __call__(self, lhs, rhs, group_sizes, **kwargs):
+    del kwargs  # precision / preferred_element_type: the simulated GEMM sets its own
+    return grouped.fp8_ragged_dot(lhs, rhs, group_sizes, config=self.config)
+
+
+OP_CALLABLES = {"dot_general": QuantDotGeneral, "einsum": QuantEinsum,
+                "ragged_dot": QuantRaggedDot}
+
+
+def quantize_output(out, spec: QuantSpec, path: str):
+  """``fake_quant(out, spec)`` on every floating-point array of the output ``out`` (an
+  array or a pytree of them); other leaves pass unchanged."""
+  def one(x):
+    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating):
+      return fake_quant(x, spec)
+    return x
+  try:
+    return jax.tree.map(one, out)
+  except ValueError as e:
+    raise ValueError(f"output rule at {path!r}: {e}") from None

@@ -1,0 +1,213 @@
+"""`Rule` and `Rules`: precision rules over module paths, static and hashable.
+
+A rule says what to do to the modules whose path fully matches a regex::
+
+    Rule(r"layers/\\d+/mlp/.*", recipes.recipe("fp32_blockwise"))       # the GEMMs
+    Rule(r"layers/\\d+/attn", fp8jax.preset("deepseek_v3"), role="output")
+    Rule(r"layers/0/mlp/up", fp8jax.preset("nvfp4_weight"), role="weight")
+    Rule(r"head", None, role="gemm")                                    # keep BF16
+
+Fields:
+
+* ``module_path``: a regex that must match the whole path (``re.fullmatch``): NNX graph
+  paths joined with ``/`` (``layers/0/mlp/up``), Linen ``module.path`` joined the same
+  way; the root module's path is ``""``.
+* ``action``: a :class:`fp8jax.GemmConfig` (role ``gemm``), a :class:`fp8jax.QuantSpec`
+  (roles ``input``, ``weight``, ``grad``, ``output``), or None (roles ``gemm`` and
+  ``output``: undo what earlier rules set).
+* ``role`` (:data:`ROLES`; default ``gemm`` for a GemmConfig, ``output`` for a spec):
+
+  - ``gemm``: route the module's matmul through :func:`fp8jax.fp8_dot_general` with the
+    config, so Fprop, Dgrad and Wgrad are simulated;
+  - ``input`` / ``weight`` / ``grad``: replace that operand's spec (X, W or dY) in the
+    GEMM config an earlier rule gave the module;
+  - ``output``: :func:`fp8jax.fake_quant` of the module's output with the spec (its
+    ``backward`` quantizes the cotangent there; None: straight-through).
+* ``op`` (:data:`OPS` or None for any): which matmul of the module a GEMM role applies to.
+
+:class:`Rules` is an ordered tuple of rules; **later rules override earlier ones**, as in
+:class:`fp8jax.models.policy.PrecisionPolicy`. :func:`resolve` folds the rules matching one
+module into a :class:`Plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any
+
+from fp8jax.gemm.dense import GemmConfig
+from fp8jax.numerics.spec import QuantSpec
+
+OPS = ("dot_general", "einsum", "ragged_dot")
+"""The matmul ops a module may expose for interception."""
+OPERAND_ROLES = ("input", "weight", "grad")
+ROLES = ("gemm", *OPERAND_ROLES, "output")
+
+
+@functools.lru_cache(maxsize=512)
+def _compile(pattern: str) -> re.Pattern:
+  return re.compile(pattern)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """One precision rule (see the module docstring). Frozen and hashable."""
+
+  module_path: str
+  action: Any
+  role: str | None = None
+  op: str | None = None
+
+  def __post_init__(self):
+    if not isinstance(self.module_path, str):
+      raise TypeError(f"{self.label()}: module_path must be a regex string, got "
+                      f"{type(self.module_path).__name__}")
+    try:
+      _compile(self.module_path)
+    except re.error as e:
+      raise ValueError(f"{self.label()}: bad module_path regex: {e}") from None
+    if self.role is None:
+      if isinstance(self.action, GemmConfig):
+        object.__setattr__(self, "role", "gemm")
+      elif isinstance(self.action, QuantSpec):
+        object.__setattr__(self, "role", "output")
+      else:
+        raise TypeError(f"{self.label()}: action must be a GemmConfig or QuantSpec (or None "
+                        f"with an explicit role), got {type(self.action).__name__}")
+    if self.role not in ROLES:
+      raise ValueError(f"{self.label()}: unknown role {self.role!r}; roles: {ROLES}")
+    if self.op is not None and self.op not in OPS:
+      raise ValueError(f"{self.label()}: unknown op {self.op!r}; ops: {OPS} or None (any)")
+    if self.op is not None and self.role == "output":
+      raise ValueError(f"{self.label()}: op applies to the GEMM roles, not to 'output'")
+    want = {"gemm": (GemmConfig, type(None)), "output": (QuantSpec, type(None))}.get(
+        self.role, (QuantSpec,))
+    if not isinstance(self.action, want):
+      names = " or ".join("None" if t is type(None) else t.__name__ for t in want)
+      raise TypeError(f"{self.label()}: role {self.role!r} takes a {names} action, got "
+                      f"{type(self.action).__name__}")
+    if self.role == "output" and self.action is not None and (
+        self.action.scaling == "delayed" or (self.action.backward is not None
+                                             and self.action.backward.scaling == "delayed")):
+      raise ValueError(f"{self.label()}: delayed scaling needs an amax-history state, which "
+                       "rules do not carry; use current scaling")
+
+  def label(self) -> str:
+    """``rule 'PATTERN' (role)``, for messages."""
+    role = f", role {self.role}" if self.role else ""
+    op = f", op {self.op}" if self.op else ""
+    return f"rule {self.module_path!r}{role}{op}"
+
+  def matches(self, path: str) -> bool:
+    return _compile(self.module_path).fullmatch(path) is not None
+
+  def describe(self) -> str:
+    """The action in words, e.g. ``gemm fp8/fp8/fp8 acc=fp32 ...``."""
+    if self.action is None:
+      return f"{self.role}: none"
+    return f"{self.role}: {self.action.describe()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+  """An ordered, hashable tuple of :class:`Rule` (later rules override earlier ones)."""
+
+  rules: tuple[Rule, ...] = ()
+
+  def __init__(self, rules=()):
+    rules = tuple(rules)
+    for i, r in enumerate(rules):
+      if not isinstance(r, Rule):
+        raise TypeError(f"rules[{i}] is a {type(r).__name__}, not an fp8jax.rules.Rule")
+    object.__setattr__(self, "rules", rules)
+
+  def __iter__(self):
+    return iter(self.rules)
+
+  def __len__(self):
+    return len(self.rules)
+
+  def __getitem__(self, i):
+    return self.rules[i]
+
+
+def as_rules(rules) -> Rules:
+  """``rules`` as :class:`Rules` (a Rules, one Rule, or an iterable of them)."""
+  if isinstance(rules, Rules):
+    return rules
+  if isinstance(rules, Rule):
+    return Rules((rules,))
+  if isinstance(rules, (str, bytes)) or not hasattr(rules, "__iter__"):
+    raise TypeError(f"rules must be fp8jax.rules.Rules or a sequence of Rule, got "
+                    f"{type(rules).__name__}")
+  return Rules(rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the rules do to one module: a GEMM config per op it exposes, an output spec,
+  and the indices of the rules that matched it (for reports)."""
+
+  gemm: tuple[tuple[str, GemmConfig], ...] = ()
+  output: QuantSpec | None = None
+  matched: tuple[int, ...] = ()
+
+  def config(self, op: str) -> GemmConfig | None:
+    return dict(self.gemm).get(op)
+
+  @property
+  def empty(self) -> bool:
+    return not self.gemm and self.output is None
+
+
+def resolve(rules: Rules, path: str, ops: tuple[str, ...]) -> Plan:
+  """The :class:`Plan` of the module at ``path`` exposing the matmul ``ops``.
+
+  A GEMM rule counts as matching only where the module exposes its op (a container module
+  whose path also fits the regex is skipped); an output rule matches any module.
+
+  Raises:
+    ValueError: an operand-role rule matches a GEMM that no earlier rule gave a config.
+  """
+  gemm: dict[str, GemmConfig | None] = {}
+  output, matched = None, []
+  for i, rule in enumerate(rules):
+    if not rule.matches(path):
+      continue
+    if rule.role == "output":
+      output = rule.action
+      matched.append(i)
+      continue
+    targets = [op for op in ops if rule.op in (None, op)]
+    if not targets:
+      continue
+    matched.append(i)
+    for op in targets:
+      if rule.role == "gemm":
+        gemm[op] = rule.action
+        continue
+      base = gemm.get(op)
+      if base is None:
+        raise ValueError(f"{rule.label()} sets the {rule.role} spec of {op} at {path!r}, but "
+                         "no earlier rule gives that GEMM a config (add a role='gemm' rule "
+                         "before it)")
+      try:
+        gemm[op] = base.replace(roles=dataclasses.replace(base.roles,
+                                                          **{rule.role: rule.action}))
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{rule.label()} at {path!r}: {e}") from None
+  configs = tuple((op, c) for op, c in gemm.items() if c is not None)
+  return Plan(configs, output, tuple(matched))
+
+
+def check_all_matched(rules: Rules, plans: dict[str, Plan], where: str) -> None:
+  """ValueError naming the first rule that matched no module of ``where``."""
+  used = {i for p in plans.values() for i in p.matched}
+  for i, rule in enumerate(rules):
+    if i not in used:
+      shown = sorted(plans)[:12]
+      more = f" (+{len(plans) - 12} more)" if len(plans) > 12 else ""
+      raise ValueError(f"{rule.label()} (rules[{i}]) matches no module of {where} that has "
+                       f"its role; module paths: {shown}{more}")
