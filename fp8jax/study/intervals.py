@@ -148,8 +148,8 @@ def ci(values: Iterable[float], log: bool, n_nonfinite: int = 0) -> Stat:
 class Summary:
   """The median over ``n_steps`` checkpoints of their centers (arithmetic means, or
   geometric means when ``log``) with a 95% bootstrap interval [lo, hi] over the batches
-  (NaN when a checkpoint has fewer than :data:`MIN_BATCHES` values); ``n`` values in all, ``n_nonfinite`` rows
-  excluded as non-finite, ``n_undefined`` NaN values."""
+  (NaN when a checkpoint has fewer than :data:`MIN_BATCHES` values); ``n`` values in all,
+  ``n_nonfinite`` rows excluded as non-finite, ``n_undefined`` NaN values."""
 
   median: float
   lo: float
