@@ -1,5 +1,6 @@
 """The training run: end to end on the tiny model, resume, non-finite stop, bad input."""
 
+import io
 import json
 import os
 import pathlib
@@ -53,6 +54,27 @@ def test_refuses_to_overwrite_and_resumes_exactly(tmp_path):
     loop.train(small_config(log_every=2), part, resume=True)
   loop.train(small_config(), part, resume=True)
   assert losses(part) == losses(full)
+
+
+def test_resume_messages_name_the_finished_step_the_shrunk_steps_and_a_corrupt_config(
+    tmp_path):
+  c = small_config(steps=2, save_every=2)
+  loop.train(c, tmp_path)
+  last = losses(tmp_path)[-1][1]
+  out = io.StringIO()
+  summary = loop.train(c, tmp_path, resume=True, stream=out)
+  assert summary["already_finished"] and summary["final_loss"] == last
+  assert f"already finished at step 2 (last logged loss {last:.6g} at step 2)" in out.getvalue()
+  files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError, match=r"train.steps 1, but the run in .* has reached step 2"):
+    loop.train(small_config(steps=1, save_every=2), tmp_path, resume=True)
+  assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
+          if p.is_file()} == files
+  config = tmp_path / "config.json"
+  text = config.read_text().splitlines()
+  config.write_text("\n".join(text[:3] + ["  garbage"] + text[3:]))
+  with pytest.raises(ValueError, match=rf"^{config}:4: not valid JSON"):
+    loop.train(c, tmp_path, resume=True)
 
 
 def test_sigkill_then_resume_is_bit_identical(tmp_path):
@@ -117,6 +139,9 @@ def test_fp8_policy_trains_and_differs_from_bf16(tmp_path):
      "/nonexistent/tfds"),
     (lambda c: c.model_overrides.update(vocab_size=200), "257.*200|200.*257"),
     (lambda c: c.data.update(seq_len=4096), "max_position_embeddings"),
+    (lambda c: c.update(optim={"total_steps": 0}, train={"steps": -5}),  # schedule follows
+     r"^train.steps must be >= 1, got -5$"),
+    (lambda c: c.data.update(global_batch=0), r"^data.global_batch must be >= 1, got 0$"),
 ])
 def test_bad_input_fails_before_compute(tmp_path, change, error):
   c = small_config()

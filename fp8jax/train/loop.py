@@ -158,8 +158,14 @@ def _check_workdir(workdir: pathlib.Path, cfg, resume: bool, policy,
     raise FileExistsError(f"{workdir} already holds a training run; pass --resume to "
                           "continue it or choose a new workdir")
   old = None
+  if has_run:
+    latest = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+    if cfg.train.steps < latest:
+      raise ValueError(f"--resume with train.steps {cfg.train.steps}, but the run in "
+                       f"{workdir} has reached step {latest} (its latest checkpoint): "
+                       f"train.steps must be >= {latest}; nothing was changed")
   if has_run and saved.exists():
-    old = run_config.with_defaults(json.loads(saved.read_text()))  # keys added since
+    old = run_config.with_defaults(run_config.read_saved(saved))  # keys added since
   if has_run:
     _check_policy(ckpts, old and old["policy"], cfg.policy, policy, allow_policy_change,
                   stream)
@@ -271,6 +277,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
     if has_run:
       start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
                                                stream)
+      if start >= cfg.train.steps:
+        return _finished(workdir, start, ckpt, stream)
       data.set_state(position)
       writer.truncate_after(start)
       print(f"[train] resuming from checkpoint {start}", file=stream, flush=True)
@@ -331,6 +339,19 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
     loss = row["loss"]
   return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.directory),
           "checkpoints": bool(cfg.train.checkpoints)}
+
+
+def _finished(workdir: pathlib.Path, step: int, ckpt, stream) -> dict:
+  """The summary of a resumed run that has nothing left to do (its last checkpoint is at
+  ``train.steps``), with the loss its metrics logged last; says so on ``stream``."""
+  path = workdir / "metrics.jsonl"
+  rows = [r for r in metrics_log.read_rows(path) if r["step"] <= step] if path.exists() else []
+  loss = rows[-1]["loss"] if rows else None
+  said = f"last logged loss {loss:.6g} at step {rows[-1]['step']}" if rows else "no loss logged"
+  print(f"[train] the run is already finished at step {step} ({said}); nothing to do",
+        file=stream, flush=True)
+  return {"final_step": step, "final_loss": loss, "workdir": str(ckpt.directory),
+          "checkpoints": True, "already_finished": True}
 
 
 def _stop(done: int, m, ckpt, cfg):
