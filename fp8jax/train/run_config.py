@@ -33,6 +33,13 @@ from fp8jax.models import policy as policy_lib
 from fp8jax.train import loss_scale as loss_scale_lib
 from fp8jax.train import optim
 
+RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_every",
+                     "train.tensorboard", "train.peak_tflops")
+"""Keys a ``--resume`` may change freely: they change neither a step's computation nor the
+data the run has read (``skip_bad_records``: a run that stopped at a bad record read none,
+and the records it skipped stay skipped). ``train.steps`` may change too, if the LR
+schedule does not follow it (``optim.total_steps`` set), and ``policy`` with
+``--allow_policy_change`` (README: What may change on resume)."""
 FLOAT_DTYPES = ("float32", "bfloat16")
 LOSS_SCALES = ("none", "dynamic")
 
