@@ -41,7 +41,7 @@ import orbax.checkpoint as ocp
 
 import fp8jax
 from fp8jax.models import delayed_sites, integrity
-from fp8jax.train import data_positions, multihost
+from fp8jax.train import data_positions, faults, multihost
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
@@ -107,10 +107,13 @@ class Checkpointer:
                          "positions": data_positions.record(data_position)}
     if _has_delayed(state):
       meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
-    return self.manager.save(step, args=ocp.args.Composite(
+    started = self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
         meta=ocp.args.JsonSave(meta),
         **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
+    if faults.reached(f"checkpoint_save/{step}"):
+      faults.kill()
+    return started
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
