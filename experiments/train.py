@@ -56,6 +56,12 @@ def main(argv):
     return 2
   where = (f"checkpoints in {summary['workdir']}" if summary.get("checkpoints", True)
            else "no checkpoints (train.checkpoints=False)")
+  if summary.get("already_finished"):
+    loss = summary["final_loss"]
+    print(f"done: the run was already finished at step {summary['final_step']}"
+          f"{'' if loss is None else f', last loss {loss}'}; nothing to do, {where}",
+          file=multihost.main_stream(sys.stdout))
+    return 0
   print(f"done: step {summary['final_step']}, loss {summary['final_loss']}, {where}",
         file=multihost.main_stream(sys.stdout))
   return 0

@@ -3,7 +3,8 @@
     python -m fp8jax.experiments.verify --workdir=out/train
 
 Each line is ``<checkpoint folder>: ok`` / ``corrupt: array <path> has digest ..., its save
-recorded ...`` / ``incomplete: does not restore (...)`` / ``not verified: no digests``
+recorded ...`` / ``corrupt: data position <file> has digest ...`` (an edited or damaged
+data position) / ``incomplete: does not restore (...)`` / ``not verified: no digests``
 (written before checkpoints carried digests); a count goes to stderr. Exits 1 when a
 checkpoint is corrupt or incomplete, 2 on bad input. The logic is
 :func:`fp8jax.train.verify.verify_run`.

@@ -161,13 +161,15 @@ class Ok:
 
 @dataclasses.dataclass(frozen=True)
 class Corrupt:
-  """The restored array ``path`` does not match: ``found`` != ``expected`` (recorded at
-  save); ``more`` other arrays do not match either."""
+  """The restored array ``path`` (or, ``what="data position"``, the positions file
+  ``path``) does not match: ``found`` != ``expected`` (recorded at save); ``more`` other
+  arrays do not match either."""
   checkpoint: str
   path: str
   expected: str
   found: str
   more: int = 0
+  what: str = "array"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +194,9 @@ def describe(status: Status) -> str:
   match status:
     case Ok(arrays=n):
       return f"ok ({n} arrays verified)"
-    case Corrupt(path=path, expected=expected, found=found, more=more):
+    case Corrupt(path=path, expected=expected, found=found, more=more, what=what):
       also = f" (and {more} more arrays)" if more else ""
-      return (f"corrupt: array {path} has digest {found}, its save recorded {expected}"
+      return (f"corrupt: {what} {path} has digest {found}, its save recorded {expected}"
               f"{also}")
     case Incomplete(error=error):
       return f"incomplete: does not restore ({error})"

@@ -27,7 +27,7 @@ import pytest
 
 from fp8jax.models import integrity
 from fp8jax.study import report, results, results_io, sweep
-from fp8jax.train import checkpoint, loop, optim, run_config
+from fp8jax.train import checkpoint, loop, optim, run_config, verify
 from fp8jax.train import mesh as mesh_lib
 from tests import helpers
 
@@ -187,6 +187,37 @@ def test_resume_sets_a_damaged_last_checkpoint_aside_and_says_so(train_run, tmp_
   again, before = run / "checkpoints" / "4", train_run / "checkpoints" / "4"
   assert recorded_digests(again) == recorded_digests(before)
   assert (run / "checkpoints" / f"4.{kind}").is_dir()
+
+
+def edit_position(path: pathlib.Path, **change) -> None:
+  position = json.loads(path.read_text())
+  path.write_text(json.dumps({**position, **change}))
+
+
+def test_data_positions_are_verified_like_the_arrays(train_run, tmp_path):
+  """An edited data position (a positions file, or the copy in the data item) is a corrupt
+  checkpoint for verify and for --resume, named by its file."""
+  run = copy_run(train_run, tmp_path / "run")
+  four, two = run / "checkpoints" / "4", run / "checkpoints" / "2"
+  edit_position(four / "positions" / "process_0-of-1.json", step=5)
+  edit_position(two / "data" / "metadata", step=1)
+  statuses = dict(verify.verify_run(run))
+  assert isinstance(statuses[0], integrity.Ok)
+  said = {s: integrity.describe(statuses[s]) for s in (2, 4)}
+  assert said[4].startswith(f"corrupt: data position {four}/positions/process_0-of-1.json "
+                            "has digest "), said
+  assert said[2].startswith(f"corrupt: data position {two}/data/metadata has digest "), said
+  cfg = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
+  with pytest.raises(integrity.CorruptCheckpointError,
+                     match=f"checkpoint {four} is corrupt: data position {four}/positions/"):
+    loop.train(cfg, run, resume=True, stream=io.StringIO())
+  assert not list((run / "checkpoints").glob("*.corrupt"))  # both bad: nothing moved
+  shutil.copytree(train_run / "checkpoints" / "2", two, dirs_exist_ok=True)  # a good 2
+  out = io.StringIO()
+  loop.train(cfg, run, resume=True, stream=out)
+  assert "positions/process_0-of-1.json has digest" in out.getvalue()
+  assert "resuming from the previous checkpoint, step 2" in out.getvalue()
+  assert recorded_digests(four) == recorded_digests(train_run / "checkpoints" / "4")
 
 
 def test_sweep_and_verify_refuse_damaged_checkpoints_and_skip_them_when_asked(train_run,

@@ -166,7 +166,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, k):
   it = make()
   take(it, k)
   state = json.loads(json.dumps(it.get_state()))
-  assert set(state) == {"seed", "epoch", "shard", "file", "window", "doc", "offset"}
+  assert set(state) == {"seed", "epoch", "shard", "file", "window", "doc", "offset",
+                        "skipped", "read", "sizes"}
   fresh = make()
   fresh.set_state(state)
   np.testing.assert_array_equal(take(fresh, 40), full[k:])
@@ -190,8 +191,8 @@ def test_pipeline_streams_files_and_names_the_data(tmp_path):
   again.set_state(state)  # the same shards, named by a folder this time
   np.testing.assert_array_equal(take(again, 2), take(it, 2))
   assert first.shape == (5, 4, 16)
-  with gzip.open(next((tmp_path / "c4").iterdir()), "at") as f:
-    f.write(json.dumps({"text": "one more"}) + "\n")  # the data changed
+  (tmp_path / "c4" / "c4-train.00009-of-00005.json.gz").write_bytes(
+      gzip.compress(b'{"text": "a shard more"}\n'))  # another shard list: other data
   changed = pipeline.make_batches("files", TOK, 16, 4, seed=1, paths=(str(tmp_path / "c4"),))
   with pytest.raises(ValueError, match="saved data position is in data files:.*changed"):
     changed.set_state(state)
@@ -215,3 +216,70 @@ def test_resume_from_every_position_of_two_epochs(tmp_path):
     fresh = make()
     fresh.set_state(state)
     np.testing.assert_array_equal(take(fresh, 3), full[k:k + 3], err_msg=str(state))
+
+
+def _lines(n: int, bad: tuple[int, ...] = ()) -> list[bytes]:
+  return [b'{"text": 3}\n' if i in bad else
+          json.dumps({"text": f"doc {i} " + "y" * (i % 7)}).encode() + b"\n" for i in range(n)]
+
+
+def test_a_shard_may_change_only_past_what_the_run_has_read(tmp_path):
+  """Repairs past the current window, or in a shard not reached yet, resume exactly; a
+  change in what was read (the current window, a finished shard) is refused, named."""
+  paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+  for path in paths:
+    path.write_bytes(b"".join(_lines(30, bad=(21,))))
+  make = lambda: stream.ShardBatches(paths, TOK, 8, 2, seed=3, window=4,  # noqa: E731
+                                     prefetch=0, skip_bad=True,
+                                     skips=shards.Skips(stream=False))
+  it = make()
+  take(it, 3)  # inside window 1 of the first shard of the order, before the bad line 21
+  state = json.loads(json.dumps(it.get_state()))
+  first = paths[it.my_shards(0)[0]]
+  assert state["window"] == 1 and state["read"]["records"] == 8 and state["sizes"] == []
+  assert state["skipped"] == 0
+  for path in paths:  # repaired: past the window (line 21), and a shard not reached yet
+    path.write_bytes(b"".join(_lines(30)))
+  repaired = make()
+  repaired.set_state(state)
+  np.testing.assert_array_equal(take(repaired, 30), take(stream.ShardBatches(
+      paths, TOK, 8, 2, seed=3, window=4, prefetch=0), 33)[3:])
+  later = json.loads(json.dumps(repaired.get_state()))  # in the second shard
+  assert later["shard"] == 1 and later["sizes"] == [first.stat().st_size]
+  edited = _lines(30)
+  edited[5] = json.dumps({"text": "changed"}).encode() + b"\n"  # in window 1: already read
+  first.write_bytes(b"".join(edited))
+  with pytest.raises(ValueError, match=rf"data shard {first} changed in the part this run "
+                     r"has already read \({'records': 8"):
+    fresh = make()
+    fresh.set_state(state)
+    next(fresh)
+  with pytest.raises(ValueError, match=rf"data shard {first} has \d+ bytes, but this run "
+                     r"read it to its end when it had \d+"):
+    make().set_state(later)
+
+
+def test_skipped_records_are_counted_once_across_restores(tmp_path):
+  """The count of skipped bad records is part of the position: a restore neither loses nor
+  recounts the skips of windows read before the checkpoint, with reading ahead or not."""
+  path = tmp_path / "bad.jsonl"
+  path.write_bytes(b"".join(_lines(60, bad=(2, 9, 10, 33))))
+  make = lambda prefetch: stream.ShardBatches(  # noqa: E731
+      [path], TOK, 8, 2, window=4, prefetch=prefetch, skip_bad=True,
+      skips=shards.Skips(stream=False))
+  counts = []
+  it = make(0)
+  for _ in range(100):
+    next(it)
+    counts.append(it.get_state()["skipped"])
+  assert counts[0] == 1 and counts == sorted(counts) and counts[-1] > 4  # each reading
+  for k in (1, 5, 17):
+    before = make(2)
+    take(before, k)
+    fresh = make(2)
+    fresh.set_state(json.loads(json.dumps(before.get_state())))
+    got = []
+    for _ in range(100 - k):
+      next(fresh)
+      got.append(fresh.get_state()["skipped"])
+    assert got == counts[k:], k

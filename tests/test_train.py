@@ -1,16 +1,16 @@
 """The training run: end to end on the tiny model, resume, non-finite stop, bad input."""
 
+import io
 import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from fp8jax.train import loop, metrics_log, run_config
+from fp8jax.train import faults, loop, metrics_log, run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -49,41 +49,68 @@ def test_refuses_to_overwrite_and_resumes_exactly(tmp_path):
   loop.train(small_config(steps=3), part)
   with pytest.raises(FileExistsError, match="--resume"):
     loop.train(small_config(), part)
-  with pytest.raises(ValueError, match=r"differs .* in \['train.log_every'\]"):
-    loop.train(small_config(log_every=2), part, resume=True)
+  with pytest.raises(ValueError, match=r"differs .* in \['train.moe_impl'\]"):
+    loop.train(small_config(moe_impl="reference"), part, resume=True)
   loop.train(small_config(), part, resume=True)
   assert losses(part) == losses(full)
 
 
-def test_sigkill_then_resume_is_bit_identical(tmp_path):
-  """A run killed with SIGKILL mid-way and resumed logs the same losses, bit for bit."""
+def test_resume_messages_name_the_finished_step_the_shrunk_steps_and_a_corrupt_config(
+    tmp_path):
+  c = small_config(steps=2, save_every=2)
+  loop.train(c, tmp_path)
+  last = losses(tmp_path)[-1][1]
+  out = io.StringIO()
+  summary = loop.train(c, tmp_path, resume=True, stream=out)
+  assert summary["already_finished"] and summary["final_loss"] == last
+  assert f"already finished at step 2 (last logged loss {last:.6g} at step 2)" in out.getvalue()
+  files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
+  with pytest.raises(ValueError, match=r"train.steps 1, but the run in .* has reached step 2"):
+    loop.train(small_config(steps=1, save_every=2), tmp_path, resume=True)
+  assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
+          if p.is_file()} == files
+  config = tmp_path / "config.json"
+  text = config.read_text().splitlines()
+  config.write_text("\n".join(text[:3] + ["  garbage"] + text[3:]))
+  with pytest.raises(ValueError, match=rf"^{config}:4: not valid JSON"):
+    loop.train(c, tmp_path, resume=True)
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_save_then_resume_is_bit_identical(tmp_path):
+  """A run killed with SIGKILL while checkpoint 8 is being written (FP8JAX_FAULT) leaves no
+  checkpoint 8; resumed, it logs the same losses and saves the same states, bit for bit.
+  Resumed again, it says it is already finished, with its last loss."""
   args = [sys.executable, "-m", "fp8jax.experiments.train",
           f"--config={REPO / 'experiments/configs/train_tiny.py'}",
           "--config.model_overrides.num_hidden_layers=2", "--config.data.seq_len=32",
-          "--config.data.global_batch=4", "--config.train.steps=400",
-          "--config.train.save_every=20", "--config.train.log_every=1"]
+          "--config.data.global_batch=4", "--config.train.steps=12",
+          "--config.train.save_every=4", "--config.train.log_every=1",
+          "--config.optim.warmup_steps=2"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   subprocess.run([*args, f"--workdir={tmp_path / 'full'}"], env=env, check=True,
                  capture_output=True, timeout=600)
   killed = tmp_path / "killed"
-  proc = subprocess.Popen([*args, f"--workdir={killed}"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "40").exists():
-      assert proc.poll() is None and time.time() < deadline, "the run ended before the kill"
-      time.sleep(0.005)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-  finally:
-    proc.wait()
-  assert proc.returncode == -signal.SIGKILL
-  assert not (killed / "checkpoints" / "400").exists()
+  proc = subprocess.run([*args, f"--workdir={killed}"], capture_output=True, timeout=600,
+                        env={**env, faults.ENV: "checkpoint_save/8@1"})
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+  assert not (killed / "checkpoints" / "8").exists()
+  assert [s for s, _ in losses(killed)][-1] == 7  # step 8 is logged after its save
   resumed = subprocess.run([*args, f"--workdir={killed}", "--resume"], env=env,
                            capture_output=True, text=True, timeout=600)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert losses(killed) == losses(tmp_path / "full")
-  assert len(losses(killed)) == 400
+  assert "resuming from checkpoint 4" in resumed.stderr
+  assert losses(killed) == losses(tmp_path / "full") and len(losses(killed)) == 12
+  for step in (8, 12):
+    digests = [json.loads((w / "checkpoints" / str(step) / "meta" / "metadata").read_text())[
+        "digests"] for w in (killed, tmp_path / "full")]
+    assert digests[0] == digests[1], step
+  again = subprocess.run([*args, f"--workdir={killed}", "--resume"], env=env,
+                         capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  last = losses(killed)[-1][1]
+  assert again.stdout.startswith(f"done: the run was already finished at step 12, last loss "
+                                 f"{last}; nothing to do"), again.stdout
 
 
 def test_nonfinite_stops_naming_step_and_group_and_keeps_checkpoints(tmp_path):
@@ -117,6 +144,9 @@ def test_fp8_policy_trains_and_differs_from_bf16(tmp_path):
      "/nonexistent/tfds"),
     (lambda c: c.model_overrides.update(vocab_size=200), "257.*200|200.*257"),
     (lambda c: c.data.update(seq_len=4096), "max_position_embeddings"),
+    (lambda c: c.update(optim={"total_steps": 0}, train={"steps": -5}),  # schedule follows
+     r"^train.steps must be >= 1, got -5$"),
+    (lambda c: c.data.update(global_batch=0), r"^data.global_batch must be >= 1, got 0$"),
 ])
 def test_bad_input_fails_before_compute(tmp_path, change, error):
   c = small_config()

@@ -17,8 +17,10 @@ Sources (:data:`SOURCES`):
 
 Every iterator yields this process's int32 ``[global_batch / process_count, seq_len]``
 batches and saves its position with ``get_state()`` / ``set_state()``; the position also
-holds ``"data"``, the :func:`data_id` of the data (for prepared data, the manifest hash),
-so checkpoints record which data a run used and a restore on other data fails.
+holds ``"data"``, the :func:`data_id` of the data (for prepared data, the manifest hash;
+for shards their names, field and tokenizer, their contents being checked by the stream's
+position, :mod:`fp8jax.data.stream`), so checkpoints record which data a run used and a
+restore on other data fails.
 :func:`validate` and :func:`check_vocab` find a wrong data configuration before any
 model is built or compiled.
 """
@@ -114,13 +116,22 @@ def data_id(kind: str, what, tokenizer, split: str = "train", field: str = "text
   tok = getattr(tokenizer, "fingerprint", type(tokenizer).__name__)
   if kind == "prepared":
     return f"prepared:{what.hash}"
-  if kind == "files":
-    return "files:" + _digest([[p.name, p.stat().st_size] for p in what] + [field, tok])
+  if kind == "files":  # the shards' contents: checked by the stream's position
+    return "files:" + _digest([[p.name] for p in what] + [field, tok])
   if kind == "tfds":
     return "tfds:" + _digest([what.name, len(what), field, tok])
   if kind == "synthetic":
     return "synthetic:" + _digest([what, tok])
   return "embedded:" + _digest([sources.embedded_corpus(), tok])
+
+
+def _legacy_id(kind: str, what, tokenizer, field: str) -> str | None:
+  """The data id that earlier versions gave shards (names and sizes), for their
+  checkpoints: None for other sources."""
+  if kind != "files":
+    return None
+  tok = getattr(tokenizer, "fingerprint", type(tokenizer).__name__)
+  return "files:" + _digest([[p.name, p.stat().st_size] for p in what] + [field, tok])
 
 
 def describe(source: str, tokenizer, paths=(), data_dir: str | None = None,
@@ -144,8 +155,8 @@ def override(source_or_path: str) -> dict:
 class DataStream:
   """A batch iterator whose position also names its data (``"data"``, :func:`data_id`)."""
 
-  def __init__(self, batches, data: str):
-    self.batches, self.data = batches, data
+  def __init__(self, batches, data: str, legacy: str | None = None):
+    self.batches, self.data, self.legacy = batches, data, legacy
 
   def __iter__(self):
     return self
@@ -159,7 +170,7 @@ class DataStream:
   def set_state(self, state: dict) -> None:
     """Restores a position; ValueError if it was saved on other data."""
     saved = state.get("data")
-    if saved is not None and saved != self.data:
+    if saved is not None and saved not in (self.data, self.legacy):
       raise ValueError(f"the saved data position is in data {saved}, but this run reads "
                        f"{self.data}: the data (files, preparation or tokenizer) changed")
     self.batches.set_state({k: v for k, v in state.items() if k != "data"})
@@ -211,4 +222,4 @@ def make_batches(source: str, tokenizer, seq_len: int, global_batch: int, seed: 
   else:
     docs = synthetic.corpus(what) if kind == "synthetic" else sources.embedded_corpus()
     it = packing.BatchIterator(packing.pack(docs, tokenizer, seq_len), global_batch, **procs)
-  return DataStream(it, ident)
+  return DataStream(it, ident, _legacy_id(kind, what, tokenizer, field))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import gzip
+import hashlib
 import json
 import pathlib
 import sys
@@ -114,12 +115,16 @@ class ShardReader:
   """
 
   def __init__(self, path, field: str = "text", start: int = 0, skip_bad: bool = False,
-               skips: Skips | None = None):
+               skips: Skips | None = None, mark_every: int = 0):
     self.path, self.field, self.start = pathlib.Path(path), field, int(start)
     self.format = shard_format(path)
     self.skip_bad, self.skips = skip_bad, skips if skips is not None else Skips()
     self._raw = None
     self.bytes_read = 0
+    # JSON / text shards with mark_every: {n: digest of lines [0, n)} at every multiple n of
+    # mark_every, and "end": (lines, digest of all lines) once the file is read to its end.
+    self.mark_every = mark_every if self.format in ("jsonl", "txt") else 0
+    self.marks: dict = {}
 
   def __enter__(self):
     return self
@@ -151,15 +156,21 @@ class ShardReader:
     self._raw = open(self.path, "rb")  # noqa: SIM115  # closed by close()
     gz = self.path.name.endswith(".gz")
     f = gzip.GzipFile(fileobj=self._raw, mode="rb") if gz else self._raw
-    n = -1
+    n, h, every = -1, hashlib.sha256(), self.mark_every
     try:
       for n, line in enumerate(f):
+        if every:
+          if n and n % every == 0:
+            self.marks[n] = h.hexdigest()[:16]
+          h.update(line)
         if n < self.start:
           continue
         self.bytes_read = self._raw.tell()
         text = self._decode(n, line)
         if text is not None:
           yield n, text
+      if every:
+        self.marks["end"] = (n + 1, h.hexdigest()[:16])
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
       self._bad(n + 1, f"corrupt or truncated gzip data after line {n + 1}: {e}; the rest "
                 "of the file is unreadable")

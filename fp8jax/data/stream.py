@@ -13,14 +13,28 @@ this process's ``global_batch / P`` rows of ``seq_len`` tokens per step (the glo
 is the processes' local batches concatenated).
 
 Position. ``get_state()`` is ``{"seed", "epoch", "shard", "file", "window", "doc",
-"offset"}``: the shard's position in this process's list for the epoch (and its file
-name, checked on restore), the window, the next document within the window's visiting
-order and how many of its tokens (EOS included) earlier batches used: the rest of the
-packing buffer, which a restore rebuilds exactly by reading that window again.
+"offset", "skipped", "read", "sizes"}``: the shard's position in this process's list for
+the epoch (and its file name, checked on restore), the window, the next document within
+the window's visiting order and how many of its tokens (EOS included) earlier batches
+used: the rest of the packing buffer, which a restore rebuilds exactly by reading that
+window again. ``skipped`` counts the bad records skipped (``skip_bad``) in the windows
+read so far, over every restore. ``read`` and ``sizes`` record what the process has read:
+
+* ``read``: the shard being read, up to the end of the current window: ``{"records": R,
+  "sha256": ...}`` (16 hex digits of SHA-256 over its first R lines' bytes; JSON and text
+  shards) or ``{"records": R, "size": bytes}`` (Parquet, TFRecord: the whole file);
+* ``sizes``: the byte sizes of the shards read to their end (this process's shards before
+  the current one in epoch 0; every shard from epoch 1 on), in that order.
+
+A restore checks both: a shard may change (be repaired) only where the run has not read
+it yet, past the current window of the current shard, or in a shard not reached yet;
+a change in what was read raises ValueError naming the shard. So a run is always the run
+that its files reproduce from scratch.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -29,6 +43,8 @@ import numpy as np
 from fp8jax.data import shards as shards_lib
 
 _STATE_KEYS = ("seed", "epoch", "shard", "file", "window", "doc", "offset")
+_CHANGE_RULE = ("a shard may change only past what the run has read (README: What may "
+                "change on resume)")
 
 
 def encode_all(tokenizer, texts: list[str]) -> list[np.ndarray]:
@@ -78,8 +94,11 @@ class ShardBatches:
     self.local_batch = global_batch // process_count
     self.window, self.skip_bad, self.prefetch = window, skip_bad, prefetch
     self.skips = skips if skips is not None else shards_lib.Skips()
+    self.sizes = [os.path.getsize(s) for s in self.shards]
     self._pos = (0, 0, 0)  # (epoch, shard, window) of the window being packed
     self.doc, self.offset = 0, 0
+    self.skipped, self.read = 0, None  # see the module docstring
+    self._saved_read = None  # a restored position's "read", checked on its first window
     self._docs = None  # token arrays of the current window, in visiting order
     self._source = None  # iterator of windows from `self._pos` on (a thread's or not)
 
@@ -104,15 +123,28 @@ class ShardBatches:
         texts.append(record[1])
       record = None
 
+  def _read_mark(self, reader, s: int, w: int, pending) -> dict:
+    """What the read of window ``w`` of shard ``s`` covers (``read``, module docstring)."""
+    hi = (w + 1) * self.window
+    if pending is not None and hi in reader.marks:
+      return {"records": hi, "sha256": reader.marks.pop(hi)}
+    if pending is None and "end" in reader.marks:
+      lines, digest = reader.marks["end"]
+      return {"records": lines, "sha256": digest}
+    return {"records": hi, "size": os.path.getsize(self.shards[s])}
+
   def _windows(self, epoch: int, k: int, w: int):
-    """Yields ``((epoch, shard, window), token arrays in visiting order)`` from a position,
-    through the epochs; windows without documents are passed over."""
+    """Yields ``((epoch, shard, window), token arrays in visiting order, bad records
+    skipped since the previous window, read)`` from a position, through the epochs;
+    windows without documents are passed over."""
+    counted = self.skips.count
     while True:
       mine, found, whole = self.my_shards(epoch), False, k == 0 and w == 0
       for j in range(k, len(mine)):
         s = mine[j]
         with shards_lib.ShardReader(self.shards[s], self.field, start=w * self.window,
-                                    skip_bad=self.skip_bad, skips=self.skips) as reader:
+                                    skip_bad=self.skip_bad, skips=self.skips,
+                                    mark_every=self.window) as reader:
           it, pending = iter(reader), None
           while True:
             texts, pending = self._read_window(it, w, pending)
@@ -121,7 +153,9 @@ class ShardBatches:
               tokens = encode_all(self.tokenizer, texts)
               order = np.random.default_rng([self.seed, epoch, s, w]).permutation(len(texts))
               eos = np.asarray([self.tokenizer.eos_id], np.int32)
-              yield (epoch, j, w), [np.concatenate([tokens[i], eos]) for i in order]
+              skipped, counted = self.skips.count - counted, self.skips.count
+              yield ((epoch, j, w), [np.concatenate([tokens[i], eos]) for i in order],
+                     skipped, self._read_mark(reader, s, w, pending))
             if pending is None:
               break
             w = pending[0] // self.window
@@ -138,11 +172,20 @@ class ShardBatches:
   def _next_window(self) -> None:
     if self._source is None:
       self._start()
-    pos, docs = next(self._source)
+    pos, docs, skipped, read = next(self._source)
+    resumed = self._docs is None and bool(self.doc or self.offset)  # read before a restore
     if self._docs is None and pos != self._pos:  # the first window after a start/restore
       if self.doc or self.offset:
         raise ValueError(f"data position {self.get_state()} names a window that holds no "
                          f"document now (the next one is {pos}): did the shards change?")
+    if resumed and self._saved_read not in (None, read):
+      raise ValueError(
+          f"data shard {self.shards[self.my_shards(pos[0])[pos[1]]]} changed in the part "
+          f"this run has already read ({self._saved_read} at the checkpoint, {read} now): "
+          f"{_CHANGE_RULE}")
+    if not resumed:  # a restored window's skips were counted before the checkpoint
+      self.skipped += skipped
+    self.read = read
     if self._docs is None and self.doc > len(docs):
       raise ValueError(f"data position {self.get_state()} is past the {len(docs)} "
                        "documents of its window: did the shards change?")
@@ -177,7 +220,12 @@ class ShardBatches:
     epoch, k, w = self._pos
     name = self.shards[self.my_shards(epoch)[k]].rsplit("/", 1)[-1]
     return {"seed": self.seed, "epoch": epoch, "shard": k, "file": name, "window": w,
-            "doc": self.doc, "offset": self.offset}
+            "doc": self.doc, "offset": self.offset, "skipped": self.skipped,
+            "read": self.read, "sizes": [self.sizes[i] for i in self._finished(epoch, k)]}
+
+  def _finished(self, epoch: int, k: int) -> list[int]:
+    """Indices of the shards read to their end before position (epoch, k)."""
+    return self.my_shards(epoch)[:k] if epoch == 0 else list(range(len(self.shards)))
 
   def set_state(self, state: dict) -> None:
     """Continues from a ``get_state()`` of a run with the same shards, seed, processes."""
@@ -198,8 +246,16 @@ class ShardBatches:
     if name != state["file"]:
       raise ValueError(f"data position {state} is in shard {state['file']}, but this run's "
                        f"shard {k} of epoch {epoch} is {name}: different shards?")
+    sizes = state.get("sizes")
+    if sizes is not None:
+      for i, size in zip(self._finished(epoch, k), sizes):
+        if self.sizes[i] != size:
+          raise ValueError(f"data shard {self.shards[i]} has {self.sizes[i]} bytes, but this "
+                           f"run read it to its end when it had {size}: {_CHANGE_RULE}")
     self.close()
     self._pos, self.doc, self.offset = (epoch, k, w), doc, offset
+    self.skipped, self.read = int(state.get("skipped", 0)), state.get("read")
+    self._saved_read = self.read
 
   def close(self) -> None:
     """Stops the reading thread; iterating again restarts it from the position."""

@@ -6,13 +6,18 @@ import json
 import os
 import pathlib
 
-from fp8jax.train import metrics_log
+from fp8jax.train import faults, metrics_log
 
 
 def append(path, row: dict) -> None:
   """Appends ``row`` as one line with a single write, flushed to disk."""
   line = json.dumps(row) + "\n"
   with open(path, "a") as f:
+    if faults.reached(f"append/{pathlib.Path(path).name}"):  # the kill tests only
+      f.write(line[: len(line) // 2])
+      f.flush()
+      os.fsync(f.fileno())
+      faults.kill()
     f.write(line)
     f.flush()
     os.fsync(f.fileno())

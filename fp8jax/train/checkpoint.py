@@ -9,7 +9,10 @@ disk error) that still decodes is caught as well as one that does not restore.
 
 In a multi-process run every process saves its own data position (the ``positions`` item,
 :mod:`fp8jax.train.data_positions`) and restores its own; a checkpoint that does not
-restore on one process is incomplete for all of them.
+restore on one process is incomplete for all of them. The digests in ``meta`` cover the
+data positions too (``digests["positions"]``): every restore and verification checks each
+positions file, and the copy of process 0's position in the ``data`` item, against them,
+so an edited or damaged position is a corrupt checkpoint, named by its file.
 
 A train state's delayed-scaling state (its ``delayed`` field: per-site amax histories,
 :mod:`fp8jax.models.delayed_sites`) is saved with it and its layout recorded in ``meta``
@@ -38,7 +41,7 @@ import orbax.checkpoint as ocp
 
 import fp8jax
 from fp8jax.models import delayed_sites, integrity
-from fp8jax.train import data_positions, multihost
+from fp8jax.train import data_positions, faults, multihost
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
@@ -100,13 +103,17 @@ class Checkpointer:
       return False
     meta = {**meta, "code_version": code_version()}
     if self.digests:
-      meta["digests"] = integrity.record(state)
+      meta["digests"] = {**integrity.record(state),
+                         "positions": data_positions.record(data_position)}
     if _has_delayed(state):
       meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
-    return self.manager.save(step, args=ocp.args.Composite(
+    started = self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
         meta=ocp.args.JsonSave(meta),
         **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
+    if faults.reached(f"checkpoint_save/{step}"):
+      faults.kill()
+    return started
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -165,6 +172,12 @@ class Checkpointer:
       return None, integrity.Incomplete(str(self.step_path(step)),
                                         error or "does not restore on another process")
     status = integrity.verify_tree(str(self.step_path(step)), out.state, recorded)
+    bad = None if partial else data_positions.check(
+        self.step_path(step), (recorded or {}).get("positions"), out.data)
+    if multihost.any_process(bad is not None) and not isinstance(status, integrity.Corrupt):
+      path, found, expected = bad or ("(on another process)", "?", "?")
+      status = integrity.Corrupt(str(self.step_path(step)), path, expected, found,
+                                 what="data position")
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
                          out.state, _stored(abstract))
     if _stored(abstract) is not abstract:  # put the empty optional fields back

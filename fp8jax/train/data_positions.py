@@ -9,17 +9,26 @@ every process has written, so a step folder either has all of them or does not e
 A restore reads this process's file. A run resumed with another number of processes gets
 the position only if all saved positions are the same (a global position, as the in-memory
 sources keep); otherwise :class:`ProcessCountError` names both counts.
+
+Every position is covered by the checkpoint's digests like the arrays: a save records
+:func:`record` (``{file name: digest}`` of every process's position) in the checkpoint's
+``meta``, and every restore and ``verify`` checks each positions file, and the copy of
+process 0's position in the ``data`` item, against it (:func:`check`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import pathlib
 import re
 from typing import Any
 
 from etils import epath
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
 
 ITEM = "positions"
@@ -96,3 +105,49 @@ def restore(manager: ocp.CheckpointManager, step: int, fallback: dict) -> dict:
   if not (epath.Path(manager.directory) / str(step) / ITEM).exists():
     return fallback
   return manager.restore(step, args=ocp.args.Composite(**{ITEM: PositionsRestore()}))[ITEM]
+
+
+def digest(position) -> str:
+  """16 hex digits of the SHA-256 of a position's canonical JSON (sorted keys)."""
+  text = json.dumps(position, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record(position: dict) -> dict[str, str]:
+  """``{positions file name: digest}`` of every process's position (every process calls
+  it with its own, at the same save)."""
+  mine = np.frombuffer(bytes.fromhex(digest(position)), np.uint8)
+  count = jax.process_count()
+  every = (mine[None] if count == 1
+           else np.asarray(multihost_utils.process_allgather(mine)).reshape(count, -1))
+  return {_name(i, count): bytes(d).hex() for i, d in enumerate(every.astype(np.uint8))}
+
+
+def _file_digest(path: pathlib.Path) -> str:
+  try:
+    return digest(json.loads(path.read_text()))
+  except FileNotFoundError:
+    return "(missing)"
+  except (OSError, ValueError):
+    return "(unreadable)"
+
+
+def check(step_dir, recorded: dict | None, data_item=None) -> tuple[str, str, str] | None:
+  """``(file, digest found, digest recorded)`` of the first positions file of checkpoint
+  folder ``step_dir`` (or, given ``data_item``, the position copy in its ``data`` item,
+  which is process 0's) that differs from ``recorded`` (:func:`record`); None when all
+  match or nothing was recorded (checkpoints written before position digests)."""
+  if not recorded:
+    return None
+  step_dir = pathlib.Path(step_dir)
+  for name, want in sorted(recorded.items()):
+    path = step_dir / ITEM / name
+    found = _file_digest(path)
+    if found != want:
+      return str(path), found, want
+  if data_item is not None:
+    want = recorded.get(_name(0, len(recorded)))
+    found = digest(data_item)
+    if want is not None and found != want:
+      return str(step_dir / "data" / "metadata"), found, want
+  return None

@@ -11,6 +11,12 @@ state, data position), verified against the digests recorded at save, and contin
 exactly where it stopped; a newest checkpoint that is torn or corrupt is set aside and the
 run resumes from the one before (:func:`_restore_latest`).
 
+A resume may change only what alters neither a step's computation nor the data already
+read (:data:`fp8jax.train.run_config.RESUME_MAY_CHANGE`, ``train.steps`` upwards with
+``optim.total_steps`` set; README: What may change on resume); it prints each change. With
+document shards, the rows carry ``skipped_records``: bad records skipped so far
+(``data.skip_bad_records``), over all processes and restores.
+
 A step whose loss or gradients are not finite stops the run with :class:`NonFiniteError`
 naming the step and the first non-finite parameter or gradient; that step changed
 nothing and the checkpoints already written stay. With dynamic loss scaling
@@ -158,20 +164,42 @@ def _check_workdir(workdir: pathlib.Path, cfg, resume: bool, policy,
     raise FileExistsError(f"{workdir} already holds a training run; pass --resume to "
                           "continue it or choose a new workdir")
   old = None
+  if has_run:
+    latest = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
+    if cfg.train.steps < latest:
+      raise ValueError(f"--resume with train.steps {cfg.train.steps}, but the run in "
+                       f"{workdir} has reached step {latest} (its latest checkpoint): "
+                       f"train.steps must be >= {latest}; nothing was changed")
   if has_run and saved.exists():
-    old = run_config.with_defaults(json.loads(saved.read_text()))  # keys added since
+    old = run_config.with_defaults(run_config.read_saved(saved))  # keys added since
   if has_run:
     _check_policy(ckpts, old and old["policy"], cfg.policy, policy, allow_policy_change,
                   stream)
   if old is not None:
     # train.steps may grow, unless the LR schedule follows it (optim.total_steps = 0).
-    allowed = {"train.steps", "policy"} if old["optim"]["total_steps"] else {"policy"}
-    changed = [k for k in _config_changes(old, json.loads(cfg.to_json())) if k not in allowed]
+    allowed = {"policy", *run_config.RESUME_MAY_CHANGE}
+    if old["optim"]["total_steps"]:
+      allowed.add("train.steps")
+    new = json.loads(cfg.to_json())
+    diff = _config_changes(old, new)
+    changed = [k for k in diff if k not in allowed]
     if changed:
       raise ValueError(f"--resume with a config that differs from {saved} in {changed}; "
-                       "only train.steps may change, and only with optim.total_steps set "
-                       "(and the policy with --allow_policy_change)")
+                       f"only {', '.join(run_config.RESUME_MAY_CHANGE)} may change, "
+                       "train.steps only with optim.total_steps set, and the policy with "
+                       "--allow_policy_change (README: What may change on resume)")
+    for key in diff:
+      if key != "policy":
+        a, b = (_get(c, key) for c in (old, new))
+        print(f"[train] --resume changes {key}: {a!r} -> {b!r}", file=stream or sys.stderr,
+              flush=True)
   return has_run
+
+
+def _get(config: dict, dotted: str):
+  for part in dotted.split("."):
+    config = config.get(part) if isinstance(config, dict) else None
+  return config
 
 
 def _latest_policy(ckpts: pathlib.Path):
@@ -271,6 +299,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
     if has_run:
       start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
                                                stream)
+      if start >= cfg.train.steps:
+        return _finished(workdir, start, ckpt, stream)
       data.set_state(position)
       writer.truncate_after(start)
       print(f"[train] resuming from checkpoint {start}", file=stream, flush=True)
@@ -326,11 +356,26 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
               for k, v in jax.device_get(weight_norms(state.params)).items()}}
     if "loss_scale" in m:
       row["loss_scale"], row["skipped_steps"] = float(m["loss_scale"]), skipped
+    if "skipped" in position:  # shards: bad records skipped so far, over all processes
+      row["skipped_records"] = multihost.total(int(position["skipped"]))
     writer.write(row)
     progress.show(row)
     loss = row["loss"]
   return {"final_step": total, "final_loss": loss, "workdir": str(ckpt.directory),
           "checkpoints": bool(cfg.train.checkpoints)}
+
+
+def _finished(workdir: pathlib.Path, step: int, ckpt, stream) -> dict:
+  """The summary of a resumed run that has nothing left to do (its last checkpoint is at
+  ``train.steps``), with the loss its metrics logged last; says so on ``stream``."""
+  path = workdir / "metrics.jsonl"
+  rows = [r for r in metrics_log.read_rows(path) if r["step"] <= step] if path.exists() else []
+  loss = rows[-1]["loss"] if rows else None
+  said = f"last logged loss {loss:.6g} at step {rows[-1]['step']}" if rows else "no loss logged"
+  print(f"[train] the run is already finished at step {step} ({said}); nothing to do",
+        file=stream, flush=True)
+  return {"final_step": step, "final_loss": loss, "workdir": str(ckpt.directory),
+          "checkpoints": True, "already_finished": True}
 
 
 def _stop(done: int, m, ckpt, cfg):

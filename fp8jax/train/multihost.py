@@ -112,6 +112,13 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.int32(bool(flag)))))
 
 
+def total(value: int) -> int:
+  """The sum of ``value`` over the processes (every process must call it)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(np.sum(multihost_utils.process_allgather(np.int32(value))))
+
+
 def broadcast(value: np.ndarray) -> np.ndarray:
   """Process 0's ``value`` on every process (same shape and dtype everywhere)."""
   if jax.process_count() == 1:

@@ -33,6 +33,13 @@ from fp8jax.models import policy as policy_lib
 from fp8jax.train import loss_scale as loss_scale_lib
 from fp8jax.train import optim
 
+RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_every",
+                     "train.tensorboard", "train.peak_tflops")
+"""Keys a ``--resume`` may change freely: they change neither a step's computation nor the
+data the run has read (``skip_bad_records``: a run that stopped at a bad record read none,
+and the records it skipped stay skipped). ``train.steps`` may change too, if the LR
+schedule does not follow it (``optim.total_steps`` set), and ``policy`` with
+``--allow_policy_change`` (README: What may change on resume)."""
 FLOAT_DTYPES = ("float32", "bfloat16")
 LOSS_SCALES = ("none", "dynamic")
 
@@ -121,7 +128,28 @@ def load_saved(workdir, flag: str = "--workdir") -> ml_collections.ConfigDict:
   if not path.exists():
     raise FileNotFoundError(f"{path} not found: {flag} must be a training run's folder "
                             "(python -m fp8jax.experiments.train)")
-  return ml_collections.ConfigDict(with_defaults(json.loads(path.read_text())))
+  return ml_collections.ConfigDict(with_defaults(read_saved(path)))
+
+
+def read_saved(path) -> dict:
+  """The config dict a run saved in ``path`` (its ``config.json``).
+
+  Raises:
+    ValueError: the file is not a JSON object; the message names the file and line.
+  """
+  path = pathlib.Path(path)
+  try:
+    saved = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+                     "every checkpoint's meta item holds the run's config (key 'config') "
+                     "to restore it from") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not text (byte {e.start}: {e.reason})") from None
+  if not isinstance(saved, dict):
+    raise ValueError(f"{path}:1: not a run config (a JSON {type(saved).__name__}, not an "
+                     "object)")
+  return saved
 
 
 def model_config(cfg) -> model_config_lib.ModelConfig:
@@ -175,15 +203,18 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   bad = _unknown_keys(cfg, defaults())
   if bad:
     raise ValueError(f"unknown config keys {bad}; see fp8jax.train.run_config.defaults()")
+  t = cfg.train
+  for key in ("steps", "save_every", "log_every"):  # before the schedule's checks
+    if int(t[key]) < 1:
+      raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
+  for key, least in (("global_batch", 1), ("seq_len", 2)):
+    if int(cfg.data[key]) < least:
+      raise ValueError(f"data.{key} must be >= {least}, got {cfg.data[key]}")
   model_cfg = model_config(cfg)
   policy = policy_lib.parse_policy(cfg.policy)
   policy.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
   optim_config(cfg)
   _check_precision(cfg.precision)
-  t = cfg.train
-  for key in ("steps", "save_every", "log_every"):
-    if int(t[key]) < 1:
-      raise ValueError(f"train.{key} must be >= 1, got {t[key]}")
   if not isinstance(t.checkpoints, bool):
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:

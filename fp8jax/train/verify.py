@@ -4,9 +4,10 @@
       print(step, integrity.describe(status))
 
 Each checkpoint is restored as ``--resume`` restores it (params, optimizer state and data
-position, in the run's layout) and its arrays are compared with the digests recorded at
-save (:mod:`fp8jax.models.integrity`): :class:`~fp8jax.models.integrity.Ok`,
-:class:`~fp8jax.models.integrity.Corrupt` (the first array that differs),
+position, in the run's layout) and its arrays and data positions are compared with the
+digests recorded at save (:mod:`fp8jax.models.integrity`,
+:func:`fp8jax.train.data_positions.check`): :class:`~fp8jax.models.integrity.Ok`,
+:class:`~fp8jax.models.integrity.Corrupt` (the first array, or positions file, that differs),
 :class:`~fp8jax.models.integrity.Incomplete` (does not restore) or
 :class:`~fp8jax.models.integrity.NoDigests` (written before digests existed).
 """
