@@ -8,7 +8,9 @@ the unit's statistics (documents, tokens, the source's size and SHA-256, skipped
 records) go to ``tokens/<unit>.json.tmp``; then both are renamed, the ``.json`` last. A
 unit counts as done only once its ``.json`` exists, so a run killed at any point resumes
 by redoing the unfinished units from scratch (their leftovers are deleted): no record is
-written twice or lost. ``manifest.json`` is written when every unit is done.
+written twice or lost. ``manifest.json`` is written when every unit is done. The folder
+is locked while it is written (:mod:`fp8jax.data.folder_lock`): a second preparation into
+it stops at once.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import queue
 import sys
 import time
 
-from fp8jax.data import prepared, progress, shards, stream, tokenizers
+from fp8jax.data import folder_lock, prepared, progress, shards, stream, tokenizers
 
 _WINDOW = 1024  # documents tokenized per batch
 _worker = {}  # per worker process: the tokenizer and the progress queue
@@ -167,7 +169,13 @@ def prepare(inputs, out, tokenizer: str = "bytes", field: str = "text",
     manifest = prepared.read_manifest(out)
     print(f"[prepare] {out} is already prepared (hash {manifest['hash']})", file=log)
     return manifest
-  out.mkdir(parents=True, exist_ok=True)
+  with folder_lock.hold(out):  # one writer: a second preparation here stops at once
+    if prepared.is_prepared(out):  # finished while this one was starting
+      return prepared.read_manifest(out)
+    return _prepare_locked(out, sources, plan, plan_path, workers, skip_bad, log)
+
+
+def _prepare_locked(out, sources, plan, plan_path, workers, skip_bad, log) -> dict:
   plan_path.write_text(json.dumps(plan, indent=2))
   done = _done_units(out, plan)
   todo = [i for i in range(len(sources)) if i not in done]

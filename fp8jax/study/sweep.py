@@ -230,60 +230,61 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl,  # checks the policies
                                      telemetry=telemetry, deterministic=deterministic)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
-  try:
-    output, refused = _Output(out, meta, write=multihost.is_main()), None
-  except ValueError as e:  # process 0 checks the folder: every process stops with it
-    refused = e
-  if multihost.any_process(refused is not None):
-    raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
-  abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
-      deepseek_moe.abstract_params(cfg))
-  weight_norms = jax.jit(metrics.weights.norms_by_module)
-  # Process 0's view of the missing rows, so that every process runs the same computations.
-  cells = [(s, k) for s in steps for k in batches]
-  missing = multihost.broadcast(np.array(
-      [[(s, *k) not in output.base_nonfinite and (s, *k, n) not in output.rows
-        for n in names] for s, k in cells], np.int32).reshape(len(cells), len(names)))
-  todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
-  todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
-               for (s, k), row in zip(cells, missing)}
-  progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
-  written, skipped, warm = 0, {}, {}
-  window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
-                           for b in range(windows.batches)]
-  try:
-    for i, (step, key) in enumerate(todo):
-      if step in skipped:
-        continue
-      if i == 0 or todo[i - 1][0] != step:
-        try:
-          params, _ = ckpt.restore_params(step, abstract)
-        except integrity.CheckpointError as e:
-          if not skip_corrupt:
-            raise
-          skipped[step] = str(e)
-          print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
+  with multihost.lock_folder(out):  # one writer per results folder
+    try:
+      output, refused = _Output(out, meta, write=multihost.is_main()), None
+    except ValueError as e:  # process 0 checks the folder: every process stops with it
+      refused = e
+    if multihost.any_process(refused is not None):
+      raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
+        deepseek_moe.abstract_params(cfg))
+    weight_norms = jax.jit(metrics.weights.norms_by_module)
+    # Process 0's view of the missing rows, so that every process runs the same computations.
+    cells = [(s, k) for s in steps for k in batches]
+    missing = multihost.broadcast(np.array(
+        [[(s, *k) not in output.base_nonfinite and (s, *k, n) not in output.rows
+          for n in names] for s, k in cells], np.int32).reshape(len(cells), len(names)))
+    todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
+    todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
+                 for (s, k), row in zip(cells, missing)}
+    progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
+    written, skipped, warm = 0, {}, {}
+    window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
+                             for b in range(windows.batches)]
+    try:
+      for i, (step, key) in enumerate(todo):
+        if step in skipped:
           continue
-        norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
-        if step not in output.weights:
-          output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
-                                                           for k, v in norms.items()}})
-        warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
-      for n in todo_pols[(step, key)]:
-        if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
-          warm[(key[0], n)] = evaluator.warm_state(n, params, window(key[0]), delayed_warmup)
-      written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
-                           mesh_lib.global_batch(batches[key], mesh),
-                           {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
-                           floor_seed)
-      done_here = todo_pols[(step, key)]
-      n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
-      progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
-                       f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
-  finally:
-    ckpt.close()
-  return {"rows_written": written, "out": str(out), "skipped": skipped}
+        if i == 0 or todo[i - 1][0] != step:
+          try:
+            params, _ = ckpt.restore_params(step, abstract)
+          except integrity.CheckpointError as e:
+            if not skip_corrupt:
+              raise
+            skipped[step] = str(e)
+            print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
+            continue
+          norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
+          if step not in output.weights:
+            output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
+                                                             for k, v in norms.items()}})
+          warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
+        for n in todo_pols[(step, key)]:
+          if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
+            warm[(key[0], n)] = evaluator.warm_state(n, params, window(key[0]), delayed_warmup)
+        written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
+                             mesh_lib.global_batch(batches[key], mesh),
+                             {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
+                             floor_seed)
+        done_here = todo_pols[(step, key)]
+        n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
+        progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
+                         f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
+    finally:
+      ckpt.close()
+    return {"rows_written": written, "out": str(out), "skipped": skipped}
 
 
 def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
