@@ -9,7 +9,9 @@ per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the BF16 lo
 ``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the sweep. The
 sweep resumes: finished work is skipped, and a killed run leaves no partial row (rows
 are whole-line appends; the details line goes first and is dropped on resume if its row
-never landed). Non-finite FP8 results are kept as rows with ``finite: false`` and the name
+never landed; a row whose details line is missing is recomputed). A torn last line is
+repaired; a damaged line elsewhere stops the sweep with ValueError naming ``file:line``.
+Non-finite FP8 results are kept as rows with ``finite: false`` and the name
 of the first non-finite gradient, never averaged (the report lists them). A BF16 baseline
 that is itself non-finite is a data problem (a bad checkpoint or batch), not an FP8 one:
 its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
@@ -147,7 +149,16 @@ class _Output:
     results_io.write_json(meta_path, meta)
     for name in ("rows", "details", "baseline", "weights"):  # a readable folder, even empty
       (out / f"{name}.jsonl").touch()
-    self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl")}
+    # A row counts as done only with its details line: a row whose details line is
+    # missing (or was torn) is dropped and recomputed, and details without a row go.
+    detailed = {_key(d) for d in results_io.read(out / "details.jsonl")}
+    rows = results_io.read(out / "rows.jsonl")
+    redo = [r for r in rows if _key(r) not in detailed]
+    if redo:
+      print(f"warning: {out / 'rows.jsonl'}: {len(redo)} rows have no line in details.jsonl "
+            f"(first: {_key(redo[0])}); recomputing them", file=sys.stderr)
+    self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl",
+                                                     lambda r: _key(r) in detailed)}
     results_io.repair(out / "details.jsonl", lambda r: _key(r) in self.rows)
     base = results_io.repair(out / "baseline.jsonl")
     self.base = {_key(r)[:3] for r in base}
