@@ -23,7 +23,9 @@ logic is
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _TRAIN = flags.DEFINE_string("train_workdir", "out/train", "Training run folder.")
 _OUT = flags.DEFINE_string("out", "out/compare", "Results folder (resumable).")
@@ -104,4 +106,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

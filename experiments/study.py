@@ -15,10 +15,11 @@ it over several processes (README: Several hosts).
 import pathlib
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-_CONFIG = config_flags.DEFINE_config_file(
+from fp8jax.experiments import _cli
+
+_CONFIG = _cli.define_config_file(
     "config", str(pathlib.Path(__file__).parent / "configs" / "train_tiny.py"),
     "Training run config (experiments/configs/train_*.py).")
 _OUT = flags.DEFINE_string("out", "out/demo", "Output folder.")
@@ -77,4 +78,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -9,11 +9,24 @@ parse is damage, not a kill: reading the file raises ValueError naming ``file:li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pathlib
 import sys
 import time
+
+
+@contextlib.contextmanager
+def writing(path):
+  """Names ``path`` in an OSError raised without a file name, as a write to an open file on
+  a full disk raises it."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is None and e.errno is not None:
+      raise type(e)(e.errno, e.strerror or str(e), str(path)) from e
+    raise
 
 
 class MetricsWriter:
@@ -43,7 +56,7 @@ class MetricsWriter:
     tmp.replace(self.path)
 
   def write(self, row: dict) -> None:
-    with self.path.open("a") as f:
+    with writing(self.path), self.path.open("a") as f:
       f.write(json.dumps(row, allow_nan=True) + "\n")
     if self._tb is not None:
       for key, value in row.items():
