@@ -56,9 +56,9 @@ def main(argv):
     run_config,
   )
 
-  windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
-                          batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
   try:
+    windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
+                            batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     controls = (pipeline.seed_controls(run_config.model_config(_CONFIG.value).num_hidden_layers)
                 if _SEED_CONTROLS.value and "seed" in _POLICIES.value else ())

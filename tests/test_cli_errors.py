@@ -185,3 +185,21 @@ def test_a_second_writer_is_refused_in_one_line(train_run, tmp_path):
       holder.wait()
     assert_one_line(got, folder, "in use by another run", f"pid {holder.pid}")
     assert sorted(p.name for p in folder.iterdir()) == [".lock"]
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--offsets=-1", ["--offsets", ">= 0", "[-1]"]),
+    ("--offsets=0,3,0", ["--offsets", "repeat"]),
+    ("--batches=0", ["--batches", ">= 1"]),
+])
+def test_compare_refuses_nonsense_windows(flag, words, train_run, tmp_path):
+  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+
+  got = run("fp8jax.experiments.compare", f"--train_workdir={train_run}",
+            f"--out={tmp_path / 'cmp'}", "--policies=bf16", flag)
+  assert_one_line(got, *words)
+  assert not (tmp_path / "cmp").exists()
+  with pytest.raises(ValueError, match=words[0]):
+    name, value = flag[2:].split("=")
+    sweep.Windows(**{name: tuple(int(v) for v in value.split(","))
+                     if name == "offsets" else int(value)})

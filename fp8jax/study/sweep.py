@@ -58,13 +58,29 @@ from fp8jax.train import mesh as mesh_lib
 @dataclasses.dataclass(frozen=True)
 class Windows:
   """Evaluation batches: ``batches`` consecutive batches at each data ``offset`` (in
-  batches) of the training data source, shuffled with ``seed``."""
+  batches) of the training data source, shuffled with ``seed``.
+
+  Raises:
+    ValueError: an offset is negative or repeated, or ``batches``, ``batch_size`` is below
+      1 or ``seq_len`` below 0 (the message names the field and its flag).
+  """
   offsets: tuple[int, ...] = (0,)
   batches: int = 2
   batch_size: int = 8
   seq_len: int = 0        # 0: the training run's
   seed: int = 1234
   split: str = ""         # "": the training run's
+
+  def __post_init__(self):
+    offsets = list(self.offsets)
+    if not offsets or any(o < 0 for o in offsets):
+      raise ValueError(f"offsets (--offsets) must be one or more data offsets >= 0, in "
+                       f"batches; got {offsets}")
+    if len(set(offsets)) != len(offsets):
+      raise ValueError(f"offsets (--offsets) must not repeat an offset; got {offsets}")
+    for name, low in (("batches", 1), ("batch_size", 1), ("seq_len", 0)):
+      if getattr(self, name) < low:
+        raise ValueError(f"{name} (--{name}) must be >= {low}; got {getattr(self, name)}")
 
 
 def data_config(train_cfg, data: dict | None = None) -> dict:
