@@ -14,7 +14,9 @@ with ``--verbosity=0``.
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _TRAIN = flags.DEFINE_string("train_workdir", None, "The baseline training run's folder.",
                              required=True)
@@ -61,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -23,7 +23,9 @@ logic is
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _TRAIN = flags.DEFINE_string("train_workdir", "out/train", "Training run folder.")
 _OUT = flags.DEFINE_string("out", "out/compare", "Results folder (resumable).")
@@ -68,6 +70,13 @@ _SKIP_CORRUPT = flags.DEFINE_bool("skip_corrupt_checkpoints", False,
                                   "incomplete; they get no rows) instead of stopping.")
 
 
+def _ints(flag) -> tuple[int, ...]:
+  try:
+    return tuple(int(v) for v in flag.value)
+  except ValueError:
+    raise ValueError(f"--{flag.name} takes integers, got {','.join(flag.value)}") from None
+
+
 def main(argv):
   del argv
   from fp8jax.data import pipeline  # pylint: disable=import-outside-toplevel
@@ -75,11 +84,11 @@ def main(argv):
   from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
 
-  windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
-                          batches=_BATCHES.value, batch_size=_BATCH_SIZE.value,
-                          seq_len=_SEQ_LEN.value, seed=_SEED.value, split=_SPLIT.value)
-  steps = [int(s) for s in _STEPS.value] or None
   try:
+    windows = sweep.Windows(offsets=_ints(_OFFSETS), batches=_BATCHES.value,
+                            batch_size=_BATCH_SIZE.value, seq_len=_SEQ_LEN.value,
+                            seed=_SEED.value, split=_SPLIT.value)
+    steps = _ints(_STEPS) or None
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
                         windows=windows, moe_impl=_MOE_IMPL.value,
@@ -104,4 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

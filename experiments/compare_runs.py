@@ -13,7 +13,9 @@ Exit status: 0 done, 2 bad input.
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _RUNS = flags.DEFINE_list("runs", None, "Training run folders, comma-separated.",
                           required=True)
@@ -44,4 +46,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from fp8jax.experiments import _cli
 from fp8jax.models.params_io import hf_to_orbax, orbax_to_hf
 from fp8jax.train import multihost
 
@@ -50,4 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -16,8 +16,9 @@ import dataclasses
 import pathlib
 import time
 
-from absl import app, flags
+from absl import flags
 
+from fp8jax.experiments import _cli
 from fp8jax.study import numerics_formats_report, numerics_report, numerics_study
 from fp8jax.train import multihost
 
@@ -43,4 +44,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -14,7 +14,9 @@ output folder is a training source (``--config.data.source=prepared
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _INPUT = flags.DEFINE_list("input", [], "Shard files, folders or globs.")
 _OUT = flags.DEFINE_string("out", "", "Output folder (resumable).")
@@ -51,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

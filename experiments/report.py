@@ -14,8 +14,9 @@ trajectory?".
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
+from fp8jax.experiments import _cli
 from fp8jax.study import report
 from fp8jax.train import multihost
 
@@ -30,10 +31,13 @@ _BRANCH = flags.DEFINE_string("branch", None, "Folder of the branch-off study (d
 def main(argv):
   del argv
   multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
-  path = report.write_report(_RESULTS.value, out=_OUT.value, top_k=_TOP_K.value,
-                             branch=_BRANCH.value)
+  try:
+    path = report.write_report(_RESULTS.value, out=_OUT.value, top_k=_TOP_K.value,
+                               branch=_BRANCH.value)
+  except (ValueError, FileNotFoundError) as e:  # a missing or damaged results folder
+    _cli.fail(str(e))
   print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -15,10 +15,11 @@ it over several processes (README: Several hosts).
 import pathlib
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-_CONFIG = config_flags.DEFINE_config_file(
+from fp8jax.experiments import _cli
+
+_CONFIG = _cli.define_config_file(
     "config", str(pathlib.Path(__file__).parent / "configs" / "train_tiny.py"),
     "Training run config (experiments/configs/train_*.py).")
 _OUT = flags.DEFINE_string("out", "out/demo", "Output folder.")
@@ -55,9 +56,9 @@ def main(argv):
     run_config,
   )
 
-  windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
-                          batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
   try:
+    windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
+                            batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
     multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
     controls = (pipeline.seed_controls(run_config.model_config(_CONFIG.value).num_hidden_layers)
                 if _SEED_CONTROLS.value and "seed" in _POLICIES.value else ())
@@ -77,4 +78,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -15,12 +15,13 @@ Library INFO logs (Orbax, absl) show only with ``--verbosity=0``.
 import pathlib
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _DEFAULT_CONFIG = pathlib.Path(__file__).parent / "configs" / "train_tiny.py"
 
-_CONFIG = config_flags.DEFINE_config_file("config", str(_DEFAULT_CONFIG),
+_CONFIG = _cli.define_config_file("config", str(_DEFAULT_CONFIG),
                                           "Run config file (experiments/configs/train_*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", "out/train", "Output folder of the run.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir.")
@@ -68,4 +69,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

@@ -11,7 +11,9 @@ sample). The logic is :func:`fp8jax.data.bpe.train_bpe`.
 
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from fp8jax.experiments import _cli
 
 _INPUT = flags.DEFINE_list("input", [], "Shard files, folders or globs.")
 _OUT = flags.DEFINE_string("out", "", "Output folder.")
@@ -48,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

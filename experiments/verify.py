@@ -12,8 +12,9 @@ checkpoint is corrupt or incomplete, 2 on bad input. The logic is
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from fp8jax.experiments import _cli
 from fp8jax.train import multihost
 
 _WORKDIR = flags.DEFINE_string("workdir", "out/train", "Training run folder.")
@@ -41,4 +42,4 @@ def main(argv):
   return 1 if bad else 0
 
 if __name__ == "__main__":
-  app.run(main)
+  _cli.run(main)

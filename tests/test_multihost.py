@@ -223,7 +223,9 @@ def test_two_processes_preempt_kill_resume_and_match_one(tmp_path, start):
   check_writes(last, ["compare/rows.jsonl", "compare/details.jsonl", "compare/report.md"])
   after = (cmp / "rows.jsonl").read_text().splitlines(keepends=True)
   assert after[:len(before)] == before
-  assert len(rows(cmp / "details.jsonl")) == len(after) == len(steps_of(ckpts))
+  names = {r["policy"] for r in rows(cmp / "rows.jsonl")}  # the policy, its controls, floor
+  assert "floor" in names
+  assert len(rows(cmp / "details.jsonl")) == len(after) == len(names) * len(steps_of(ckpts))
   assert log.read_text().count("[compare] ") == len(after) - len(before)
   assert (cmp / "report.md").exists()
 

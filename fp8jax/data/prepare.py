@@ -8,12 +8,16 @@ the unit's statistics (documents, tokens, the source's size and SHA-256, skipped
 records) go to ``tokens/<unit>.json.tmp``; then both are renamed, the ``.json`` last. A
 unit counts as done only once its ``.json`` exists, so a run killed at any point resumes
 by redoing the unfinished units from scratch (their leftovers are deleted): no record is
-written twice or lost. ``manifest.json`` is written when every unit is done.
+written twice or lost. ``manifest.json`` is written when every unit is done. Worker
+processes end with the process that started them, even when it is killed (SIGKILL). The folder
+is locked while it is written (:mod:`fp8jax.data.folder_lock`): a second preparation into
+it stops at once.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import datetime
 import hashlib
 import json
@@ -21,12 +25,15 @@ import multiprocessing as mp
 import os
 import pathlib
 import queue
+import signal
 import sys
+import threading
 import time
 
-from fp8jax.data import prepared, progress, shards, stream, tokenizers
+from fp8jax.data import folder_lock, prepared, progress, shards, stream, tokenizers
 
 _WINDOW = 1024  # documents tokenized per batch
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _worker = {}  # per worker process: the tokenizer and the progress queue
 
 
@@ -49,9 +56,32 @@ def _identity(plan: dict) -> list:
           [(s["name"], s["bytes"]) for s in plan["sources"]]]
 
 
-def _init_worker(tok_spec: str, progress_queue) -> None:
+def _init_worker(tok_spec: str, progress_queue, parent: int | None = None) -> None:
+  if parent is not None:
+    _die_with_parent(parent)
   _worker["tok"] = tokenizers.get_tokenizer(tok_spec)
   _worker["queue"] = progress_queue
+
+
+def _die_with_parent(parent: int) -> None:
+  """Ends this worker process when its parent (pid ``parent``) dies, however it dies
+  (SIGKILL included): on Linux the kernel sends SIGKILL (``PR_SET_PDEATHSIG``), and
+  everywhere a daemon thread polls the parent pid every 0.2 s. With the workers gone, the
+  multiprocessing resource tracker reads EOF and ends too."""
+  if sys.platform.startswith("linux"):
+    try:
+      ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    except (OSError, AttributeError):  # no prctl: the thread below still watches
+      pass
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(0.2)
+    os._exit(1)  # pylint: disable=protected-access  # no cleanup: the parent is gone
+
+  if os.getppid() != parent:  # died before the watch began
+    os._exit(1)  # pylint: disable=protected-access
+  threading.Thread(target=watch, name="fp8jax-parent-watch", daemon=True).start()
 
 
 def _sha256(path) -> str:
@@ -167,7 +197,13 @@ def prepare(inputs, out, tokenizer: str = "bytes", field: str = "text",
     manifest = prepared.read_manifest(out)
     print(f"[prepare] {out} is already prepared (hash {manifest['hash']})", file=log)
     return manifest
-  out.mkdir(parents=True, exist_ok=True)
+  with folder_lock.hold(out):  # one writer: a second preparation here stops at once
+    if prepared.is_prepared(out):  # finished while this one was starting
+      return prepared.read_manifest(out)
+    return _prepare_locked(out, sources, plan, plan_path, workers, skip_bad, log)
+
+
+def _prepare_locked(out, sources, plan, plan_path, workers, skip_bad, log) -> dict:
   plan_path.write_text(json.dumps(plan, indent=2))
   done = _done_units(out, plan)
   todo = [i for i in range(len(sources)) if i not in done]
@@ -221,7 +257,7 @@ def _run(todo, sources, out, plan, done, workers, skip_bad, total, log) -> None:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                initargs=(plan["tokenizer"]["spec"], q)) as pool:
+                                initargs=(plan["tokenizer"]["spec"], q, os.getpid())) as pool:
       pending = {pool.submit(prepare_unit, *args(i)) for i in todo}
       try:
         while pending:

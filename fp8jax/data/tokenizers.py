@@ -53,7 +53,11 @@ class HFTokenizer:
                               "tokenizer.json, e.g. from python -m "
                               "fp8jax.experiments.train_tokenizer)")
     self.fingerprint = "sha256:" + hashlib.sha256(self.path.read_bytes()).hexdigest()[:32]
-    self._tok = Tokenizer.from_file(str(path))
+    try:
+      self._tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # pylint: disable=broad-except  # the tokenizers package's own
+      raise ValueError(f"{path}: not a tokenizer.json that the tokenizers package reads "
+                       f"({' '.join(str(e).split())[:200]})") from None
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     candidates = [eos_token] if eos_token else ["<｜end▁of▁sentence｜>", "</s>", "<|endoftext|>",
                                                 "<eos>"]

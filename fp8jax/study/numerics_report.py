@@ -20,6 +20,7 @@ import json
 import math
 import pathlib
 
+from fp8jax.data import folder_lock
 from fp8jax.study import numerics_formats, numerics_formats_report, numerics_study
 
 TARGET = 0.02  # DeepSeek-V3: "maximum relative error of nearly 2%" at K = 4096
@@ -298,9 +299,10 @@ def _model_site_lines(rows: list[dict] | None) -> list[str]:
 
 def run(out: pathlib.Path, sizes: numerics_study.StudySizes) -> dict:
   """Runs every study and writes the JSON table, figures and markdown to ``out``."""
-  out.mkdir(parents=True, exist_ok=True)
-  results = numerics_study.run_all(sizes) | numerics_formats.run_all(sizes)
-  (out / "numerics.json").write_text(json.dumps(results, indent=1))
-  figures = write_figures(results, out)
-  (out / "report.md").write_text(markdown(results, figures))
+  out = pathlib.Path(out)
+  with folder_lock.hold(out):  # one writer (created here, before the minutes of compute)
+    results = numerics_study.run_all(sizes) | numerics_formats.run_all(sizes)
+    (out / "numerics.json").write_text(json.dumps(results, indent=1))
+    figures = write_figures(results, out)
+    (out / "report.md").write_text(markdown(results, figures))
   return results

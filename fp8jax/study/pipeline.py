@@ -2,7 +2,8 @@
 (optional), the report.
 
 In a multi-process run every process trains and compares; process 0 alone prints and
-writes the report.
+writes the report. The study folder is locked for the whole run
+(:mod:`fp8jax.data.folder_lock`), and each stage locks its own subfolder.
 """
 
 from __future__ import annotations
@@ -38,21 +39,22 @@ def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | No
   def stage(text):
     print(f"[study] {text} ({time.perf_counter() - t0:.0f} s)", file=stream, flush=True)
 
-  n = 4 if branches else 3
-  stage(f"1/{n} training the baseline")
-  train_dir = out / "train"
-  has_run = (train_dir / "checkpoints").exists()
-  loop.train(train_config, train_dir, resume=has_run, stream=stream)
-  stage(f"2/{n} comparing the precision policies on every checkpoint")
-  sweep.run(train_dir, out / "compare", policies=[*policies, *controls], windows=windows,
-            stream=stream, moe_impl=train_config.train.moe_impl,
-            delayed_warmup=delayed_warmup, deterministic=train_config.train.deterministic)
-  if branches:
-    stage(f"3/{n} branch-off runs: {branches.k} steps of each policy from every checkpoint")
-    branch.run(train_dir, out / "branch", policies=policies, branches=branches, stream=stream)
-  stage(f"{n}/{n} writing the report")
-  path = (report.write_report(out / "compare", branch=out / "branch" if branches else None)
-          if multihost.is_main()
-          else out / "compare" / "report.md")
-  stage(f"done: {path}")
+  with multihost.lock_folder(out):  # one study per folder; its stages lock their own
+    n = 4 if branches else 3
+    stage(f"1/{n} training the baseline")
+    train_dir = out / "train"
+    has_run = (train_dir / "checkpoints").exists()
+    loop.train(train_config, train_dir, resume=has_run, stream=stream)
+    stage(f"2/{n} comparing the precision policies on every checkpoint")
+    sweep.run(train_dir, out / "compare", policies=[*policies, *controls], windows=windows,
+              stream=stream, moe_impl=train_config.train.moe_impl,
+              delayed_warmup=delayed_warmup, deterministic=train_config.train.deterministic)
+    if branches:
+      stage(f"3/{n} branch-off runs: {branches.k} steps of each policy from every checkpoint")
+      branch.run(train_dir, out / "branch", policies=policies, branches=branches, stream=stream)
+    stage(f"{n}/{n} writing the report")
+    path = (report.write_report(out / "compare", branch=out / "branch" if branches else None)
+            if multihost.is_main()
+            else out / "compare" / "report.md")
+    stage(f"done: {path}")
   return pathlib.Path(path)

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+import contextlib
 import pathlib
 from typing import Any
 
+from fp8jax.data import folder_lock
 from fp8jax.study import conditioning, figures, floor, questions, trajectory, trajectory_figures
 from fp8jax.study.results import Results, load, parse_seed_name
 from fp8jax.study.stats import fmt_stat, overall, stat, table
@@ -166,6 +168,14 @@ def write_report(folder: str | pathlib.Path, out: str | pathlib.Path | None = No
   res = load(folder)
   branch = branch or (branch_folder(folder) if find_branch else None)
   out = pathlib.Path(out or folder)
+  # A folder of its own is locked (one writer); the results folder is not, so that a
+  # report can be drawn while its sweep still runs.
+  with (folder_lock.hold(out) if out.resolve() != pathlib.Path(folder).resolve()
+        else contextlib.nullcontext()):
+    return _write(res, out, top_k, branch, n_boot)
+
+
+def _write(res, out: pathlib.Path, top_k: int, branch, n_boot: int) -> pathlib.Path:
   fig_dir = out / "figures"
   fig_dir.mkdir(parents=True, exist_ok=True)
   ans = questions.answers(res, top_k)

@@ -35,6 +35,8 @@ import json
 import pathlib
 import re
 
+from fp8jax.train import metrics_log
+
 FILES = ("meta.json", "rows.jsonl", "details.jsonl", "baseline.jsonl", "weights.jsonl")
 """The files of a sweep folder."""
 
@@ -67,19 +69,7 @@ def numbered_jsonl(path: str | pathlib.Path) -> list[tuple[int, dict]]:
   path = pathlib.Path(path)
   if not path.exists():
     raise FileNotFoundError(f"file {path.name} not found in {path.parent}")
-  lines = [(i, s) for i, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
-  out = []
-  for j, (i, line) in enumerate(lines):
-    try:
-      obj = json.loads(line)
-    except json.JSONDecodeError:
-      obj = None
-    if not isinstance(obj, dict):
-      if j == len(lines) - 1:
-        break
-      raise ValueError(f"{path}:{i}: not a JSON object: {line[:80]!r}")
-    out.append((i, obj))
-  return out
+  return metrics_log.numbered_lines(path)
 
 
 def read_jsonl(path: str | pathlib.Path) -> list[dict]:

@@ -12,7 +12,7 @@ from fp8jax.train import faults, metrics_log
 def append(path, row: dict) -> None:
   """Appends ``row`` as one line with a single write, flushed to disk."""
   line = json.dumps(row) + "\n"
-  with open(path, "a") as f:
+  with metrics_log.writing(path), open(path, "a") as f:
     if faults.reached(f"append/{pathlib.Path(path).name}"):  # the kill tests only
       f.write(line[: len(line) // 2])
       f.flush()
@@ -33,7 +33,8 @@ def rewrite(path, rows) -> None:
   """Replaces the file's content atomically (temp file + rename)."""
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  with metrics_log.writing(tmp):
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
   tmp.replace(path)
 
 
@@ -41,7 +42,8 @@ def write_json(path, obj) -> None:
   """Writes ``obj`` as indented JSON, atomically (temp file + rename)."""
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=2))
+  with metrics_log.writing(tmp):
+    tmp.write_text(json.dumps(obj, indent=2))
   tmp.replace(path)
 
 

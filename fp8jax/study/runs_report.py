@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from fp8jax.data import folder_lock
 from fp8jax.study import figures
 from fp8jax.study.stats import Stat, mean_ci
 
@@ -389,9 +390,9 @@ def write_report(runs, out, bound: float = DEEPSEEK_V3_BOUND, reference: int = 0
   runs = _unique_names(_as_runs(runs))
   res = compare(runs, reference, tail, allow_mismatch, metric)
   out = pathlib.Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  paths = draw(res, runs, out, bound)
-  path = out / "report.md"
-  path.write_text(render(res, runs, {k: v.relative_to(out).as_posix() for k, v in paths.items()},
-                         bound))
+  with folder_lock.hold(out):  # one writer
+    paths = draw(res, runs, out, bound)
+    path = out / "report.md"
+    path.write_text(render(res, runs, {k: v.relative_to(out).as_posix()
+                                       for k, v in paths.items()}, bound))
   return path

@@ -9,7 +9,9 @@ per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the BF16 lo
 ``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the sweep. The
 sweep resumes: finished work is skipped, and a killed run leaves no partial row (rows
 are whole-line appends; the details line goes first and is dropped on resume if its row
-never landed). Non-finite FP8 results are kept as rows with ``finite: false`` and the name
+never landed; a row whose details line is missing is recomputed). A torn last line is
+repaired; a damaged line elsewhere stops the sweep with ValueError naming ``file:line``.
+Non-finite FP8 results are kept as rows with ``finite: false`` and the name
 of the first non-finite gradient, never averaged (the report lists them). A BF16 baseline
 that is itself non-finite is a data problem (a bad checkpoint or batch), not an FP8 one:
 its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
@@ -56,13 +58,29 @@ from fp8jax.train import mesh as mesh_lib
 @dataclasses.dataclass(frozen=True)
 class Windows:
   """Evaluation batches: ``batches`` consecutive batches at each data ``offset`` (in
-  batches) of the training data source, shuffled with ``seed``."""
+  batches) of the training data source, shuffled with ``seed``.
+
+  Raises:
+    ValueError: an offset is negative or repeated, or ``batches``, ``batch_size`` is below
+      1 or ``seq_len`` below 0 (the message names the field and its flag).
+  """
   offsets: tuple[int, ...] = (0,)
   batches: int = 2
   batch_size: int = 8
   seq_len: int = 0        # 0: the training run's
   seed: int = 1234
   split: str = ""         # "": the training run's
+
+  def __post_init__(self):
+    offsets = list(self.offsets)
+    if not offsets or any(o < 0 for o in offsets):
+      raise ValueError(f"offsets (--offsets) must be one or more data offsets >= 0, in "
+                       f"batches; got {offsets}")
+    if len(set(offsets)) != len(offsets):
+      raise ValueError(f"offsets (--offsets) must not repeat an offset; got {offsets}")
+    for name, low in (("batches", 1), ("batch_size", 1), ("seq_len", 0)):
+      if getattr(self, name) < low:
+        raise ValueError(f"{name} (--{name}) must be >= {low}; got {getattr(self, name)}")
 
 
 def data_config(train_cfg, data: dict | None = None) -> dict:
@@ -147,7 +165,16 @@ class _Output:
     results_io.write_json(meta_path, meta)
     for name in ("rows", "details", "baseline", "weights"):  # a readable folder, even empty
       (out / f"{name}.jsonl").touch()
-    self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl")}
+    # A row counts as done only with its details line: a row whose details line is
+    # missing (or was torn) is dropped and recomputed, and details without a row go.
+    detailed = {_key(d) for d in results_io.read(out / "details.jsonl")}
+    rows = results_io.read(out / "rows.jsonl")
+    redo = [r for r in rows if _key(r) not in detailed]
+    if redo:
+      print(f"warning: {out / 'rows.jsonl'}: {len(redo)} rows have no line in details.jsonl "
+            f"(first: {_key(redo[0])}); recomputing them", file=sys.stderr)
+    self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl",
+                                                     lambda r: _key(r) in detailed)}
     results_io.repair(out / "details.jsonl", lambda r: _key(r) in self.rows)
     base = results_io.repair(out / "baseline.jsonl")
     self.base = {_key(r)[:3] for r in base}
@@ -230,60 +257,61 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl,  # checks the policies
                                      telemetry=telemetry, deterministic=deterministic)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
-  try:
-    output, refused = _Output(out, meta, write=multihost.is_main()), None
-  except ValueError as e:  # process 0 checks the folder: every process stops with it
-    refused = e
-  if multihost.any_process(refused is not None):
-    raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
-  abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
-      deepseek_moe.abstract_params(cfg))
-  weight_norms = jax.jit(metrics.weights.norms_by_module)
-  # Process 0's view of the missing rows, so that every process runs the same computations.
-  cells = [(s, k) for s in steps for k in batches]
-  missing = multihost.broadcast(np.array(
-      [[(s, *k) not in output.base_nonfinite and (s, *k, n) not in output.rows
-        for n in names] for s, k in cells], np.int32).reshape(len(cells), len(names)))
-  todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
-  todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
-               for (s, k), row in zip(cells, missing)}
-  progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
-  written, skipped, warm = 0, {}, {}
-  window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
-                           for b in range(windows.batches)]
-  try:
-    for i, (step, key) in enumerate(todo):
-      if step in skipped:
-        continue
-      if i == 0 or todo[i - 1][0] != step:
-        try:
-          params, _ = ckpt.restore_params(step, abstract)
-        except integrity.CheckpointError as e:
-          if not skip_corrupt:
-            raise
-          skipped[step] = str(e)
-          print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
+  with multihost.lock_folder(out):  # one writer per results folder
+    try:
+      output, refused = _Output(out, meta, write=multihost.is_main()), None
+    except ValueError as e:  # process 0 checks the folder: every process stops with it
+      refused = e
+    if multihost.any_process(refused is not None):
+      raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
+        deepseek_moe.abstract_params(cfg))
+    weight_norms = jax.jit(metrics.weights.norms_by_module)
+    # Process 0's view of the missing rows, so that every process runs the same computations.
+    cells = [(s, k) for s in steps for k in batches]
+    missing = multihost.broadcast(np.array(
+        [[(s, *k) not in output.base_nonfinite and (s, *k, n) not in output.rows
+          for n in names] for s, k in cells], np.int32).reshape(len(cells), len(names)))
+    todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
+    todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
+                 for (s, k), row in zip(cells, missing)}
+    progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
+    written, skipped, warm = 0, {}, {}
+    window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
+                             for b in range(windows.batches)]
+    try:
+      for i, (step, key) in enumerate(todo):
+        if step in skipped:
           continue
-        norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
-        if step not in output.weights:
-          output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
-                                                           for k, v in norms.items()}})
-        warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
-      for n in todo_pols[(step, key)]:
-        if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
-          warm[(key[0], n)] = evaluator.warm_state(n, params, window(key[0]), delayed_warmup)
-      written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
-                           mesh_lib.global_batch(batches[key], mesh),
-                           {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
-                           floor_seed)
-      done_here = todo_pols[(step, key)]
-      n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
-      progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
-                       f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
-  finally:
-    ckpt.close()
-  return {"rows_written": written, "out": str(out), "skipped": skipped}
+        if i == 0 or todo[i - 1][0] != step:
+          try:
+            params, _ = ckpt.restore_params(step, abstract)
+          except integrity.CheckpointError as e:
+            if not skip_corrupt:
+              raise
+            skipped[step] = str(e)
+            print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
+            continue
+          norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
+          if step not in output.weights:
+            output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
+                                                             for k, v in norms.items()}})
+          warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
+        for n in todo_pols[(step, key)]:
+          if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
+            warm[(key[0], n)] = evaluator.warm_state(n, params, window(key[0]), delayed_warmup)
+        written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
+                             mesh_lib.global_batch(batches[key], mesh),
+                             {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
+                             floor_seed)
+        done_here = todo_pols[(step, key)]
+        n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
+        progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
+                         f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
+    finally:
+      ckpt.close()
+    return {"rows_written": written, "out": str(out), "skipped": skipped}
 
 
 def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,

@@ -31,6 +31,8 @@ policy raises :class:`PolicyMismatchError` unless allowed (``fp8jax.train.loop.t
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import pathlib
 import subprocess
 import sys
@@ -107,10 +109,11 @@ class Checkpointer:
                          "positions": data_positions.record(data_position)}
     if _has_delayed(state):
       meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
-    started = self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
-        meta=ocp.args.JsonSave(meta),
-        **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
+    with _disk_errors(self.step_path(step)):
+      started = self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
+          meta=ocp.args.JsonSave(meta),
+          **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
     if faults.reached(f"checkpoint_save/{step}"):
       faults.kill()
     return started
@@ -186,10 +189,27 @@ class Checkpointer:
     return (state, position, meta), status
 
   def wait(self):
-    self.manager.wait_until_finished()
+    with _disk_errors(self.directory):  # an asynchronous save's error surfaces here
+      self.manager.wait_until_finished()
 
   def close(self):
     self.manager.close()
+
+
+@contextlib.contextmanager
+def _disk_errors(path):
+  """A full or read-only disk met while saving (an OSError, or an error of Orbax or
+  TensorStore saying so) as an OSError naming ``path``."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    text = str(e)
+    for code, words in ((errno.ENOSPC, "No space left on device"),
+                        (errno.EROFS, "Read-only file system"),
+                        (errno.EDQUOT, "Disk quota exceeded")):
+      if getattr(e, "errno", None) == code or words in text:
+        raise OSError(code, words, str(path)) from e
+    raise
 
 
 def _quiet_closed_loop_callbacks() -> None:

@@ -42,6 +42,10 @@ run config included, for other code (branch studies, verification) to reuse.
 Several processes (``jax.distributed``) run the same loop, each on its share of every
 batch (:mod:`fp8jax.train.multihost`); only process 0 writes ``config.json`` and
 ``metrics.jsonl`` and prints progress, and Orbax writes each checkpoint once.
+
+One run at a time per workdir: process 0 holds its lock (:mod:`fp8jax.data.folder_lock`)
+from the workdir check to the end, and a second ``train`` on it fails at once with
+:class:`~fp8jax.data.folder_lock.FolderLockedError` naming the holder.
 """
 
 from __future__ import annotations
@@ -277,46 +281,47 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
   opt_cfg = run_config.optim_config(cfg)
   mesh = mesh_lib.data_mesh(devices)
   data = make_data(cfg, mesh, model_cfg.vocab_size)
-  has_run = _check_workdir(workdir, cfg, resume, policy, allow_policy_change, stream)
-  if main:
-    workdir.mkdir(parents=True, exist_ok=True)
-    tmp = workdir / "config.json.tmp"  # the other processes may be reading config.json
-    tmp.write_text(cfg.to_json(indent=2))
-    tmp.replace(workdir / "config.json")
+  with multihost.lock_folder(workdir):  # one writer per workdir: a second run stops here
+    has_run = _check_workdir(workdir, cfg, resume, policy, allow_policy_change, stream)
+    if main:
+      workdir.mkdir(parents=True, exist_ok=True)
+      tmp = workdir / "config.json.tmp"  # the other processes may be reading config.json
+      tmp.write_text(cfg.to_json(indent=2))
+      tmp.replace(workdir / "config.json")
 
-  tx = optimizer_for(cfg)
-  init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh)
-  step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
-  if cfg.precision.fp8_param_gather:
-    print(f"[train] {param_gather.describe(abstract.params)}", file=stream, flush=True)
-  ckpt = (ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
-          if cfg.train.checkpoints else ckpt_lib.NoCheckpointer(workdir / "checkpoints"))
-  writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
-            else metrics_log.NoWriter())
-  meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),
-          "policy": policy.name, ckpt_lib.POLICY: policy_lib.record(policy, cfg.policy)}
-  try:
-    if has_run:
-      start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
-                                               stream)
-      if start >= cfg.train.steps:
-        return _finished(workdir, start, ckpt, stream)
-      data.set_state(position)
-      writer.truncate_after(start)
-      print(f"[train] resuming from checkpoint {start}", file=stream, flush=True)
-    else:
-      start = 0
-      state = jax.jit(init, out_shardings=sharding)()
-      writer.truncate_after(0)  # rows of an earlier run here that saved no checkpoint
-      ckpt.save(0, state, data.get_state(), meta, force=True)
-    with (preemption.Watch(ckpt.manager) if cfg.train.checkpoints
-          else contextlib.nullcontext()) as watch:  # None: no checkpoint to stop at
-      return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
-                  mesh, stream, watch)
-  finally:
-    ckpt.wait()
-    ckpt.close()
-    writer.close()
+    tx = optimizer_for(cfg)
+    init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh)
+    step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
+    if cfg.precision.fp8_param_gather:
+      print(f"[train] {param_gather.describe(abstract.params)}", file=stream, flush=True)
+    ckpt = (ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
+            if cfg.train.checkpoints else ckpt_lib.NoCheckpointer(workdir / "checkpoints"))
+    writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
+              else metrics_log.NoWriter())
+    meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),
+            "policy": policy.name, ckpt_lib.POLICY: policy_lib.record(policy, cfg.policy)}
+    try:
+      if has_run:
+        start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
+                                                 stream)
+        if start >= cfg.train.steps:
+          return _finished(workdir, start, ckpt, stream)
+        data.set_state(position)
+        writer.truncate_after(start)
+        print(f"[train] resuming from checkpoint {start}", file=stream, flush=True)
+      else:
+        start = 0
+        state = jax.jit(init, out_shardings=sharding)()
+        writer.truncate_after(0)  # rows of an earlier run here that saved no checkpoint
+        ckpt.save(0, state, data.get_state(), meta, force=True)
+      with (preemption.Watch(ckpt.manager) if cfg.train.checkpoints
+            else contextlib.nullcontext()) as watch:  # None: no checkpoint to stop at
+        return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
+                    mesh, stream, watch)
+    finally:
+      ckpt.wait()
+      ckpt.close()
+      writer.close()
 
 
 def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta, mesh,

@@ -2,16 +2,31 @@
 
 ``metrics.jsonl`` holds one JSON object per logged step (``{"step": s, ...}``, floats).
 A resumed run first drops the rows past its restored step (they are recomputed
-identically) and any torn last line left by a killed process.
+identically) and a torn last line left by a killed process. Any other line that does not
+parse is damage, not a kill: reading the file raises ValueError naming ``file:line``
+(:func:`numbered_lines`, shared by every JSONL results file) and nothing is dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pathlib
 import sys
 import time
+
+
+@contextlib.contextmanager
+def writing(path):
+  """Names ``path`` in an OSError raised without a file name, as a write to an open file on
+  a full disk raises it."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is None and e.errno is not None:
+      raise type(e)(e.errno, e.strerror or str(e), str(path)) from e
+    raise
 
 
 class MetricsWriter:
@@ -30,23 +45,18 @@ class MetricsWriter:
       self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
 
   def truncate_after(self, step: int) -> None:
-    """Keeps the complete rows with ``row["step"] <= step``."""
+    """Keeps the complete rows with ``row["step"] <= step`` (a torn last line is dropped;
+    a damaged line elsewhere raises ValueError naming it, and the file is left as is)."""
     if not self.path.exists():
       return
-    kept = []
-    for line in self.path.read_text().splitlines():
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError:
-        continue  # a torn line from a killed run
-      if row.get("step", math.inf) <= step:
-        kept.append(line)
+    kept = [json.dumps(row, allow_nan=True) for _, row in numbered_lines(self.path)
+            if row.get("step", math.inf) <= step]
     tmp = self.path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept))
     tmp.replace(self.path)
 
   def write(self, row: dict) -> None:
-    with self.path.open("a") as f:
+    with writing(self.path), self.path.open("a") as f:
       f.write(json.dumps(row, allow_nan=True) + "\n")
     if self._tb is not None:
       for key, value in row.items():
@@ -73,15 +83,36 @@ class NoWriter:
     pass
 
 
-def read_rows(path) -> list[dict]:
-  """The rows of a ``metrics.jsonl`` (skipping a torn last line)."""
-  rows = []
-  for line in pathlib.Path(path).read_text().splitlines():
+def numbered_lines(path) -> list[tuple[int, dict]]:
+  """``(line number, object)`` of each non-blank line of a JSONL file. An unparsable last
+  line is a torn write of a killed process and is left out.
+
+  Raises:
+    FileNotFoundError: the file does not exist.
+    ValueError: a line other than the last is not a JSON object: damage, named
+      ``file:line`` (repair or delete that line; nothing is dropped silently).
+  """
+  path = pathlib.Path(path)
+  lines = [(i, s) for i, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
+  out = []
+  for j, (i, line) in enumerate(lines):
     try:
-      rows.append(json.loads(line))
+      obj = json.loads(line)
     except json.JSONDecodeError:
-      continue
-  return rows
+      obj = None
+    if not isinstance(obj, dict):
+      if j == len(lines) - 1:
+        break  # a torn last line
+      raise ValueError(f"{path}:{i}: not a JSON object (a damaged line, not a torn last "
+                       f"one; repair or delete it): {line[:80]!r}")
+    out.append((i, obj))
+  return out
+
+
+def read_rows(path) -> list[dict]:
+  """The rows of a ``metrics.jsonl`` or other JSONL results file (:func:`numbered_lines`:
+  a torn last line is left out, a damaged line elsewhere raises ValueError)."""
+  return [row for _, row in numbered_lines(path)]
 
 
 def format_duration(seconds: float) -> str:

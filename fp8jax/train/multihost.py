@@ -18,12 +18,16 @@ call first: it joins the run when asked and keeps library INFO logs off the term
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import pathlib
 
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
+
+from fp8jax.data import folder_lock
 
 ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 """With ``JAX_COORDINATOR_ADDRESS`` (host:port of process 0, read by JAX itself), the
@@ -130,3 +134,26 @@ def barrier(name: str) -> None:
   """Waits until every process reached the barrier ``name``."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+@contextlib.contextmanager
+def lock_folder(folder, create: bool = True):
+  """:func:`fp8jax.data.folder_lock.hold` for a run of one or several processes: process 0
+  alone takes the lock of ``folder``, and every process raises if it could not, so that
+  all stop together before any collective.
+
+  Raises:
+    fp8jax.data.folder_lock.FolderLockedError: another run holds the folder.
+    OSError: process 0 cannot create the folder or its lock file.
+  """
+  stack, error = contextlib.ExitStack(), None
+  with stack:
+    if is_main():
+      try:
+        stack.enter_context(folder_lock.hold(folder, create))
+      except (folder_lock.FolderLockedError, OSError) as e:
+        error = e
+    if any_process(error is not None):
+      raise error or folder_lock.FolderLockedError(
+          f"{folder}: process 0 of the run could not lock it (its error)")
+    yield pathlib.Path(folder)

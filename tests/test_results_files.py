@@ -1,0 +1,61 @@
+"""Results files (metrics.jsonl, sweep rows and details, branch lines): a torn last line is
+repaired, a damaged line elsewhere is an error naming file and line, and a row whose
+details line is missing is recomputed by the next sweep."""
+
+import json
+import shutil
+
+import pytest
+
+from fp8jax.study import results_io, sweep
+from fp8jax.train import loop, metrics_log, run_config
+
+WINDOWS = sweep.Windows(offsets=(0,), batches=2, batch_size=4, seq_len=16)
+
+
+def write_lines(path, lines):
+  path.write_text("".join(f"{line}\n" for line in lines))
+
+
+def test_a_torn_last_line_is_repaired_and_a_damaged_one_is_named(tmp_path):
+  path = tmp_path / "rows.jsonl"
+  write_lines(path, ['{"step": 1}', '{"step": 2}'])
+  path.write_text(path.read_text() + '{"step": 3, "lo')  # a kill mid-write
+  assert results_io.repair(path) == [{"step": 1}, {"step": 2}]
+  assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+  write_lines(path, ['{"step": 1}', '{"step": 2, "lo', '{"step": 3}'])
+  before = path.read_text()
+  for read in (results_io.repair, metrics_log.read_rows):
+    with pytest.raises(ValueError, match=rf"{path}:2: not a JSON object"):
+      read(path)
+  assert path.read_text() == before  # nothing dropped
+
+
+def test_resume_refuses_a_damaged_metrics_line(train_run, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(train_run, workdir)
+  log = workdir / "metrics.jsonl"
+  lines = log.read_text().splitlines()
+  write_lines(log, ["garbage", *lines[1:]])
+  cfg = run_config.load_saved(workdir, "--workdir")
+  with pytest.raises(ValueError, match=r"metrics.jsonl:1: not a JSON object"):
+    loop.train(cfg, workdir, resume=True)
+  assert log.read_text().splitlines()[1:] == lines[1:]
+
+
+def test_a_missing_details_line_is_recomputed_and_a_damaged_one_named(train_run, tmp_path):
+  out = tmp_path / "cmp"
+  run = lambda: sweep.run(train_run, out, policies=["bf16"], steps=[4],  # noqa: E731
+                          windows=WINDOWS, floor=False, telemetry=False)
+  assert run()["rows_written"] == 2
+  rows, details = out / "rows.jsonl", out / "details.jsonl"
+  full = details.read_text().splitlines()
+  write_lines(details, full[1:])  # the first row's details line is lost
+  assert run()["rows_written"] == 1
+  again = details.read_text().splitlines()
+  assert sorted(again) == sorted(full)
+  assert len(results_io.read(rows)) == 2  # recomputed, not duplicated
+  write_lines(details, ["{not json", *again[1:]])
+  with pytest.raises(ValueError, match=r"details.jsonl:1: not a JSON object"):
+    run()
+  assert json.loads(rows.read_text().splitlines()[0])["policy"] == "bf16"
