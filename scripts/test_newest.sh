@@ -4,7 +4,7 @@
 # GPU image's jax 0.11.2). Creates .venv-newest if needed and runs the numerics, model,
 # training-step and multi-process tests on it.
 #
-#   bash scripts/test_newest.sh [PYTEST ARGS]
+#   bash scripts/test_newest.sh [PYTEST ARGS]     (default: -n auto)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$repo/.venv-newest"
@@ -31,5 +31,7 @@ cd "$repo"
 export JAX_PLATFORMS=cpu
 "$venv/bin/python" -c 'import jax, flax, optax, orbax.checkpoint as o; print(
     f"test_newest: jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}")'
-exec "$venv/bin/python" -m pytest -n auto "$@" tests/test_quantize.py tests/test_mx_formats.py \
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(-n auto)
+exec "$venv/bin/python" -m pytest "${args[@]}" tests/test_quantize.py tests/test_mx_formats.py \
   tests/test_gemm.py tests/test_model.py tests/test_train_step.py tests/test_multihost.py

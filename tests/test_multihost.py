@@ -242,12 +242,22 @@ def test_two_processes_preempt_kill_resume_and_match_one(tmp_path, start):
     np.testing.assert_allclose([got[s] for s in sorted(got)],
                                [losses(ref / "train")[s] for s in sorted(got)], rtol=2e-5)
   # Sweep rows (the step the SIGTERM saved at is an extra checkpoint of this run).
+  # BF16 quantities and the floor agree to 1e-4. A low-precision row may differ more in
+  # one place: float32 results differ in their last bits between device layouts (XLA
+  # compiles other programs for other per-device batches), and where a value sits at an
+  # E5M2 rounding boundary that flips its rounding. Seen with jax 0.12.0.1: 1 process x 4
+  # devices against 1 x 1 device (no multi-process step involved), one row of 16 at 1.8e-3
+  # in diff_norm and 1e-5 in loss_fp8, every other value within 2e-5.
   got = sweep_values(cmp)
   for ref in (ref1, ref4):
     want = sweep_values(ref / "compare")
     assert set(want) <= set(got)
-    np.testing.assert_allclose([got[k] for k in sorted(want)], [want[k] for k in sorted(want)],
-                               rtol=1e-4)
+    keys = sorted(want)
+    rel = np.array([np.abs(np.subtract(got[k], want[k])) / np.abs(want[k]) for k in keys])
+    fp8 = np.array([k[1] != "floor" for k in keys])
+    assert rel[~fp8].max() <= 1e-4 and rel[:, 2].max() <= 1e-4, rel  # floor, norm_bf16
+    assert np.median(rel[fp8]) <= 1e-5 and rel[fp8].max() <= 1e-2, rel
+    assert (rel[fp8] > 1e-4).sum() <= 2, rel  # a flip is rare
   # Data: each process read its half of every global batch, and after each resume the
   # batches that follow its checkpoint (the batch after the last step is read ahead).
   reference = streams(tmp_path / "rec_ref1", 1)[0]
