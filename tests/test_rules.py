@@ -159,12 +159,21 @@ def test_rules_are_hashable_and_jit_does_not_retrace():
      r"rule 'mix', role output.*takes a QuantSpec or None action, got GemmConfig"),
     (lambda: Rule("mix", OUT_SPEC, role="gemm"), TypeError, r"rule 'mix', role gemm.*GemmConfig"),
     (lambda: Rule("mix", OUT_SPEC, op="einsum"), ValueError, r"op applies to the GEMM roles"),
-    (lambda: Rule("mix", fp8jax.preset("te_hybrid")), ValueError, r"rule 'mix'.*delayed"),
     (lambda: Rules([Rule("mix", BLOCKWISE), "head"]), TypeError, r"rules\[1\] is a str"),
 ])
 def test_bad_rules_are_refused_naming_the_rule(make, error, message):
   with pytest.raises(error, match=message):
     make()
+
+
+def test_delayed_scaling_on_a_module_output_is_refused_naming_the_rule():
+  """A module output carries no amax history (named points may: tests/test_policy_rules)."""
+  rules = [Rule("head", BLOCKWISE), Rule(r"blocks/\d+", fp8jax.preset("te_hybrid"))]
+  with pytest.raises(ValueError, match=r"rule 'blocks/.+', role output \(rules\[1\]\) puts "
+                                       r"delayed scaling on the output of module 'blocks/0'"):
+    rules_lib.quantize_model(Net(nnx.Rngs(0)), rules)
+  with pytest.raises(ValueError, match=r"delayed scaling on the output of module 'fc0_in'"):
+    rules_lib.describe(LinenMLP(), [Rule("fc0_in", fp8jax.preset("te_hybrid"))], _x())
 
 
 def test_rules_that_cannot_apply_are_refused():

@@ -213,7 +213,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
   if deterministic is not None:
     train_cfg.train.deterministic = bool(deterministic)
   mode = determinism.record(train_cfg.train.deterministic)  # before any computation
-  model_cfg, _ = run_config.validate(train_cfg)
+  model_cfg, trained = run_config.validate(train_cfg)  # the run's policy: its state layout
   pols = branch_policies(policies, model_cfg.num_hidden_layers, branches)
   for p in pols:
     p.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
@@ -248,7 +248,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
       [[(s, b.name) not in output.done for b in all_branches] for s in steps], np.int32))
   todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
   todo = {s: bs for s, bs in todo.items() if bs}
-  engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches)
+  engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
   together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
   written = 0
   try:
@@ -288,10 +288,12 @@ def _groups(bs: list[_Branch], together: int | None) -> list[list[_Branch]]:
 class _Engine:
   """The compiled steps and the comparison of one run's branches."""
 
-  def __init__(self, train_cfg, model_cfg, mesh, all_branches, branches: Branches):
+  def __init__(self, train_cfg, model_cfg, mesh, all_branches, branches: Branches,
+               trained_policy=None):
     self.cfg, self.model_cfg, self.mesh, self.branches = train_cfg, model_cfg, mesh, branches
     self.tx = loop.optimizer_for(train_cfg)
-    _, self.abstract, self.sharding = loop.state_layout(train_cfg, model_cfg, self.tx, mesh)
+    _, self.abstract, self.sharding = loop.state_layout(train_cfg, model_cfg, self.tx, mesh,
+                                                        trained_policy)
     rep = mesh_lib.replicated(mesh)
     self.steps, self.layouts = {}, {}
     for b in all_branches:
