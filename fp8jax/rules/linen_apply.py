@@ -61,7 +61,7 @@ class _Interceptor:
       return next_fun(*args, **kwargs)
     saved = {}
     for op, config in plan.gemm:
-      for attr, value in ((_HOOKS[op], ops_lib.OP_CALLABLES[op](config)),
+      for attr, value in ((_HOOKS[op], ops_lib.OP_CALLABLES[op](config, module_path(module))),
                           *((("dot_general_cls", None),) if op == "dot_general" else ())):
         if hasattr(module, attr):
           saved.setdefault(attr, getattr(module, attr))

@@ -84,7 +84,7 @@ def _output_class(base: type) -> type:
 
 def _apply(module: nnx.Module, path: str, plan: rule_lib.Plan) -> None:
   for op, config in plan.gemm:
-    setattr(module, _HOOKS[op], ops_lib.OP_CALLABLES[op](config))
+    setattr(module, _HOOKS[op], ops_lib.OP_CALLABLES[op](config, path))
     if op == "dot_general" and getattr(module, "dot_general_cls", None) is not None:
       module.dot_general_cls = None
   if plan.output is not None:

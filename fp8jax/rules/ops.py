@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,22 @@ def _at(op: str, path: str):
     raise ValueError(f"{op} rule at {path!r}: {first}") from e
 
 
+def _dot(config: dense.GemmConfig, lhs, rhs, dimension_numbers, precision=None,
+         preferred_element_type=None, **kwargs):
+  """:func:`fp8jax.fp8_dot_general`, checking at once that the cotangent spec fits dY:
+  dY [B, M, N] meets it only in the backward pass, where no module path is known."""
+  out = dense.fp8_dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                              config=config, **kwargs)
+  spec = config.roles.grad
+  if spec is not None and (config.dgrad, config.wgrad) != ("bf16", "bf16"):
+    (lc, _), (lb, _) = dimension_numbers
+    nb, nl = len(lb), lhs.ndim - len(lc) - len(lb)
+    dims = out.shape
+    spec.granularity.block_shape((math.prod(dims[:nb]), math.prod(dims[nb:nb + nl]),
+                                  math.prod(dims[nb + nl:])))
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantDotGeneral:
   """A ``dot_general`` (Flax ``dot_general=`` hook) through :func:`fp8jax.fp8_dot_general`.
@@ -40,8 +58,8 @@ class QuantDotGeneral:
   def __call__(self, lhs, rhs, dimension_numbers, precision=None,
                preferred_element_type=None, **kwargs):
     with _at("dot_general", self.path):
-      return dense.fp8_dot_general(lhs, rhs, dimension_numbers, precision,
-                                   preferred_element_type, config=self.config, **kwargs)
+      return _dot(self.config, lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                  **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +76,7 @@ class QuantEinsum:
     with _at("einsum", self.path):
       return jnp.einsum(subscripts, lhs, rhs, precision=precision,
                         preferred_element_type=preferred_element_type,
-                        _dot_general=dense.dot_general_fn(self.config))
+                        _dot_general=functools.partial(_dot, self.config))
 
 
 @dataclasses.dataclass(frozen=True)
