@@ -27,10 +27,11 @@ import fp8jax
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import operand_telemetry
 from fp8jax.kernels import grouped_gpu
-from fp8jax.models import delayed_sites, embedding, moe
+from fp8jax.models import delayed_sites, embedding, moe, policy_rules
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.attention import attention_core, cudnn_applies, rope  # noqa: F401
 from fp8jax.models.config import ModelConfig
+from fp8jax.models.policy_rules import Gemms
 
 
 def _normal(cfg: ModelConfig):
@@ -54,21 +55,20 @@ def _linear(cfg, d_in, d_out, rngs):
                     rngs=rngs)
 
 
-def linear(layer: nnx.Linear, x: jax.Array, policy: policy_lib.PrecisionPolicy,
+def linear(layer: nnx.Linear, x: jax.Array, config: fp8jax.GemmConfig | None,
            record=None, name: str = ""):
-  """A bias-free linear layer, through the simulated FP8 GEMM when ``policy.gemm``.
-  ``record``: None, or a ``(name, value)`` callable that takes the telemetry sums of the
-  GEMM's forward operands (``{"input": ..., "weight": ...}``,
+  """A bias-free linear layer, through the simulated FP8 GEMM with ``config`` (None: the
+  layer's own matmul). ``record``: None, or a ``(name, value)`` callable that takes the
+  telemetry sums of the GEMM's forward operands (``{"input": ..., "weight": ...}``,
   :mod:`fp8jax.gemm.operand_telemetry`)."""
-  if policy.gemm is None:
+  if config is None:
     return layer(x)
   kernel = layer.kernel[...].astype(x.dtype)
-  if record is not None and policy.gemm.fprop != "bf16":  # W^T: contraction-last [N, K]
-    roles = policy.gemm.roles
+  if record is not None and config.fprop != "bf16":  # W^T: contraction-last [N, K]
+    roles = config.roles
     record(name, {"input": operand_telemetry.operand_sums(x, roles.input),
                   "weight": operand_telemetry.operand_sums(kernel.T, roles.weight)})
-  return fp8jax.fp8_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
-                                config=policy.gemm)
+  return fp8jax.fp8_dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), config=config)
 
 
 def _named(record, prefix: str):
@@ -89,11 +89,11 @@ class Attention(nnx.Module):
     self.v_proj = _linear(cfg, d, d_kv, rngs)
     self.o_proj = _linear(cfg, d, d, rngs)
 
-  def __call__(self, x, policy, record=None, deterministic: bool = False):
+  def __call__(self, x, gemms: Gemms, record=None, deterministic: bool = False):
     b, s, _ = x.shape
     h, kv, hd = self.cfg.num_attention_heads, self.cfg.kv_heads, self.cfg.head_dim
     pos = jnp.arange(s)
-    proj = lambda name, v: linear(getattr(self, name), v, policy, record, name)  # noqa: E731
+    proj = lambda name, v: linear(getattr(self, name), v, gemms(name), record, name)  # noqa: E731
     q = rope(proj("q_proj", x).reshape(b, s, h, hd), pos, self.cfg.rope_theta)
     k = rope(proj("k_proj", x).reshape(b, s, kv, hd), pos, self.cfg.rope_theta)
     v = proj("v_proj", x).reshape(b, s, kv, hd)
@@ -115,8 +115,8 @@ class MLP(nnx.Module):
     self.up_proj = _linear(cfg, cfg.hidden_size, width, rngs)
     self.down_proj = _linear(cfg, width, cfg.hidden_size, rngs)
 
-  def __call__(self, x, policy, record=None):
-    proj = lambda name, v: linear(getattr(self, name), v, policy, record, name)  # noqa: E731
+  def __call__(self, x, gemms: Gemms, record=None):
+    proj = lambda name, v: linear(getattr(self, name), v, gemms(name), record, name)  # noqa: E731
     hidden = jax.nn.silu(proj("gate_proj", x)) * proj("up_proj", x)
     return proj("down_proj", hidden)
 
@@ -125,15 +125,15 @@ DISPATCH_IMPLS = ("dispatch", "pallas")
 MOE_IMPLS = (*DISPATCH_IMPLS, "reference")
 
 
-def _grouped_matmul(impl: str, policy):
+def _grouped_matmul(impl: str, config: fp8jax.GemmConfig | None):
   """The routed experts' grouped GEMM and the row multiple its groups are laid out at:
-  the FP8 GEMM simulation when the policy has one (groups padded to its Wgrad's token
+  the FP8 GEMM simulation with ``config`` when there is one (groups padded to its Wgrad's token
   tiles), else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per
   direction the faster of JAX's Mosaic GPU kernels and the Triton ones, see
   ``grouped_gpu``), on unpadded groups."""
-  if policy.gemm is not None:
-    multiple = grouped_gemm.group_multiple_of(policy.gemm)
-    return functools.partial(grouped_gemm.fp8_ragged_dot, config=policy.gemm,
+  if config is not None:
+    multiple = grouped_gemm.group_multiple_of(config)
+    return functools.partial(grouped_gemm.fp8_ragged_dot, config=config,
                              group_multiple=multiple), multiple
   if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
     return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
@@ -181,8 +181,12 @@ class MoE(nnx.Module):
     self.shared_experts = (MLP(cfg, cfg.n_shared_experts * cfg.moe_intermediate_size, rngs)
                            if cfg.n_shared_experts else None)
 
-  def __call__(self, x, site, impl: str, policy, groups: int = 1, record=None):
+  def __call__(self, x, site, impl: str, gemms: Gemms, groups: int = 1, record=None):
     """x [B, S, d] -> (output [B, S, d], routing dict, scores [T, E]).
+
+    ``site(name, x)`` fake-quantizes the named sites; ``gemms`` answers the GEMM configs
+    of this module's path: its own ``ragged_dot`` (the routed experts) and the shared
+    experts' linear layers.
 
     ``groups`` > 1 splits the batch into that many groups of whole sequences, each
     dispatched on its own (vmapped): with the batch sharded over ``groups`` devices each
@@ -199,25 +203,27 @@ class MoE(nnx.Module):
     dt = x.dtype
     args = (experts_in, weights, ids, self.experts_gate[...].astype(dt),
             self.experts_up[...].astype(dt), self.experts_down[...].astype(dt))
-    if record is not None and policy.gemm is not None and policy.gemm.fprop != "bf16":
-      record("experts", _experts_telemetry(args, policy.gemm.roles))
+    config = gemms(op="ragged_dot")
+    if record is not None and config is not None and config.fprop != "bf16":
+      record("experts", _experts_telemetry(args, config.roles))
     if impl == "reference":
-      if policy.gemm is not None:
+      if config is not None:
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
                          "moe_impl='dispatch'")
       routed = moe.experts_reference(*args)
     elif impl in DISPATCH_IMPLS:
       if b % groups:
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
-      kernel = impl == "pallas" and policy.gemm is None
-      routed = _dispatch(args, groups, _grouped_matmul(impl, policy), kernel).reshape(b * s, d)
+      kernel = impl == "pallas" and config is None
+      routed = _dispatch(args, groups, _grouped_matmul(impl, config), kernel).reshape(b * s, d)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")
     routed = site("moe_routed_out", routed.reshape(b, s, d))
     out = routed
     if self.shared_experts is not None:
       out = out + site("moe_shared_out",
-                       self.shared_experts(x, policy, _named(record, "shared_experts")))
+                       self.shared_experts(x, gemms.child("shared_experts"),
+                                           _named(record, "shared_experts")))
     routing = {"topk_ids": ids.reshape(b, s, -1), "topk_weights": weights.reshape(b, s, -1),
                "expert_counts": moe.expert_counts(ids, self.cfg.n_routed_experts)}
     return site("moe_out", out), routing, scores
@@ -267,6 +273,7 @@ class DeepseekMoE(nnx.Module):
     record = (lambda name, value: gemm_tel.__setitem__(name, value)) if gemm_telemetry else None
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
+    decide = policy_rules.decisions(policy, cfg.num_hidden_layers)  # the engine's answers
     tel = {}
     aux_losses, routing = {}, {}
     (table,) = self.embed_tokens.promote_dtype((self.embed_tokens.embedding[...],),
@@ -276,7 +283,7 @@ class DeepseekMoE(nnx.Module):
       i = layer.index
 
       def site(name, x, i=i):
-        spec = policy.spec_for(name, i)
+        spec = decide.site(name, i)
         if spec is None:
           return x
         state = delayed_sites.at(delayed_state, name, i, spec)  # None: current scaling
@@ -285,19 +292,19 @@ class DeepseekMoE(nnx.Module):
           return x
         return fp8jax.fake_quant(x, spec, state)
 
-      lp = policy.at_layer(i, cfg.num_hidden_layers)  # the GEMM recipe, where it applies
+      gemms = Gemms(decide, f"layers/{i}")  # the GEMM recipe, where the rules apply it
       rec = _named(record, f"layers/{i}")
-      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), lp,
+      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), gemms.child("self_attn"),
                                                _named(rec, "self_attn"), deterministic))
       x = layer.post_attention_layernorm(h)
       if layer.is_moe:
-        out, routing[i], scores = layer.mlp(x, site, moe_impl, lp, moe_groups,
+        out, routing[i], scores = layer.mlp(x, site, moe_impl, gemms.child("mlp"), moe_groups,
                                             _named(rec, "mlp"))
         if train and cfg.aux_loss_alpha > 0:
           aux_losses[i] = moe.balance_loss(scores, routing[i]["topk_ids"].reshape(
               scores.shape[0], -1), tokens.shape[0], cfg.aux_loss_alpha, cfg.seq_aux)
       else:
-        out = site("mlp_out", layer.mlp(x, lp, _named(rec, "mlp")))
+        out = site("mlp_out", layer.mlp(x, gemms.child("mlp"), _named(rec, "mlp")))
       h = h + out
     logits = self.lm_head(self.norm(h)).astype(jnp.float32)
     aux = {"aux_loss": sum(aux_losses.values(), jnp.float32(0)),
@@ -337,7 +344,9 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     params: the nested dict from :func:`init` (or a converted checkpoint).
     tokens: int [B, S].
     cfg: the model config.
-    policy: which quantization sites are fake-quantized.
+    policy: the precision policy; the model asks its rules (``policy.to_rules``:
+      :mod:`fp8jax.models.policy_rules`) which sites to fake-quantize and which GEMMs
+      to simulate.
     train: add the balance losses (they need the full router scores).
     moe_impl: "dispatch" (sorted dropless through XLA, default), "pallas" (sorted
       dropless through the Pallas grouped GEMM: GPU) or "reference" (every expert).

@@ -25,6 +25,11 @@ except the last ``gemm_bf16_tail`` share of the model's layers, which stay in BF
 NVFP4 recipe's BF16 layers). The embedding, head, router, norms and the attention core
 stay in high precision.
 
+The model asks the rule engine (:mod:`fp8jax.rules`) for these decisions:
+:meth:`PrecisionPolicy.to_rules` compiles a policy to rules over paths, a site being the
+named point ``layers/{i}/{site}`` and the GEMM recipe applying to the linear layers'
+module paths (:mod:`fp8jax.models.policy_rules`).
+
 :func:`record` describes a policy completely as JSON (every rule and GEMM recipe with all
 QuantSpec fields, epsilons included); training checkpoints store it, so a resume can tell
 whether it continues under the same policy.
@@ -37,8 +42,10 @@ import json
 import re
 
 import fp8jax
+from fp8jax import rules as fp8jax_rules
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import recipes
+from fp8jax.models import policy_rules
 
 SITES = ("attn_out", "mlp_out", "moe_out", "moe_routed_out", "moe_shared_out", "expert_in")
 
@@ -103,22 +110,26 @@ class PrecisionPolicy:
       return 0
     return max(1, round(self.gemm_bf16_tail * num_layers))
 
+  def to_rules(self, num_layers: int) -> fp8jax_rules.Rules:
+    """The policy as rules of the engine on a model of ``num_layers`` layers: the sites
+    as named points ``layers/{i}/{site}``, the GEMM recipe on the linear layers' module
+    paths (:mod:`fp8jax.models.policy_rules`)."""
+    return policy_rules.policy_rules(self, num_layers)
+
   def at_layer(self, layer: int, num_layers: int) -> PrecisionPolicy:
     """The policy as layer ``layer`` of ``num_layers`` applies it: without its GEMM where
-    the GEMM does not cover the layer."""
+    the rules give the layer's linear layers none."""
     if self.gemm is None:
       return self
-    outside = self.gemm_layers is not None and layer not in self.gemm_layers
-    if outside or layer >= num_layers - self.bf16_tail_layers(num_layers):
+    rules = self.to_rules(num_layers)
+    if fp8jax_rules.gemm_config(rules, f"layers/{layer}/self_attn/q_proj") is None:
       return dataclasses.replace(self, gemm=None, gemm_layers=None, gemm_bf16_tail=0.0)
     return self
 
   def spec_for(self, site: str, layer: int) -> fp8jax.QuantSpec | None:
-    spec = None
-    for rule in self.rules:
-      if rule.site == site and (rule.layers is None or layer in rule.layers):
-        spec = rule.spec
-    return spec
+    """The spec of ``site`` at ``layer`` (None: not quantized), from the site rules."""
+    return fp8jax_rules.output_spec(policy_rules.site_rules(self.rules),
+                                    policy_rules.site_path(site, layer))
 
   def check_layers(self, num_layers: int, is_moe_layer=None) -> None:
     """Raises when a rule names a layer the model does not have or, given

@@ -21,6 +21,7 @@ BLOCKWISE = recipes.recipe("fp32_blockwise")
 TENSOR = recipes.recipe("fp8_tensor")
 OUT_SPEC = fp8jax.preset("deepseek_v3")
 W_SPEC = fp8jax.QuantSpec(format="e5m2", granularity=fp8jax.per_tensor())
+ODD = fp8jax.QuantSpec(granularity=fp8jax.block((2, 2), axes=(-4, -1)))  # fits no 2-3D operand
 
 
 def _dot(config):
@@ -159,12 +160,21 @@ def test_rules_are_hashable_and_jit_does_not_retrace():
      r"rule 'mix', role output.*takes a QuantSpec or None action, got GemmConfig"),
     (lambda: Rule("mix", OUT_SPEC, role="gemm"), TypeError, r"rule 'mix', role gemm.*GemmConfig"),
     (lambda: Rule("mix", OUT_SPEC, op="einsum"), ValueError, r"op applies to the GEMM roles"),
-    (lambda: Rule("mix", fp8jax.preset("te_hybrid")), ValueError, r"rule 'mix'.*delayed"),
     (lambda: Rules([Rule("mix", BLOCKWISE), "head"]), TypeError, r"rules\[1\] is a str"),
 ])
 def test_bad_rules_are_refused_naming_the_rule(make, error, message):
   with pytest.raises(error, match=message):
     make()
+
+
+def test_delayed_scaling_on_a_module_output_is_refused_naming_the_rule():
+  """A module output carries no amax history (named points may: tests/test_policy_rules)."""
+  rules = [Rule("head", BLOCKWISE), Rule(r"blocks/\d+", fp8jax.preset("te_hybrid"))]
+  with pytest.raises(ValueError, match=r"rule 'blocks/.+', role output \(rules\[1\]\) puts "
+                                       r"delayed scaling on the output of module 'blocks/0'"):
+    rules_lib.quantize_model(Net(nnx.Rngs(0)), rules)
+  with pytest.raises(ValueError, match=r"delayed scaling on the output of module 'fc0_in'"):
+    rules_lib.describe(LinenMLP(), [Rule("fc0_in", fp8jax.preset("te_hybrid"))], _x())
 
 
 def test_rules_that_cannot_apply_are_refused():
@@ -179,6 +189,24 @@ def test_rules_that_cannot_apply_are_refused():
   quantized = rules_lib.quantize_model(model, [Rule("head", odd)])
   with pytest.raises(ValueError, match=r"output rule at 'head': .*needs axis -4"):
     quantized(_x())
+
+
+@pytest.mark.parametrize("op, rule", [
+    ("dot_general", Rule("blocks/1/fc2", ODD, role="weight")),
+    ("einsum", Rule("mix", ODD, role="input", op="einsum")),
+    ("dot_general", Rule("head", ODD, role="grad")),  # dY: checked in the forward pass
+])
+def test_a_gemm_spec_that_does_not_fit_its_operand_names_the_path(op, rule):
+  """One line: the op, the module path, the spec and the operand's shape."""
+  quantized = rules_lib.quantize_model(Net(nnx.Rngs(0)), [Rule(".*", TENSOR), rule])
+  with pytest.raises(ValueError, match=rf"^{op} rule at '{rule.module_path}': granularity "
+                                       r"2x2@\(-4, -1\) needs axis -4, but the tensor has "
+                                       r"shape \([\d, ]+\) \(rank \d\)$"):
+    quantized(_x())
+  params = LinenMLP().init(jax.random.key(0), _x())
+  with pytest.raises(ValueError, match=r"^dot_general rule at 'fc0_in': granularity"):
+    with rules_lib.intercept([Rule("fc0_in", TENSOR), Rule("fc0_in", ODD, role="weight")]):
+      LinenMLP().apply(params, _x())
 
 
 # --- a user's Linen model -------------------------------------------------------------

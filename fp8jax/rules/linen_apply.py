@@ -49,7 +49,9 @@ class _Interceptor:
   def plan(self, module: nn.Module) -> rule_lib.Plan:
     path = module_path(module)
     if path not in self.plans:
-      self.plans[path] = rule_lib.resolve(self.rules, path, module_ops(module))
+      plan = rule_lib.resolve(self.rules, path, module_ops(module))
+      rule_lib.check_stateless(self.rules, path, plan)
+      self.plans[path] = plan
     return self.plans[path]
 
   def __call__(self, next_fun, args, kwargs, context):
@@ -59,7 +61,7 @@ class _Interceptor:
       return next_fun(*args, **kwargs)
     saved = {}
     for op, config in plan.gemm:
-      for attr, value in ((_HOOKS[op], ops_lib.OP_CALLABLES[op](config)),
+      for attr, value in ((_HOOKS[op], ops_lib.OP_CALLABLES[op](config, module_path(module))),
                           *((("dot_general_cls", None),) if op == "dot_general" else ())):
         if hasattr(module, attr):
           saved.setdefault(attr, getattr(module, attr))

@@ -84,7 +84,7 @@ def _output_class(base: type) -> type:
 
 def _apply(module: nnx.Module, path: str, plan: rule_lib.Plan) -> None:
   for op, config in plan.gemm:
-    setattr(module, _HOOKS[op], ops_lib.OP_CALLABLES[op](config))
+    setattr(module, _HOOKS[op], ops_lib.OP_CALLABLES[op](config, path))
     if op == "dot_general" and getattr(module, "dot_general_cls", None) is not None:
       module.dot_general_cls = None
   if plan.output is not None:
@@ -104,8 +104,8 @@ def quantize_nnx(model: nnx.Module, rules, *, strict: bool = True) -> nnx.Module
       silently otherwise).
 
   Raises:
-    ValueError: a rule matches nothing (``strict``), or an operand rule has no GEMM config
-      to refine; the message names the rule.
+    ValueError: a rule matches nothing (``strict``), an operand rule has no GEMM config
+      to refine, or an output rule uses delayed scaling; the message names the rule.
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"quantize_nnx: model must be an nnx.Module, got {type(model).__name__}")
@@ -117,6 +117,7 @@ def quantize_nnx(model: nnx.Module, rules, *, strict: bool = True) -> nnx.Module
     rule_lib.check_all_matched(rules, found, f"the {type(model).__name__} model")
   modules = module_paths(copy)
   for path, plan in found.items():
+    rule_lib.check_stateless(rules, path, plan)
     if not plan.empty:
       _apply(modules[path], path, plan)
   return copy

@@ -7,7 +7,10 @@ trace it again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -17,16 +20,46 @@ from fp8jax.numerics.spec import QuantSpec
 from fp8jax.quant.fake_quant import fake_quant
 
 
+@contextlib.contextmanager
+def _at(op: str, path: str):
+  """Re-raises a ValueError of the simulated GEMM (a spec that does not fit its operand)
+  as one line naming the op and the module path."""
+  try:
+    yield
+  except ValueError as e:
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ValueError(f"{op} rule at {path!r}: {first}") from e
+
+
+def _dot(config: dense.GemmConfig, lhs, rhs, dimension_numbers, precision=None,
+         preferred_element_type=None, **kwargs):
+  """:func:`fp8jax.fp8_dot_general`, checking at once that the cotangent spec fits dY:
+  dY [B, M, N] meets it only in the backward pass, where no module path is known."""
+  out = dense.fp8_dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                              config=config, **kwargs)
+  spec = config.roles.grad
+  if spec is not None and (config.dgrad, config.wgrad) != ("bf16", "bf16"):
+    (lc, _), (lb, _) = dimension_numbers
+    nb, nl = len(lb), lhs.ndim - len(lc) - len(lb)
+    dims = out.shape
+    spec.granularity.block_shape((math.prod(dims[:nb]), math.prod(dims[nb:nb + nl]),
+                                  math.prod(dims[nb + nl:])))
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantDotGeneral:
-  """A ``dot_general`` (Flax ``dot_general=`` hook) through :func:`fp8jax.fp8_dot_general`."""
+  """A ``dot_general`` (Flax ``dot_general=`` hook) through :func:`fp8jax.fp8_dot_general`.
+  ``path``: the module's path, for error messages."""
 
   config: dense.GemmConfig
+  path: str = ""
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None,
                preferred_element_type=None, **kwargs):
-    return dense.fp8_dot_general(lhs, rhs, dimension_numbers, precision,
-                                 preferred_element_type, config=self.config, **kwargs)
+    with _at("dot_general", self.path):
+      return _dot(self.config, lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                  **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +68,15 @@ class QuantEinsum:
   runs through :func:`fp8jax.fp8_dot_general` (the first operand is the input role)."""
 
   config: dense.GemmConfig
+  path: str = ""
 
   def __call__(self, subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
                out_sharding=None):
     del out_sharding  # the simulated GEMM is not sharding-aware
-    return jnp.einsum(subscripts, lhs, rhs, precision=precision,
-                      preferred_element_type=preferred_element_type,
-                      _dot_general=dense.dot_general_fn(self.config))
+    with _at("einsum", self.path):
+      return jnp.einsum(subscripts, lhs, rhs, precision=precision,
+                        preferred_element_type=preferred_element_type,
+                        _dot_general=functools.partial(_dot, self.config))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +85,12 @@ class QuantRaggedDot:
   :func:`fp8jax.gemm.grouped.fp8_ragged_dot`."""
 
   config: dense.GemmConfig
+  path: str = ""
 
   def __call__(self, lhs, rhs, group_sizes, **kwargs):
     del kwargs  # precision / preferred_element_type: the simulated GEMM sets its own
-    return grouped.fp8_ragged_dot(lhs, rhs, group_sizes, config=self.config)
+    with _at("ragged_dot", self.path):
+      return grouped.fp8_ragged_dot(lhs, rhs, group_sizes, config=self.config)
 
 
 OP_CALLABLES = {"dot_general": QuantDotGeneral, "einsum": QuantEinsum,

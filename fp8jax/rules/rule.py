@@ -88,11 +88,6 @@ class Rule:
       names = " or ".join("None" if t is type(None) else t.__name__ for t in want)
       raise TypeError(f"{self.label()}: role {self.role!r} takes a {names} action, got "
                       f"{type(self.action).__name__}")
-    if self.role == "output" and self.action is not None and (
-        self.action.scaling == "delayed" or (self.action.backward is not None
-                                             and self.action.backward.scaling == "delayed")):
-      raise ValueError(f"{self.label()}: delayed scaling needs an amax-history state, which "
-                       "rules do not carry; use current scaling")
 
   def label(self) -> str:
     """``rule 'PATTERN' (role)``, for messages."""
@@ -200,6 +195,23 @@ def resolve(rules: Rules, path: str, ops: tuple[str, ...]) -> Plan:
         raise ValueError(f"{rule.label()} at {path!r}: {e}") from None
   configs = tuple((op, c) for op, c in gemm.items() if c is not None)
   return Plan(configs, output, tuple(matched))
+
+
+def _delayed(spec: QuantSpec) -> bool:
+  bwd = spec.backward
+  return spec.scaling == "delayed" or (bwd is not None and bwd.scaling == "delayed")
+
+
+def check_stateless(rules: Rules, path: str, plan: Plan) -> None:
+  """ValueError naming the rule when a module's output spec uses delayed scaling: a
+  module output has no amax-history state (named points, :mod:`fp8jax.rules.points`, of a
+  model that carries one may use it)."""
+  if plan.output is None or not _delayed(plan.output):
+    return
+  i = next(i for i in reversed(plan.matched) if rules[i].role == "output")
+  raise ValueError(f"{rules[i].label()} (rules[{i}]) puts delayed scaling on the output of "
+                   f"module {path!r}: a module output carries no amax-history state; use "
+                   "current scaling")
 
 
 def check_all_matched(rules: Rules, plans: dict[str, Plan], where: str) -> None:

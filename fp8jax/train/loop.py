@@ -118,12 +118,15 @@ def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = 
   return mesh_lib.shard_step(step, mesh, sharding)
 
 
-def state_layout(cfg, model_cfg, tx, mesh):
+def state_layout(cfg, model_cfg, tx, mesh, policy=None):
   """(init function, abstract train state, its shardings) of a run: replicated, or
   split over the devices with ``train.fsdp``; with the amax histories of the policy's
   delayed-scaled sites, if any, params in ``precision.master_weights`` and the dynamic
-  loss-scaling state, if on."""
-  delayed = delayed_sites.init(model_cfg, policy_lib.parse_policy(cfg.policy))
+  loss-scaling state, if on. ``policy``: the run's parsed policy (None: parse
+  ``cfg.policy``)."""
+  if policy is None:
+    policy = policy_lib.parse_policy(cfg.policy)
+  delayed = delayed_sites.init(model_cfg, policy)
   scaling = run_config.loss_scale_config(cfg)
   master = cfg.precision.master_weights
 
@@ -290,7 +293,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
       tmp.replace(workdir / "config.json")
 
     tx = optimizer_for(cfg)
-    init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh)
+    init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh, policy)
     step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
     if cfg.precision.fp8_param_gather:
       print(f"[train] {param_gather.describe(abstract.params)}", file=stream, flush=True)
