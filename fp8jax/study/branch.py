@@ -238,7 +238,6 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
           "data": json.loads(json.dumps(sweep.data_config(train_cfg))),
           "policies": {p.name: {"expr": expr[p.name]} for p in pols},
           "from_steps": steps, "code_version": ckpt_lib.code_version(), **mode}
-<<<<<<< HEAD
   with multihost.lock_folder(out):  # one writer per results folder
     try:
       output, refused = _Output(out, meta, write=multihost.is_main()), None
@@ -250,7 +249,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
         [[(s, b.name) not in output.done for b in all_branches] for s in steps], np.int32))
     todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
     todo = {s: bs for s, bs in todo.items() if bs}
-    engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches)
+    engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
     together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
     written = 0
     try:
@@ -272,40 +271,6 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
     finally:
       ckpt.close()
     return {"rows_written": written, "out": str(out)}
-=======
-  try:
-    output, refused = _Output(out, meta, write=multihost.is_main()), None
-  except ValueError as e:
-    refused = e
-  if multihost.any_process(refused is not None):
-    raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
-  todo_mask = multihost.broadcast(np.array(
-      [[(s, b.name) not in output.done for b in all_branches] for s in steps], np.int32))
-  todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
-  todo = {s: bs for s, bs in todo.items() if bs}
-  engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
-  together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
-  written = 0
-  try:
-    groups = {s: _groups([b for b in bs if b.kind != "reference"], together)
-              for s, bs in todo.items()}
-    total = sum(len(g) for g in groups.values()) * branches.k
-    progress = metrics_log.Progress(total, 0, stream, prefix="branch")
-    done = 0
-    for s, group_list in groups.items():
-      for group in group_list:
-        tick = functools.partial(_tick, progress, done, s, len(group) + 1, branches.k)
-        rows = engine.run_group(ckpt, s, group, tick)
-        done += branches.k
-        for row in rows:
-          if (s, row["branch"]) not in output.done:
-            output.append(row)
-            output.done.add((s, row["branch"]))
-            written += 1
-  finally:
-    ckpt.close()
-  return {"rows_written": written, "out": str(out)}
->>>>>>> rules2
 
 
 def _tick(progress, done: int, step: int, n: int, k: int, t: int) -> None:
