@@ -85,7 +85,9 @@ def _parses_to(text: str, spec: fp8jax.QuantSpec) -> bool:
 
 
 def _gemm_expression(policy: policy_lib.PrecisionPolicy) -> str:
-  name = next((n for n, c in policy_lib.GEMMS.items() if c == policy.gemm), None)
+  same = [n for n, c in policy_lib.GEMMS.items() if c == policy.gemm]  # tails may differ
+  name = next((n for n in same if recipes.BF16_TAIL.get(n, 0.0) == policy.gemm_bf16_tail),
+              same[0] if same else None)
   if name is None:
     raise ValueError(f"policy {policy.name!r}: its GEMM config ({policy.gemm.describe()}) is "
                      f"none of the named recipes {sorted(policy_lib.GEMMS)}, so it has no "

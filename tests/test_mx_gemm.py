@@ -181,3 +181,28 @@ def test_policy_recipe_layers():
       "fp8_tensor", "fp8_blockwise", "mxfp8", "mxfp4", "nvfp4", "nvfp4_recipe"}
   for expr in policy_lib.GRIDS["formats"](9).values():
     policy_lib.parse_policy(expr)
+
+
+def test_nvfp4_recipe_ablations_each_drop_one_element(xw):
+  """Each ablation of the NVFP4 recipe differs from it in its one element, and that element
+  is active: its gradients differ from the full recipe's."""
+  full = recipes.recipe("nvfp4_recipe")
+  nvfp4 = recipes.recipe("nvfp4").roles.input
+  assert recipes.recipe("nvfp4_recipe_no_rht") == full.replace(wgrad_hadamard=0)
+  assert recipes.recipe("nvfp4_recipe_no_2d").roles.weight == nvfp4
+  assert recipes.recipe("nvfp4_recipe_no_sr").roles.grad == nvfp4
+  for name in ("nvfp4_recipe_no_2d", "nvfp4_recipe_no_sr"):
+    cfg = recipes.recipe(name)
+    assert cfg.wgrad_hadamard == full.wgrad_hadamard and sum(
+        cfg.roles.spec(r) != full.roles.spec(r) for r in ("input", "weight", "grad")) == 1
+  tails = {n: policy_lib.parse_policy(f"gemm:{n}").gemm_bf16_tail
+           for n in ("nvfp4_recipe", "nvfp4_recipe_no_tail", "nvfp4_recipe_no_sr")}
+  assert tails == {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_tail": 0.0,
+                   "nvfp4_recipe_no_sr": 0.16}
+  x, w = xw
+  ref = _grads(full, x, w)
+  for name in ("nvfp4_recipe_no_rht", "nvfp4_recipe_no_2d", "nvfp4_recipe_no_sr"):
+    g = _grads(recipes.recipe(name), x, w)
+    assert any(not bool(jnp.array_equal(a, b)) for a, b in zip(g, ref)), name
+  mx = recipes.recipe("mxfp8_ocp").roles.input
+  assert mx.pow2_rounding != recipes.recipe("mxfp8").roles.input.pow2_rounding

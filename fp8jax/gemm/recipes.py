@@ -23,9 +23,19 @@ name                recipe
                     transform on the Wgrad operands; a model policy also keeps the last
                     layers in BF16 (:data:`BF16_TAIL`)
 ==================  =======================================================================
+
+Variants for the validation matrix (docs/validation.md): ``mxfp8_ocp`` (MXFP8 with the OCP
+MX v1.0 scale rule, floor of log2(amax) minus the element's emax, instead of rounding the
+scale up; arXiv 2506.08027 compares the two) and the NVFP4 recipe's ablations, each without
+one of its elements (arXiv 2509.25149, section 4): ``nvfp4_recipe_no_rht`` (no Hadamard
+transform), ``nvfp4_recipe_no_2d`` (1x16 weight blocks, so Fprop and Dgrad quantize the
+weight along different axes), ``nvfp4_recipe_no_sr`` (dY rounded to nearest) and
+``nvfp4_recipe_no_tail`` (every layer in NVFP4).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from fp8jax.gemm import accumulate
 from fp8jax.gemm.dense import GemmConfig
@@ -59,8 +69,16 @@ RECIPES: dict[str, GemmConfig] = {
                         grad=_NVFP4.replace(rounding="stochastic")),
         wgrad_hadamard=16),
 }
+RECIPES["mxfp8_ocp"] = GemmConfig(roles=_same(presets.preset("mxfp8_ocp")))
+RECIPES["nvfp4_recipe_no_rht"] = RECIPES["nvfp4_recipe"].replace(wgrad_hadamard=0)
+RECIPES["nvfp4_recipe_no_2d"] = RECIPES["nvfp4_recipe"].replace(
+    roles=dataclasses.replace(RECIPES["nvfp4_recipe"].roles, weight=_NVFP4))
+RECIPES["nvfp4_recipe_no_sr"] = RECIPES["nvfp4_recipe"].replace(
+    roles=dataclasses.replace(RECIPES["nvfp4_recipe"].roles, grad=_NVFP4))
+RECIPES["nvfp4_recipe_no_tail"] = RECIPES["nvfp4_recipe"]
 
-BF16_TAIL = {"nvfp4_recipe": 0.16}
+BF16_TAIL = {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_rht": 0.16, "nvfp4_recipe_no_2d": 0.16,
+             "nvfp4_recipe_no_sr": 0.16}
 """Share of a model's final layers whose linear layers a recipe keeps in BF16 (the NVFP4
 recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
 
