@@ -182,13 +182,14 @@ class Classifier:
     Raises:
       ValueError: a regex does not compile, or ``layer`` has no group (naming it).
     """
-    compiled = {}
-    for name, pattern in {**modules, **({"layer": layer} if layer else {})}.items():
+    def compile_(name, pattern):
       try:
-        compiled[name] = re.compile(pattern)
+        return re.compile(pattern)
       except re.error as e:
         raise ValueError(f"classifier pattern {name!r}: bad regex {pattern!r}: {e}") from None
-    layer_re = compiled.pop("layer", None) if layer else None
+
+    compiled = {name: compile_(name, pattern) for name, pattern in modules.items()}
+    layer_re = compile_("layer", layer) if layer else None
     if layer_re is not None and layer_re.groups < 1:
       raise ValueError(f"classifier layer pattern {layer!r} needs a group for the index")
     group_map = dict(groups or {})
