@@ -132,3 +132,33 @@ def test_canvit_from_its_package_quantized_by_rules(tmp_path, monkeypatch):
   details = [json.loads(line) for line in (out / "details.jsonl").read_text().splitlines()]
   assert any(k.startswith("mlp/") for k in details[0]["module_layer"])
   assert "mlp_fp8" in report.write_report(out).read_text()
+
+
+def test_sweep_on_a_linen_model_by_interception(tmp_path):
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
+  class LinenLM(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+      x = nn.Embed(32, 16, name="embed")(tokens)
+      for i in range(2):
+        x = x + jax.nn.gelu(nn.Dense(16, name=f"blocks_{i}")(x))
+      return nn.Dense(32, name="head")(x)
+
+  classifier = paths.Classifier.from_patterns({"block": "^blocks_", "head": "^head/"},
+                                              layer=r"^blocks_(\d+)/")
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  net = LinenLM()
+  model, params = model_api.linen_model(net, net.init(jax.random.key(0), tokens),
+                                        classifier, tokens)
+  rules = Rules([Rule(r"blocks_\d+", recipes.recipe("fp8_tensor"))])
+  with pytest.raises(ValueError, match="blokcs"):
+    model_sweep.evaluate(model, tmp_path / "bad", [model_api.Variant(
+        "bad", Rules([Rule(r"blokcs_\d+", recipes.recipe("fp8_tensor"))]))], params, [tokens])
+  batches = [jax.random.randint(jax.random.key(i), (2, 8), 0, 32, jnp.int32) for i in range(2)]
+  out = tmp_path / "compare"
+  model_sweep.evaluate(model, out, [model_api.Variant("fp8", rules)], params, batches)
+  rows = {(r["batch"], r["policy"]): r for r in _rows(out)}
+  assert rows[(1, "fp8")]["finite"] and 0 < rows[(1, "fp8")]["rel_err"] < 1
+  details = [json.loads(line) for line in (out / "details.jsonl").read_text().splitlines()]
+  assert set(details[0]["module_layer"]) == {"block/0", "block/1"}

@@ -176,3 +176,44 @@ def nnx_model(model, classifier: paths_lib.Classifier, name: str = "",
       describe=lambda v: {"expr": v.expr or repr(v.rules), "direct": [], "kind": "policy"},
       meta=dict(meta or {"model": name or type(model).__name__}))
   return study, params
+
+
+def linen_model(module, variables: Mapping[str, Any], classifier: paths_lib.Classifier,
+                example, name: str = "",
+                loss: Callable[[jax.Array, jax.Array], jax.Array] = next_token_loss,
+                meta: Mapping[str, Any] | None = None) -> tuple[StudyModel, dict]:
+  """A Flax Linen model, quantized by :class:`Variant` rules while it runs
+  (:func:`fp8jax.rules.intercept`, no edit to its code), as a :class:`StudyModel`, and its
+  params (``variables["params"]``; the other collections stay fixed).
+
+  Args:
+    module: the Linen module (``module.apply(variables, batch) -> logits``).
+    variables: its variables, e.g. ``module.init(key, example)``.
+    classifier: the grouping of its parameter paths.
+    example: an example batch; a variant whose rule matches no module of the model is
+      refused on it (:func:`fp8jax.rules.check_linen`).
+    name, loss, meta: as for :func:`nnx_model`.
+  """
+  from fp8jax import rules as rules_lib
+
+  rest = {k: v for k, v in variables.items() if k != "params"}
+
+  def apply(params, tokens, variant, **unused):
+    del unused
+    with rules_lib.intercept(getattr(variant, "rules", variant)):
+      return module.apply({"params": params, **rest}, tokens), {}
+
+  def check(variant):
+    if len(variant.rules):
+      rules_lib.check_linen(module, variant.rules, example)
+
+  params = variables["params"]
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
+                          params)
+  label = name or type(module).__name__
+  study = StudyModel(
+      name=label, abstract_params=lambda: abstract, apply=apply, loss=loss,
+      baseline=Variant("bf16", rules_lib.Rules([])), classifier=classifier, check=check,
+      describe=lambda v: {"expr": v.expr or repr(v.rules), "direct": [], "kind": "policy"},
+      meta=dict(meta or {"model": label}))
+  return study, params
