@@ -29,17 +29,20 @@ def sum_sq(x: jax.Array, axis: int | tuple[int, ...] | None = None) -> jax.Array
   return jnp.sum(x * x, axis=axis)
 
 
-def group_keys(path: str) -> dict[str, str]:
-  """The key of ``path`` in each grouping (:data:`GROUPINGS`) it belongs to."""
-  module, layer = paths_lib.module_of(path), paths_lib.layer_of(path)
-  keys = {"by_module": module, "by_group": paths_lib.group_of(module),
+def group_keys(path: str, classifier: paths_lib.Classifier | None = None) -> dict[str, str]:
+  """The key of ``path`` in each grouping (:data:`GROUPINGS`) it belongs to, as
+  ``classifier`` sees it (default: DeepSeek-MoE's)."""
+  cls = classifier or paths_lib.DEEPSEEK
+  module, layer = cls.module_of(path), cls.layer_of(path)
+  keys = {"by_module": module, "by_group": cls.group_of(module),
           "by_layer": paths_lib.layer_key(layer)}
   if layer is not None:
     keys["by_module_layer"] = paths_lib.module_layer_key(module, layer)
   return keys
 
 
-def membership(paths: Sequence[str]) -> tuple[list[tuple[str, str]], np.ndarray]:
+def membership(paths: Sequence[str], classifier: paths_lib.Classifier | None = None
+               ) -> tuple[list[tuple[str, str]], np.ndarray]:
   """Static group membership of leaves.
 
   Returns:
@@ -48,7 +51,7 @@ def membership(paths: Sequence[str]) -> tuple[list[tuple[str, str]], np.ndarray]
   """
   groups: dict[tuple[str, str], list[int]] = {("global", ""): list(range(len(paths)))}
   for i, path in enumerate(paths):
-    for grouping, key in group_keys(path).items():
+    for grouping, key in group_keys(path, classifier).items():
       groups.setdefault((grouping, key), []).append(i)
   member = np.zeros((len(groups), len(paths)), bool)
   for g, idx in enumerate(groups.values()):
@@ -66,20 +69,22 @@ def masked_sum(totals: jax.Array, member: np.ndarray) -> jax.Array:
 
 
 def grouped(paths: Sequence[str], totals: jax.Array,
-            to_stats: Callable[[jax.Array], Mapping[str, jax.Array]]) -> dict:
+            to_stats: Callable[[jax.Array], Mapping[str, jax.Array]],
+            classifier: paths_lib.Classifier | None = None) -> dict:
   """Per-parameter and grouped metrics of leaf partial sums.
 
   Args:
     paths: the L leaf paths.
     totals: float32 [L, K] partial sums per leaf (reduced over every axis).
     to_stats: maps sums [N, K] to ``{stat: [N]}``.
+    classifier: the paths' grouping (default: DeepSeek-MoE's).
 
   Returns:
     ``{"global": {stat: scalar}, "per_param": Table {path}, "by_module": Table {module},
     "by_group", "by_layer", "by_module_layer"}`` (:class:`Table` rows ``{stat: scalar}``);
     empty groups are absent.
   """
-  groups, member = membership(paths)
+  groups, member = membership(paths, classifier)
   stats = to_stats(masked_sum(totals, member))
   out: dict = {"global": {k: v[0] for k, v in stats.items()}}
   for grouping in GROUPINGS:
@@ -100,7 +105,8 @@ def stack_rows(rows: Mapping[str, jax.Array],
   return Table(names, to_stats(jnp.stack([rows[n] for n in names])))
 
 
-def by_expert(per_slice: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+def by_expert(per_slice: Mapping[str, jax.Array],
+              classifier: paths_lib.Classifier | None = None) -> dict[str, jax.Array]:
   """Per-expert partial sums of each MoE layer: ``{"<i>": [E, K]}``, adding the stacked
   routed-expert leaves (experts_gate/up/down) of the layer.
 
@@ -109,6 +115,6 @@ def by_expert(per_slice: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
   """
   out: dict[str, jax.Array] = {}
   for path, sums in per_slice.items():
-    key = paths_lib.layer_key(paths_lib.layer_of(path))
+    key = paths_lib.layer_key((classifier or paths_lib.DEEPSEEK).layer_of(path))
     out[key] = sums if key not in out else out[key] + sums
   return out

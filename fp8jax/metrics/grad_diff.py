@@ -148,19 +148,21 @@ def loss_errors(loss_bf16: jax.Array, loss_fp8: jax.Array) -> dict[str, jax.Arra
           "loss_rel_err": _ratio(err, jnp.abs(b))}
 
 
-def direct_share(paths: list[str], totals: jax.Array, direct: Any) -> dict[str, jax.Array]:
+def direct_share(paths: list[str], totals: jax.Array, direct: Any,
+                 classifier: paths_lib.Classifier | None = None) -> dict[str, jax.Array]:
   """Split of the squared difference between directly quantized parameters and the rest.
 
   Args:
     paths: the L leaf paths.
     totals: float32 [L, len(SUM_KEYS)] leaf partial sums (:func:`leaf_sums`).
     direct: anything :func:`fp8jax.metrics.paths.as_predicate` accepts.
+    classifier: the paths' modules and layers (default: DeepSeek-MoE's).
 
   Returns:
     :data:`DIRECT_KEYS`: the union difference norms inside / outside the direct set, and
     the direct shares of the squared union and intersection differences (NaN if zero).
   """
-  predicate = paths_lib.as_predicate(direct)
+  predicate = paths_lib.as_predicate(direct, classifier)
   inside = np.array([bool(predicate(p)) for p in paths])
   sides = aggregate.masked_sum(totals, np.stack([inside, ~inside]))  # [2, K]
   union, inter = SUM_KEYS.index("diff_sq"), SUM_KEYS.index("inter_diff_sq")
@@ -174,8 +176,8 @@ def direct_share(paths: list[str], totals: jax.Array, direct: Any) -> dict[str, 
 
 def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
                   mask_fp8: Mapping | None = None, *, direct: Any = None,
-                  loss_bf16: jax.Array | None = None, loss_fp8: jax.Array | None = None
-                  ) -> dict[str, Any]:
+                  loss_bf16: jax.Array | None = None, loss_fp8: jax.Array | None = None,
+                  classifier: paths_lib.Classifier | None = None) -> dict[str, Any]:
   """Compares two gradient trees of the same params tree (pure JAX, jittable).
 
   Args:
@@ -186,6 +188,9 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     direct: which parameters are directly quantized (a callable on the path, path
       prefixes or ``(module, layer)`` pairs; static under jit: use a frozenset or tuple).
     loss_bf16, loss_fp8: the two losses (scalars), both or neither.
+    classifier: how the paths group into modules, layers and expert stacks
+      (:class:`~fp8jax.metrics.paths.Classifier`; default: DeepSeek-MoE's). A model without
+      expert stacks gets empty ``per_expert`` and ``by_expert`` tables.
 
   Returns:
     A dict of small float32 arrays. ``global`` is ``{stat: scalar}`` over
@@ -201,14 +206,15 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     raise ValueError("the two gradient trees differ in structure")
   if (loss_bf16 is None) != (loss_fp8 is None):
     raise ValueError("give both losses or neither")
+  cls = classifier or paths_lib.DEEPSEEK
   flat_b, flat_f = paths_lib.flatten(g_bf16), paths_lib.flatten(g_fp8)
   totals, per_slice = [], {}
   for path, b in flat_b.items():
     f = flat_f[path]
     if jnp.shape(b) != jnp.shape(f):
       raise ValueError(f"{path}: shapes differ: {jnp.shape(b)} vs {jnp.shape(f)}")
-    if paths_lib.is_expert_stack(path) and jnp.ndim(b) >= 1:
-      layer = paths_lib.layer_of(path)
+    if cls.is_expert_stack(path) and jnp.ndim(b) >= 1:
+      layer = cls.layer_of(path)
       masks = (_layer_mask(m, layer, jnp.shape(b)[0], path) for m in (mask_bf16, mask_fp8))
       per_slice[path] = leaf_sums(b, f, *masks, per_slice=True)
       totals.append(jnp.sum(per_slice[path], axis=0))
@@ -216,11 +222,11 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
       totals.append(leaf_sums(b, f))
   paths = list(flat_b)
   totals = jnp.stack(totals)
-  out = aggregate.grouped(paths, totals, stats_from_sums)
+  out = aggregate.grouped(paths, totals, stats_from_sums, cls)
   out["per_expert"] = aggregate.stack_rows(per_slice, stats_from_sums)
-  out["by_expert"] = aggregate.stack_rows(aggregate.by_expert(per_slice), stats_from_sums)
+  out["by_expert"] = aggregate.stack_rows(aggregate.by_expert(per_slice, cls), stats_from_sums)
   if direct is not None:
-    out["direct"] = direct_share(paths, totals, direct)
+    out["direct"] = direct_share(paths, totals, direct, cls)
   if loss_bf16 is not None:
     out["loss"] = loss_errors(loss_bf16, loss_fp8)
   return out

@@ -1,4 +1,4 @@
-"""Parameter paths of the DeepSeek-MoE params tree: flattening, modules, layers.
+"""Parameter paths of a params tree: flattening, modules, layers.
 
 A path is the "/"-joined key sequence of a leaf, e.g. ``"layers/3/self_attn/q_proj/kernel"``
 (layer keys are ints in the tree and decimal strings in the path). Each path belongs to one
@@ -8,11 +8,18 @@ A "direct" predicate tells which parameters sit in a directly quantized module. 
 given as a callable on the path, a collection of path prefixes, or a collection of
 ``(module, layer)`` pairs (``layer`` None: every layer); :func:`as_predicate` turns any of
 these into a callable, and :func:`direct_modules` derives the pairs from a precision policy.
+
+The module-level functions classify the DeepSeek-MoE tree. Another model's paths group
+through a :class:`Classifier` (:data:`DEEPSEEK` is the one of DeepSeek-MoE;
+:meth:`Classifier.from_patterns` builds one from regexes), which the grouping functions
+of :mod:`fp8jax.metrics` take as ``classifier``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -136,28 +143,98 @@ def split_module_layer_key(key: str) -> tuple[str, int]:
   return module, int(layer)
 
 
+def _no_group(module: str) -> str:
+  del module
+  return "other"
+
+
+def _no_experts(path: str) -> bool:
+  del path
+  return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+  """How the parameter paths of one model group: module, coarse group, layer, experts.
+
+  Attributes:
+    module_of: path -> module name.
+    layer_of: path -> layer index, or None outside the layers.
+    group_of: module name -> coarse group ("other" for all by default).
+    is_expert_stack: path -> True for a stacked routed-expert weight (leading axis:
+      expert); such leaves get per-expert metrics and the activation masks of the routing.
+      A model without routed experts leaves the default (never).
+    modules: the module names in table order (names not listed follow, sorted).
+  """
+  module_of: Callable[[str], str]
+  layer_of: Callable[[str], int | None]
+  group_of: Callable[[str], str] = _no_group
+  is_expert_stack: Callable[[str], bool] = _no_experts
+  modules: tuple[str, ...] = ()
+
+  @classmethod
+  def from_patterns(cls, modules: Mapping[str, str], layer: str | None = None,
+                    groups: Mapping[str, str] | None = None) -> Classifier:
+    """A classifier from regexes: ``modules`` ``{name: regex}`` searched in order in the
+    path (first match; no match: "other"), ``layer`` a regex whose first group is the
+    layer index (e.g. ``r"^layers/(\\d+)/"``), ``groups`` ``{module: group}``.
+
+    Raises:
+      ValueError: a regex does not compile, or ``layer`` has no group (naming it).
+    """
+    def compile_(name, pattern):
+      try:
+        return re.compile(pattern)
+      except re.error as e:
+        raise ValueError(f"classifier pattern {name!r}: bad regex {pattern!r}: {e}") from None
+
+    compiled = {name: compile_(name, pattern) for name, pattern in modules.items()}
+    layer_re = compile_("layer", layer) if layer else None
+    if layer_re is not None and layer_re.groups < 1:
+      raise ValueError(f"classifier layer pattern {layer!r} needs a group for the index")
+    group_map = dict(groups or {})
+
+    def module_of(path: str) -> str:
+      return next((n for n, r in compiled.items() if r.search(path)), "other")
+
+    def layer_of(path: str) -> int | None:
+      m = layer_re.search(path) if layer_re is not None else None
+      return int(m.group(1)) if m else None
+
+    return cls(module_of, layer_of, lambda m: group_map.get(m, "other"),
+               modules=tuple(modules) + ("other",))
+
+  def order(self, names: Iterable[str]) -> list[str]:
+    """``names`` (unique) in table order: those of :attr:`modules` first, then sorted."""
+    names = set(names)
+    return [m for m in self.modules if m in names] + sorted(names - set(self.modules))
+
+
 Direct = Callable[[str], bool] | str | Iterable[str] | Iterable[tuple[str, int | None]]
 
 
-def as_predicate(direct: Direct | None) -> Callable[[str], bool] | None:
+def as_predicate(direct: Direct | None, classifier: Classifier | None = None
+                 ) -> Callable[[str], bool] | None:
   """A callable ``path -> bool`` from any accepted "direct" description (None stays None).
 
   Strings are path prefixes matched at "/" boundaries ("layers/0/self_attn/o_proj" matches
-  ".../o_proj/kernel"); pairs are ``(module, layer)`` with ``layer`` None for all layers.
+  ".../o_proj/kernel"); pairs are ``(module, layer)`` with ``layer`` None for all layers,
+  modules as ``classifier`` names them (default: :data:`DEEPSEEK`).
   """
   if direct is None or callable(direct):
     return direct
   items = [direct] if isinstance(direct, str) else list(direct)
   prefixes = [p.rstrip("/") for p in items if isinstance(p, str)]
   pairs = [tuple(p) for p in items if not isinstance(p, str)]
+  cls = classifier or DEEPSEEK
   for pair in pairs:
-    if len(pair) != 2 or pair[0] not in MODULES:
-      raise ValueError(f"bad (module, layer) pair {pair!r}; modules: {MODULES}")
+    if len(pair) != 2 or (cls.modules and pair[0] not in cls.modules):
+      raise ValueError(f"bad (module, layer) pair {pair!r}; modules: {cls.modules}")
 
   def predicate(path: str) -> bool:
     if any(path == p or path.startswith(p + "/") for p in prefixes):
       return True
-    module, layer = module_of(path), layer_of(path)
+    module, layer = cls.module_of(path), cls.layer_of(path)
     return any(m == module and (lay is None or lay == layer) for m, lay in pairs)
 
   return predicate
@@ -186,3 +263,7 @@ def direct_modules(policy: Any, num_layers: int,
   if getattr(policy, "gemm", None) is not None:
     pairs.update((m, i) for m in GEMM_MODULES for i in range(num_layers))
   return frozenset(pairs)
+
+
+DEEPSEEK = Classifier(module_of, layer_of, group_of, is_expert_stack, MODULES)
+"""The classifier of the DeepSeek-MoE params tree (the module-level functions)."""

@@ -138,7 +138,8 @@ def heatmap(result: Mapping[str, Any], metric: str = "diff_norm"
   """A module x layer table of one metric.
 
   Returns:
-    ``(modules, layers, table)``: the modules present (in :data:`paths.MODULES` order),
+    ``(modules, layers, table)``: the modules present (in :data:`paths.MODULES` order,
+    then any other names sorted),
     the layers present (ascending) and float64 [len(modules), len(layers)], NaN where a
     layer has no such module.
   """
@@ -150,7 +151,7 @@ def module_layer_grid(values: Mapping[str, float]
                       ) -> tuple[list[str], list[int], np.ndarray]:
   """``{"<module>/<layer>": value}`` as ``(modules, layers, table)`` (see :func:`heatmap`)."""
   cells = {paths_lib.split_module_layer_key(k): v for k, v in values.items()}
-  modules = [m for m in paths_lib.MODULES if any(c[0] == m for c in cells)]
+  modules = paths_lib.DEEPSEEK.order(c[0] for c in cells)  # others' modules: sorted, after
   layers = sorted({c[1] for c in cells})
   table = np.full((len(modules), len(layers)), math.nan)
   for (module, layer), value in cells.items():

@@ -5,10 +5,13 @@
     result = ev.variant("moe_l0_e4m3", params, tokens, base)   # small arrays only
 
 Both passes use the training objective (LM loss + balance loss) on the same tokens with
-the same params. Each policy's function is jitted once and stays compiled; the BF16
-gradients stay on the devices and are reused across the whole grid. Only the comparison
-(``fp8jax.metrics.compare_grads``), the routing divergence and the finiteness flags leave
-the jitted function, so a policy costs one forward + backward plus the metrics.
+the same params. The model is DeepSeek-MoE given its config, or any
+:class:`~fp8jax.study.model_api.StudyModel` (its loss plus its ``aux_loss`` if any; routing
+metrics only when its aux has ``routing``). Each policy's function is jitted once and
+stays compiled; the BF16 gradients stay on the devices and are reused across the whole
+grid. Only the comparison (``fp8jax.metrics.compare_grads``), the routing divergence and
+the finiteness flags leave the jitted function, so a policy costs one forward + backward
+plus the metrics.
 
 A policy with delayed-scaled sites (:mod:`fp8jax.models.delayed_sites`) is evaluated with
 amax histories from warm-up passes: :meth:`PairedEvaluator.warm_state` runs its forward and
@@ -35,10 +38,8 @@ import optax
 
 from fp8jax import metrics
 from fp8jax.gemm import operand_telemetry
-from fp8jax.models import deepseek_moe, delayed_sites
-from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
-from fp8jax.study import noise_floor
+from fp8jax.study import model_api, noise_floor
 from fp8jax.train import mesh as mesh_lib
 
 
@@ -54,26 +55,31 @@ class Baseline(NamedTuple):
   nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
 
 
-def _objective(cfg, policy, moe_impl, moe_groups, telemetry: bool = False,
-               deterministic: bool = False):
-  """The training objective; its aux: LM loss, balance loss, routing and, with
-  ``telemetry``, the GEMM recipe's operand telemetry sums (``{}`` without a recipe)."""
+def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
+               telemetry: bool = False, deterministic: bool = False):
+  """The training objective; its aux: LM loss, balance loss (0 without one), routing
+  (``{}`` without) and, with ``telemetry``, the GEMM recipe's operand telemetry sums
+  (``{}`` without a recipe)."""
   def loss_fn(params, tokens, delayed=None):
-    logits, aux = deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
-                                     moe_groups=moe_groups, delayed_state=delayed,
-                                     gemm_telemetry=telemetry and policy.gemm is not None,
-                                     deterministic=deterministic)
-    lm = deepseek_moe.lm_loss(logits, tokens)
-    return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux["routing"],
+    logits, aux = model.apply(params, tokens, policy, moe_impl=moe_impl,
+                              moe_groups=moe_groups, delayed=delayed, telemetry=telemetry,
+                              deterministic=deterministic)
+    lm = model.loss(logits, tokens)
+    if "aux_loss" not in aux:
+      return lm, (lm, jnp.zeros((), lm.dtype), aux.get("routing", {}),
+                  aux.get("gemm_telemetry", {}))
+    return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux.get("routing", {}),
                                   aux.get("gemm_telemetry", {}))
   return loss_fn
 
 
-def _result(base: Baseline, loss, lm, aux, routing, grads, direct) -> dict:
+def _result(base: Baseline, loss, lm, aux, routing, grads, direct,
+            classifier=None) -> dict:
   """The comparison of one gradient pass against the baseline (small arrays)."""
   finite, first = _finiteness(loss, grads)
-  result = metrics.compare_grads(base.grads, grads, base.routing, routing, direct=direct,
-                                 loss_bf16=base.loss, loss_fp8=loss)
+  result = metrics.compare_grads(base.grads, grads, base.routing or None, routing or None,
+                                 direct=direct, loss_bf16=base.loss, loss_fp8=loss,
+                                 classifier=classifier)
   return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
           "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
 
@@ -100,7 +106,7 @@ class PairedEvaluator:
   """Jitted BF16 and per-policy gradient passes over a data mesh.
 
   Args:
-    cfg: the model config.
+    cfg: the DeepSeek-MoE config, or a :class:`~fp8jax.study.model_api.StudyModel`.
     policies: the FP8 policies to compare (distinct names).
     mesh: a ``data`` mesh (params replicated, batch sharded); the MoE dispatches per
       device (``moe_groups`` = the mesh size).
@@ -114,7 +120,8 @@ class PairedEvaluator:
       the same bits on every GPU run).
   """
 
-  def __init__(self, cfg: ModelConfig, policies, mesh, moe_impl: str = "dispatch",
+  def __init__(self, cfg: ModelConfig | model_api.StudyModel, policies, mesh,
+               moe_impl: str = "dispatch",
                floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True,
                deterministic: bool = False):
     names = [p.name for p in policies]
@@ -123,15 +130,16 @@ class PairedEvaluator:
     if noise_floor.FLOOR in names:
       raise ValueError(f"the policy name {noise_floor.FLOOR!r} is reserved for the noise "
                        "floor; name the policy otherwise")
+    model = cfg if isinstance(cfg, model_api.StudyModel) else model_api.deepseek(cfg)
     for p in policies:
-      p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
-    self.cfg, self.mesh, self.telemetry = cfg, mesh, telemetry
+      model.check(p)
+    self.cfg, self.model, self.mesh, self.telemetry = cfg, model, mesh, telemetry
     self.objective = objective = functools.partial(_objective, deterministic=deterministic)
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
     self.moe_groups = mesh.devices.size
-    grad_bf16 = jax.value_and_grad(objective(cfg, policy_lib.BF16, moe_impl, self.moe_groups),
-                                   has_aux=True)
+    grad_bf16 = jax.value_and_grad(objective(model, model.baseline, moe_impl,
+                                             self.moe_groups), has_aux=True)
 
     def baseline(params, tokens):
       (loss, (lm, aux, routing, _)), grads = grad_bf16(params, tokens)
@@ -142,18 +150,18 @@ class PairedEvaluator:
     # below call them under the mesh (see ``mesh_lib.under_mesh``).
     # The BF16 gradients stay split over the devices (fsdp_sharding: a reduce-scatter
     # instead of an all-reduce of 4 bytes per parameter); the metrics reduce them in place.
-    grads = mesh_lib.fsdp_sharding(deepseek_moe.abstract_params(cfg), mesh)
+    grads = mesh_lib.fsdp_sharding(model.abstract_params(), mesh)
     base = Baseline(rep, rep, rep, grads, rep, rep, rep, rep)
     self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
     self.variant_jits, self.warmup_jits = {}, {}
-    self.empty_state = {name: delayed_sites.init(cfg, p) for name, p in self.policies.items()}
+    self.empty_state = {name: model.delayed_init(p) for name, p in self.policies.items()}
     for name, policy in self.policies.items():
-      direct = metrics.direct_modules(policy, cfg.num_hidden_layers)
+      direct = model.direct(policy)
       self.variant_jits[name] = jax.jit(
           self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, base, rep),
           out_shardings=rep)
       if self.empty_state[name]:
-        loss_fn = objective(cfg, policy, moe_impl, self.moe_groups)
+        loss_fn = objective(model, policy, moe_impl, self.moe_groups)
 
         def warm(delayed, params, tokens, f=loss_fn):  # the updated histories: the gradient
           return jax.grad(lambda d: f(params, tokens, d)[0])(delayed)
@@ -165,12 +173,13 @@ class PairedEvaluator:
                              out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
-    grad_fp8 = jax.value_and_grad(self.objective(self.cfg, policy, moe_impl, self.moe_groups,
-                                                 self.telemetry), has_aux=True)
+    grad_fp8 = jax.value_and_grad(self.objective(self.model, policy, moe_impl,
+                                                 self.moe_groups, self.telemetry),
+                                  has_aux=True)
 
     def variant(params, tokens, base: Baseline, delayed):
       (loss, (lm, aux, routing, tel)), grads = grad_fp8(params, tokens, delayed)
-      out = _result(base, loss, lm, aux, routing, grads, direct)
+      out = _result(base, loss, lm, aux, routing, grads, direct, self.model.classifier)
       if tel:
         out["telemetry"] = _telemetry(tel)
       return out
@@ -178,13 +187,13 @@ class PairedEvaluator:
     return variant
 
   def _floor_fn(self, moe_impl):
-    grad_bf16 = jax.value_and_grad(self.objective(self.cfg, policy_lib.BF16, moe_impl,
-                                              self.moe_groups), has_aux=True)
+    grad_bf16 = jax.value_and_grad(self.objective(self.model, self.model.baseline, moe_impl,
+                                                  self.moe_groups), has_aux=True)
 
     def floor(params, tokens, base: Baseline, key):
       moved = noise_floor.perturb(params, key, self.floor_scale)
       (loss, (lm, aux, routing, _)), grads = grad_bf16(moved, tokens)
-      out = _result(base, loss, lm, aux, routing, grads, None)
+      out = _result(base, loss, lm, aux, routing, grads, None, self.model.classifier)
       out["perturbation_norm"] = optax.tree.norm(jax.tree.map(
           lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), moved, params))
       return out
