@@ -396,6 +396,7 @@ if res.floor:
     m = floor.multiples(res, p)
     assert m["available"] and m["overall"].median > 0, p
 if RESULTS_DIR is None:
-  assert len(res.rows) == len(res.steps) * per_step * len(res.policies)
+  compared = len(res.policies) + bool(res.floor) + len(res.controls)  # policies, floor
+  assert len(res.rows) == len(res.steps) * per_step * compared
   assert answers["module"]["available"]
 print(f"every statement holds; the notebook ran in {time.time() - START:.0f} s")
