@@ -89,3 +89,23 @@ def test_importing_changes_nothing():
           "import fp8jax.train.compile_cache, fp8jax.experiments._cli; "
           "assert jax.config.jax_compilation_cache_dir == before")
   subprocess.run([sys.executable, "-c", code], env=_env(), check=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_training_binary_reruns_without_compiling(tmp_path):
+  """Two tiny training runs in fresh processes (other workdirs, one cache): the second
+  writes no cache entry and says its step compiled."""
+  cache = tmp_path / "cache"
+  args = [sys.executable, "-m", "fp8jax.experiments.train",
+          f"--config={REPO / 'experiments/configs/train_tiny.py'}",
+          "--config.model_overrides.num_hidden_layers=2", "--config.data.seq_len=32",
+          "--config.data.global_batch=4", "--config.train.steps=2",
+          "--config.optim.warmup_steps=1", f"--compile_cache={cache}"]
+  entries = []
+  for run in ("first", "second"):
+    out = subprocess.run([*args, f"--workdir={tmp_path / run}"], env=_env(),
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[train] compiled the step in" in out.stderr
+    entries.append(_entries(cache))
+  assert len(entries[0]) >= 3 and entries[1] == entries[0]
