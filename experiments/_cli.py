@@ -10,6 +10,11 @@ denied, a path that is a file where a folder belongs or the reverse, a full or r
 file system (``OSError`` with ``ENOSPC``, ``EDQUOT`` or ``EROFS``), a config file that does
 not load and a ``--config.<field>`` override that does not apply. Other exceptions are
 bugs and keep their traceback; with ``--verbosity=1`` (or higher) every error does.
+
+Every binary keeps JAX's persistent compilation cache (:mod:`fp8jax.train.compile_cache`):
+``--compile_cache=PATH`` moves it, ``--compile_cache=off`` turns it off; by default it is
+``$FP8JAX_COMPILE_CACHE``, else JAX's own ``$JAX_COMPILATION_CACHE_DIR``, else
+``~/.cache/fp8jax/jax_cache``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ import sys
 from absl import app, flags
 
 EXIT_BAD_INPUT = 2
+
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache", None,
+    "JAX's persistent compilation cache: a folder, or 'off'. Default: $FP8JAX_COMPILE_CACHE, "
+    "else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/fp8jax/jax_cache (README: Compilation "
+    "cache).")
 
 _DISK = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}
 _PATHS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
@@ -76,12 +87,16 @@ def fail(text: str) -> None:
 
 
 def run(main) -> None:
-  """``app.run(main)``, with the known errors of flag parsing and of ``main`` as one line
+  """``app.run(main)`` with the persistent compilation cache set up (``--compile_cache``),
+  and with the known errors of flag parsing and of ``main`` as one line
   (exit 2); any error while the flags are parsed is a bad command line."""
   started = []
 
   def wrapped(argv):
     started.append(True)
+    from fp8jax.train import compile_cache  # pylint: disable=import-outside-toplevel
+
+    compile_cache.enable(_COMPILE_CACHE.value)  # before the first computation
     return main(argv)
 
   try:

@@ -24,10 +24,8 @@ import jax
 import jax.numpy as jnp
 
 import fp8jax
-from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import operand_telemetry
-from fp8jax.kernels import grouped_gpu
-from fp8jax.models import delayed_sites, embedding, moe, policy_rules
+from fp8jax.models import delayed_sites, embedding, layer_scan, moe, policy_rules
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.attention import attention_core, cudnn_applies, rope  # noqa: F401
 from fp8jax.models.config import ModelConfig
@@ -125,46 +123,6 @@ DISPATCH_IMPLS = ("dispatch", "pallas")
 MOE_IMPLS = (*DISPATCH_IMPLS, "reference")
 
 
-def _grouped_matmul(impl: str, config: fp8jax.GemmConfig | None):
-  """The routed experts' grouped GEMM and the row multiple its groups are laid out at:
-  the FP8 GEMM simulation with ``config`` when there is one (groups padded to its Wgrad's token
-  tiles), else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per
-  direction the faster of JAX's Mosaic GPU kernels and the Triton ones, see
-  ``grouped_gpu``), on unpadded groups."""
-  if config is not None:
-    multiple = grouped_gemm.group_multiple_of(config)
-    return functools.partial(grouped_gemm.fp8_ragged_dot, config=config,
-                             group_multiple=multiple), multiple
-  if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
-    return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
-  return grouped_gemm.tiled_matmul, 1
-
-
-def _dispatch(args, groups: int, grouped: tuple, per_device: bool):
-  """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
-  ``grouped`` = (grouped GEMM, group row multiple) from :func:`_grouped_matmul`.
-
-  With ``per_device`` (a Pallas GEMM) and ``groups`` > 1 under a context mesh
-  (``jax.set_mesh``) whose ``data`` axis has ``groups`` devices, each device runs its own
-  group in a ``shard_map``: XLA cannot partition a kernel's custom call and would
-  otherwise gather every group onto every device.
-
-  Returns:
-    [groups, T / groups, d].
-  """
-  split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
-  matmul, multiple = grouped
-  dispatch = functools.partial(moe.experts_dispatch, grouped_matmul=matmul,
-                               group_multiple=multiple)
-  per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
-  mesh = jax.sharding.get_abstract_mesh()
-  if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:
-    data, rep = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
-    per_group = jax.shard_map(per_group, in_specs=(data,) * 3 + (rep,) * 3, out_specs=data,
-                              check_vma=False)  # the kernel has no varying-axes rule
-  return per_group(*map(split, args[:3]), *args[3:])
-
-
 class MoE(nnx.Module):
   """Routed experts (stacked weights) plus fused shared experts."""
 
@@ -205,7 +163,7 @@ class MoE(nnx.Module):
             self.experts_up[...].astype(dt), self.experts_down[...].astype(dt))
     config = gemms(op="ragged_dot")
     if record is not None and config is not None and config.fprop != "bf16":
-      record("experts", _experts_telemetry(args, config.roles))
+      record("experts", moe.experts_telemetry(args, config.roles))
     if impl == "reference":
       if config is not None:
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
@@ -215,7 +173,8 @@ class MoE(nnx.Module):
       if b % groups:
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
       kernel = impl == "pallas" and config is None
-      routed = _dispatch(args, groups, _grouped_matmul(impl, config), kernel).reshape(b * s, d)
+      routed = moe.dispatch_groups(args, groups, moe.grouped_matmul_for(impl, config),
+                                   kernel).reshape(b * s, d)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")
     routed = site("moe_routed_out", routed.reshape(b, s, d))
@@ -227,19 +186,6 @@ class MoE(nnx.Module):
     routing = {"topk_ids": ids.reshape(b, s, -1), "topk_weights": weights.reshape(b, s, -1),
                "expert_counts": moe.expert_counts(ids, self.cfg.n_routed_experts)}
     return site("moe_out", out), routing, scores
-
-
-def _experts_telemetry(args, roles) -> dict:
-  """Telemetry sums of the routed experts' forward operands: their input rows (each token
-  once, not once per chosen expert: 1 x K tiles and tensor amaxes do not depend on the
-  rows' order or repeats) and each stacked weight as the grouped GEMM quantizes it (W_e^T
-  [E, N, K], each expert a tensor of its own). The down projection's input rows are
-  inside the dispatch and not recorded."""
-  rows, _, _, gate, up, down = args
-  swap = lambda w: jnp.swapaxes(w, -1, -2)  # noqa: E731
-  return {"input": operand_telemetry.operand_sums(rows, roles.input),
-          **{f"weight_{n}": operand_telemetry.expert_sums(swap(w), roles.weight)
-             for n, w in (("gate", gate), ("up", up), ("down", down))}}
 
 
 class DecoderLayer(nnx.Module):
@@ -267,46 +213,42 @@ class DeepseekMoE(nnx.Module):
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
                moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False,
-               deterministic: bool = False):
+               deterministic: bool = False, scan_layers: bool = False):
     cfg = self.cfg
-    gemm_tel = {}
-    record = (lambda name, value: gemm_tel.__setitem__(name, value)) if gemm_telemetry else None
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
     decide = policy_rules.decisions(policy, cfg.num_hidden_layers)  # the engine's answers
-    tel = {}
-    aux_losses, routing = {}, {}
     (table,) = self.embed_tokens.promote_dtype((self.embed_tokens.embedding[...],),
                                                dtype=self.embed_tokens.dtype, inexact=False)
     h = embedding.lookup(table, tokens, deterministic)  # = self.embed_tokens(tokens)
-    for layer in self.layers:
-      i = layer.index
-
-      def site(name, x, i=i):
-        spec = decide.site(name, i)
-        if spec is None:
-          return x
-        state = delayed_sites.at(delayed_state, name, i, spec)  # None: current scaling
-        if telemetry:
-          x, tel[f"layer_{i}/{name}"] = fp8jax.fake_quant(x, spec, state, telemetry=True)
-          return x
-        return fp8jax.fake_quant(x, spec, state)
-
-      gemms = Gemms(decide, f"layers/{i}")  # the GEMM recipe, where the rules apply it
-      rec = _named(record, f"layers/{i}")
-      h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), gemms.child("self_attn"),
-                                               _named(rec, "self_attn"), deterministic))
-      x = layer.post_attention_layernorm(h)
-      if layer.is_moe:
-        out, routing[i], scores = layer.mlp(x, site, moe_impl, gemms.child("mlp"), moe_groups,
-                                            _named(rec, "mlp"))
-        if train and cfg.aux_loss_alpha > 0:
-          aux_losses[i] = moe.balance_loss(scores, routing[i]["topk_ids"].reshape(
-              scores.shape[0], -1), tokens.shape[0], cfg.aux_loss_alpha, cfg.seq_aux)
+    step = functools.partial(
+        self._layer, decide=decide, batch=tokens.shape[0], train=train, moe_impl=moe_impl,
+        telemetry=telemetry, moe_groups=moe_groups, gemm_telemetry=gemm_telemetry,
+        deterministic=deterministic)
+    n = cfg.num_hidden_layers
+    groups = (layer_scan.runs([layer_scan.signature(layer, layer.index, layer.is_moe, decide)
+                               for layer in self.layers]) if scan_layers
+              else [[i] for i in range(n)])
+    outs = {}
+    for group in groups:
+      if len(group) == 1:
+        h, outs[group[0]] = step(self.layers[group[0]], h, group[0], delayed_state)
       else:
-        out = site("mlp_out", layer.mlp(x, gemms.child("mlp"), _named(rec, "mlp")))
-      h = h + out
+        h, per_layer = layer_scan.scan(step, [self.layers[i] for i in group], group, h,
+                                       delayed_state)
+        outs.update(per_layer)
+    tel, gemm_tel, aux_losses, routing = {}, {}, {}, {}
+    for i in range(n):  # in layer order, as the unrolled loop records them
+      tel.update({f"layer_{i}/{k}": v for k, v in outs[i]["tel"].items()})
+      gemm_tel.update({f"layers/{i}/{k}": v for k, v in outs[i]["gemm"].items()})
+      if "routing" in outs[i]:
+        routing[i] = outs[i]["routing"]
+      if "aux_loss" in outs[i]:
+        aux_losses[i] = outs[i]["aux_loss"]
     logits = self.lm_head(self.norm(h)).astype(jnp.float32)
+    # Summed as computed: XLA would otherwise fold the sum into the layers' fusions, where
+    # the scanned and the unrolled layers round it differently.
+    aux_losses = jax.lax.optimization_barrier(aux_losses)
     aux = {"aux_loss": sum(aux_losses.values(), jnp.float32(0)),
            "aux_loss_per_layer": aux_losses, "routing": routing}
     if telemetry:
@@ -314,6 +256,40 @@ class DeepseekMoE(nnx.Module):
     if gemm_telemetry:
       aux["gemm_telemetry"] = gemm_tel
     return logits, aux
+
+  def _layer(self, layer: DecoderLayer, h, i: int, delayed_state, *, decide, batch: int,
+             train: bool, moe_impl: str, telemetry: bool, moe_groups: int,
+             gemm_telemetry: bool, deterministic: bool):
+    """Decoder layer ``layer`` with the decisions of layer ``i``: h [B, S, d] -> (h, out),
+    ``out``: ``tel`` ``{site: telemetry}``, ``gemm`` ``{module path: sums}`` (paths under
+    the layer) and, on MoE layers, ``routing`` and (training) ``aux_loss``."""
+    cfg = self.cfg
+    tel, gemm_tel, out = {}, {}, {}
+    rec = (lambda name, value: gemm_tel.__setitem__(name, value)) if gemm_telemetry else None
+
+    def site(name, x):
+      spec = decide.site(name, i)
+      if spec is None:
+        return x
+      state = delayed_sites.at(delayed_state, name, i, spec)  # None: current scaling
+      if telemetry:
+        x, tel[name] = fp8jax.fake_quant(x, spec, state, telemetry=True)
+        return x
+      return fp8jax.fake_quant(x, spec, state)
+
+    gemms = Gemms(decide, f"layers/{i}")  # the GEMM recipe, where the rules apply it
+    h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), gemms.child("self_attn"),
+                                             _named(rec, "self_attn"), deterministic))
+    x = layer.post_attention_layernorm(h)
+    if layer.is_moe:
+      y, out["routing"], scores = layer.mlp(x, site, moe_impl, gemms.child("mlp"), moe_groups,
+                                            _named(rec, "mlp"))
+      if train and cfg.aux_loss_alpha > 0:
+        out["aux_loss"] = moe.balance_loss(scores, out["routing"]["topk_ids"].reshape(
+            scores.shape[0], -1), batch, cfg.aux_loss_alpha, cfg.seq_aux)
+    else:
+      y = site("mlp_out", layer.mlp(x, gemms.child("mlp"), _named(rec, "mlp")))
+    return h + y, {"tel": tel, "gemm": gemm_tel, **out}
 
 
 @functools.cache
@@ -337,7 +313,8 @@ def abstract_params(cfg: ModelConfig) -> dict:
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
           moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
-          delayed_state=None, gemm_telemetry: bool = False, deterministic: bool = False):
+          delayed_state=None, gemm_telemetry: bool = False, deterministic: bool = False,
+          scan_layers: bool = False):
   """Forward pass.
 
   Args:
@@ -364,6 +341,12 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     deterministic: the same bits on every GPU run (:mod:`fp8jax.train.determinism`): the
       embedding table's gradient as a one-hot GEMM instead of a scatter-add
       (:mod:`fp8jax.models.embedding`) and XLA's attention instead of cuDNN's.
+    scan_layers: run each run of consecutive alike layers (same kind, same decisions) as
+      one ``jax.lax.scan`` (:mod:`fp8jax.models.layer_scan`): less to compile, the same
+      params and outputs. Bit for bit the same with XLA's
+      ``--xla_allow_excess_precision=false``; with its default (true) XLA keeps some BF16
+      intermediates in float32 depending on what it fuses, and BF16 values can differ in
+      their last bit (then, through routing and FP8 rounding, by more).
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -376,7 +359,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   model = nnx.merge(graphdef, state)
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
                moe_groups=moe_groups, delayed_state=delayed_state,
-               gemm_telemetry=gemm_telemetry, deterministic=deterministic)
+               gemm_telemetry=gemm_telemetry, deterministic=deterministic,
+               scan_layers=scan_layers)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -6,12 +6,16 @@ token, f expert width. Expert weights are stacked: gate/up [E, d, f], down [E, f
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import grouped as grouped_gemm
-from fp8jax.gemm import padding
+from fp8jax.gemm import operand_telemetry, padding
+from fp8jax.gemm.dense import GemmConfig
+from fp8jax.kernels import grouped_gpu
 
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
@@ -141,3 +145,56 @@ def experts_dispatch(x, weights, ids, gate, up, down,
 def expert_counts(ids: jax.Array, num_experts: int) -> jax.Array:
   """Tokens routed to each expert: int32 [E]."""
   return jnp.bincount(ids.reshape(-1), length=num_experts).astype(jnp.int32)
+
+
+def grouped_matmul_for(impl: str, config: GemmConfig | None):
+  """The routed experts' grouped GEMM and the row multiple its groups are laid out at:
+  the FP8 GEMM simulation with ``config`` when there is one (groups padded to its Wgrad's token
+  tiles), else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per
+  direction the faster of JAX's Mosaic GPU kernels and the Triton ones, see
+  ``grouped_gpu``), on unpadded groups."""
+  if config is not None:
+    multiple = grouped_gemm.group_multiple_of(config)
+    return functools.partial(grouped_gemm.fp8_ragged_dot, config=config,
+                             group_multiple=multiple), multiple
+  if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
+    return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
+  return grouped_gemm.tiled_matmul, 1
+
+
+def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool):
+  """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
+  ``grouped`` = (grouped GEMM, group row multiple) from :func:`grouped_matmul_for`.
+
+  With ``per_device`` (a Pallas GEMM) and ``groups`` > 1 under a context mesh
+  (``jax.set_mesh``) whose ``data`` axis has ``groups`` devices, each device runs its own
+  group in a ``shard_map``: XLA cannot partition a kernel's custom call and would
+  otherwise gather every group onto every device.
+
+  Returns:
+    [groups, T / groups, d].
+  """
+  split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
+  matmul, multiple = grouped
+  dispatch = functools.partial(experts_dispatch, grouped_matmul=matmul,
+                               group_multiple=multiple)
+  per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
+  mesh = jax.sharding.get_abstract_mesh()
+  if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:
+    data, rep = jax.sharding.PartitionSpec("data"), jax.sharding.PartitionSpec()
+    per_group = jax.shard_map(per_group, in_specs=(data,) * 3 + (rep,) * 3, out_specs=data,
+                              check_vma=False)  # the kernel has no varying-axes rule
+  return per_group(*map(split, args[:3]), *args[3:])
+
+
+def experts_telemetry(args, roles) -> dict:
+  """Telemetry sums of the routed experts' forward operands: their input rows (each token
+  once, not once per chosen expert: 1 x K tiles and tensor amaxes do not depend on the
+  rows' order or repeats) and each stacked weight as the grouped GEMM quantizes it (W_e^T
+  [E, N, K], each expert a tensor of its own). The down projection's input rows are
+  inside the dispatch and not recorded."""
+  rows, _, _, gate, up, down = args
+  swap = lambda w: jnp.swapaxes(w, -1, -2)  # noqa: E731
+  return {"input": operand_telemetry.operand_sums(rows, roles.input),
+          **{f"weight_{n}": operand_telemetry.expert_sums(swap(w), roles.weight)
+             for n, w in (("gate", gate), ("up", up), ("down", down))}}

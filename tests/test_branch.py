@@ -2,9 +2,11 @@
 empty policy, the noise floor, resume after a kill, refusals; the step metrics against a
 NumPy float64 reference."""
 
+import io
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -63,8 +65,15 @@ def test_noise_floor_is_nonzero_and_reproducible(branched, train_run, tmp_path):
   # Uniform relative noise of size 2^-8: ||delta|| / ||theta|| near 2^-8 / sqrt(3) at start.
   assert noise["param_div"][0] == pytest.approx(2**-8 / math.sqrt(3), rel=0.3)
   again = tmp_path / "again"
-  branch.run(train_run, again, policies=[], from_steps=[2], branches=branch.Branches(k=K))
+  said = io.StringIO()
+  branch.run(train_run, again, policies=[], from_steps=[2], branches=branch.Branches(k=K),
+             stream=said)
   assert _rows(again)[(2, "noise")] == noise
+  lines = said.getvalue().splitlines()  # one step compiled (the noise branch runs BF16)
+  assert lines[0] == "[branch] compiling the step of policy bf16 (1/1)..."
+  assert re.fullmatch(r"\[branch\] compiled the step of policy bf16 in \d+\.\d s "
+                      r"\(with its first run\)", lines[1]), lines
+  assert sum("compil" in ln for ln in lines) == 2
   other = tmp_path / "other"
   branch.run(train_run, other, policies=[], from_steps=[2],
              branches=branch.Branches(k=K, noise_seed=1))

@@ -3,9 +3,11 @@
 ``train_run`` (tests/conftest.py) is a tiny run with checkpoints 0, 2, 4.
 """
 
+import io
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +68,14 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
       "control_of": "attn_l0_e4m3", "direct": meta["policies"]["attn_l0_e4m3"]["direct"]}
   # The floor is reproducible: another sweep of one checkpoint draws the same perturbations.
   again = tmp_path / "again"
-  sweep.run(train_run, again, policies=["bf16"], steps=[4], windows=WINDOWS)
+  said = io.StringIO()
+  sweep.run(train_run, again, policies=["bf16"], steps=[4], windows=WINDOWS, stream=said)
+  compiling = [ln for ln in said.getvalue().splitlines() if "compil" in ln]
+  assert compiling[::2] == ["[compare] compiling the BF16 baseline (1/3)...",  # once each
+                            "[compare] compiling policy bf16 (2/3)...",
+                            "[compare] compiling policy floor (3/3)..."], compiling
+  assert all(re.fullmatch(r"\[compare\] compiled .* in \d+\.\d s \(with its first run\)",
+                          ln) for ln in compiling[1::2]), compiling
   for r in results_io.read(again / "rows.jsonl"):
     if r["policy"] == "floor":
       assert r == floor[(r["step"], r["offset"], r["batch"])]

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -29,8 +30,14 @@ def losses(workdir):
 
 
 def test_run_writes_checkpoints_metrics_and_config(tmp_path):
-  summary = loop.train(small_config(), tmp_path)
+  out = io.StringIO()
+  summary = loop.train(small_config(), tmp_path, stream=out)
   assert summary["final_step"] == 6
+  lines = out.getvalue().splitlines()  # the step's compilation, said once, then its steps
+  assert lines[0] == "[train] compiling the step..."
+  assert re.fullmatch(r"\[train\] compiled the step in \d+\.\d s \(with its first run\)",
+                      lines[1]), lines[1]
+  assert lines[2].startswith("[train] step 1/6") and "compil" not in "".join(lines[2:])
   assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
                 if p.name.isdigit()) == [0, 3, 6]
   rows = metrics_log.read_rows(tmp_path / "metrics.jsonl")

@@ -250,6 +250,8 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
     todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
     todo = {s: bs for s, bs in todo.items() if bs}
     engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
+    first = metrics_log.FirstCalls("branch", stream, total=len(engine.steps))
+    engine.steps = {k: first.wrap(f, k, f"the step of policy {k}") for k, f in engine.steps.items()}
     together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
     written = 0
     try:

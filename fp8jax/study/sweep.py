@@ -277,6 +277,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
                  for (s, k), row in zip(cells, missing)}
     progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
+    first = metrics_log.FirstCalls("compare", stream, total=1 + len(names) + sum(
+        bool(evaluator.empty_state.get(n)) for n in names))  # baseline, policies, warm-ups
     written, skipped, warm = 0, {}, {}
     window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
                              for b in range(windows.batches)]
@@ -300,11 +302,13 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
           warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
         for n in todo_pols[(step, key)]:
           if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
-            warm[(key[0], n)] = evaluator.warm_state(n, params, window(key[0]), delayed_warmup)
+            with first.timed(("warm", n), f"the warm-up of policy {n}"):
+              warm[(key[0], n)] = jax.block_until_ready(evaluator.warm_state(
+                  n, params, window(key[0]), delayed_warmup))
         written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
                              mesh_lib.global_batch(batches[key], mesh),
                              {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
-                             floor_seed)
+                             floor_seed, first)
         done_here = todo_pols[(step, key)]
         n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
         progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
@@ -315,24 +319,26 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
 
 
 def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
-              delayed: dict, floor_seed: int = 0) -> int:
+              delayed: dict, floor_seed: int, first: metrics_log.FirstCalls) -> int:
   """The baseline and the rows of the policies ``names`` (those missing; the floor
   included) of one (checkpoint, batch), with each policy's amax histories
   ``delayed[name]`` (None: none); returns the number of rows written (none when the BF16
   baseline is non-finite)."""
   ids = {"step": step, "offset": key[0], "batch": key[1]}
-  base = evaluator.baseline(params, tokens)
+  with first.timed("baseline", "the BF16 baseline"):
+    base = jax.block_until_ready(evaluator.baseline(params, tokens))
   if (step, *key) not in output.base:
     output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
   if not bool(jax.device_get(base.finite)):
     return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
   written = 0
   for name in names:
-    if name == noise_floor.FLOOR:
-      res = jax.device_get(evaluator.floor(params, tokens, base, noise_floor.floor_key(
-          floor_seed, step, *key)))
-    else:
-      res = jax.device_get(evaluator.variant(name, params, tokens, base, delayed[name]))
+    with first.timed(name, f"policy {name}"):
+      if name == noise_floor.FLOOR:
+        res = jax.device_get(evaluator.floor(params, tokens, base, noise_floor.floor_key(
+            floor_seed, step, *key)))
+      else:
+        res = jax.device_get(evaluator.variant(name, params, tokens, base, delayed[name]))
     row, details = _result_rows(res, params, {**ids, "policy": name})
     output.append("details.jsonl", details)
     output.append("rows.jsonl", row)

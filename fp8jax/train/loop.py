@@ -332,9 +332,9 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   total, log_every = cfg.train.steps, cfg.train.log_every
   lr_at = optim.schedule(opt_cfg)
   tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
-  kind = jax.devices()[0].device_kind
-  peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(kind)
+  peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
   progress = metrics_log.Progress(total, start, stream)
+  step_fn = metrics_log.FirstCalls("train", stream).wrap(step_fn, "step", "the step")
   weight_norms = jax.jit(weights.norms_by_module)
   batch = next(data) if start < total else None
   t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False

@@ -157,3 +157,40 @@ class Progress:
 
   def show(self, row: dict) -> None:
     print(self.line(row), file=self.stream, flush=True)
+
+
+class FirstCalls:
+  """Where the compile time goes: the first call of each compiled function (its
+  compilation and one run, waited for) said on ``stream`` as
+  ``[prefix] compiling WHAT (i/total)...`` then ``[prefix] compiled WHAT in N s``; later
+  calls say nothing. ``seconds``: ``{key: seconds of the first call}``."""
+
+  def __init__(self, prefix: str, stream=None, total: int | None = None):
+    self.prefix, self.stream, self.total = prefix, stream or sys.stderr, total
+    self.seconds: dict = {}
+
+  @contextlib.contextmanager
+  def timed(self, key, what: str):
+    """Times the block as the first call of ``key`` (nothing if ``key`` ran before); the
+    block must wait for its results (``jax.device_get``, ``block_until_ready``)."""
+    if key in self.seconds:
+      yield
+      return
+    count = f" ({len(self.seconds) + 1}/{self.total})" if self.total else ""
+    print(f"[{self.prefix}] compiling {what}{count}...", file=self.stream, flush=True)
+    t0 = time.perf_counter()
+    yield
+    self.seconds[key] = dt = time.perf_counter() - t0
+    print(f"[{self.prefix}] compiled {what} in {dt:.1f} s (with its first run)",
+          file=self.stream, flush=True)
+
+  def wrap(self, fn, key, what: str):
+    """``fn`` whose first call is :meth:`timed` (it waits for that call's results)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    def call(*args, **kwargs):
+      if key in self.seconds:
+        return fn(*args, **kwargs)
+      with self.timed(key, what):
+        return jax.block_until_ready(fn(*args, **kwargs))
+    return call

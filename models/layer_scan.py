@@ -1,0 +1,78 @@
+"""Scan over runs of alike decoder layers: one traced (and compiled) layer per run.
+
+``apply(..., scan_layers=True)`` splits the layer stack into runs of consecutive layers
+that are built alike (dense or MoE) and get the same quantization decisions from the
+policy's rules (every site's spec, every linear layer's and the routed experts' GEMM
+config), and runs each run of two or more layers as one ``jax.lax.scan``: XLA compiles its
+layer once instead of once per layer. Params keep their per-layer layout (the scan stacks
+each run's leaves and their gradients flow back to the per-layer leaves), and so do the
+delayed-scaling histories (stacked the same way: their updates, the gradients, too), the
+telemetry and the routing outputs.
+
+The results are those of the layer loop bit for bit where XLA rounds every BF16
+intermediate (``XLA_FLAGS=--xla_allow_excess_precision=false``); by default XLA may keep
+some in float32, depending on what it fuses, so BF16 values can differ in the last bit
+(``tests/test_layer_scan.py``).
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from fp8jax.models import policy as policy_lib
+
+
+def linear_paths(layer: nnx.Module) -> tuple[str, ...]:
+  """The module paths (``self_attn/q_proj``, ...) of ``layer``'s linear layers."""
+  return tuple("/".join(str(k) for k in path) for path, node in nnx.iter_graph(layer)
+               if isinstance(node, nnx.Linear))
+
+
+def signature(layer: nnx.Module, index: int, is_moe: bool, decide) -> tuple:
+  """What layer ``index`` computes besides its weights: dense or MoE, its linear layers,
+  every site's spec and every GEMM's config (``decide``: ``policy_rules.Decisions``)."""
+  paths = linear_paths(layer)
+  return (is_moe, paths,
+          tuple(decide.site(s, index) for s in policy_lib.SITES),
+          tuple(decide.gemm(f"layers/{index}/{p}") for p in paths),
+          decide.gemm(f"layers/{index}/mlp", "ragged_dot") if is_moe else None)
+
+
+def runs(signatures: list) -> list[list[int]]:
+  """Indices grouped into runs of consecutive equal signatures: [[0, 1], [2], [3, 4, 5]]."""
+  out: list[list[int]] = []
+  for i, sig in enumerate(signatures):
+    if out and signatures[out[-1][0]] == sig:
+      out[-1].append(i)
+    else:
+      out.append([i])
+  return out
+
+
+def _stack(trees: list):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def scan(step, layers: list, group: list[int], h, delayed_state):
+  """Runs ``step(layer, h, index, delayed) -> (h, out)`` over the layers ``group`` (their
+  modules ``layers``, alike per :func:`signature`) as one scan, with the decisions of the
+  first; ``delayed``: the histories of that layer, ``{site: {group[0]: histories}}``.
+
+  Returns:
+    (h after the last layer, ``{index: out}`` per layer of ``group``).
+  """
+  first = group[0]
+  graphdef, state = nnx.split(layers[0])  # the others differ only in their index attribute
+  stacked = _stack([state, *(nnx.state(layer) for layer in layers[1:])])
+  hist = {site: _stack([per_layer[i] for i in group])
+          for site, per_layer in (delayed_state or {}).items() if first in per_layer}
+
+  def body(h, xs):
+    params, histories = xs
+    return step(nnx.merge(graphdef, params), h, first,
+                {site: {first: v} for site, v in histories.items()})
+
+  h, ys = jax.lax.scan(body, h, (stacked, hist))
+  return h, {i: jax.tree.map(lambda y, k=k: y[k], ys) for k, i in enumerate(group)}
