@@ -58,7 +58,8 @@ def run(*args, shim=None, timeout=300):
 
 def assert_one_line(out, *words):
   assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
-  err = out.stderr.strip().splitlines()
+  # progress lines ("[train] compiling the step...") may come before it: the run's own
+  err = [line for line in out.stderr.strip().splitlines() if not line.startswith("[")]
   assert len(err) == 1 and err[0].startswith("error: "), out.stderr[-3000:]
   for w in words:
     assert str(w) in err[0], (w, err[0])

@@ -115,11 +115,12 @@ def test_binaries_keep_library_info_logs_off_the_terminal(tmp_path):
                          capture_output=True, timeout=600)
   assert quiet.returncode == 0, quiet.stderr[-3000:]
   lines = quiet.stderr.splitlines() + quiet.stdout.splitlines()
-  assert [line.split("  ")[0] for line in lines if line.startswith("[train]")] == [
-      "[train] step 1/2", "[train] step 2/2"]
+  train = [line.split("  ")[0] for line in lines if line.startswith("[train]")]
+  assert train[0] == "[train] compiling the step..." and train[1].startswith(
+      "[train] compiled the step in ") and train[2:] == ["[train] step 1/2", "[train] step 2/2"]
   assert lines[-1].startswith("done: step 2")
   assert not [line for line in lines if re.match(r"I\d{4} ", line)]  # no INFO log line
-  assert len(lines) <= 3 + 3, lines  # progress, the summary, a handful of warnings at most
+  assert len(lines) <= 5 + 3, lines  # progress, the summary, a handful of warnings at most
   loud = subprocess.run([*args, f"--workdir={tmp_path / 'loud'}", "--verbosity=0"], env=env,
                         text=True, capture_output=True, timeout=600)
   assert loud.returncode == 0, loud.stderr[-3000:]

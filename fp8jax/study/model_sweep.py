@@ -85,6 +85,7 @@ def evaluate(model: model_api.StudyModel, out, policies: Sequence[Any],
   sharding = mesh_lib.batch_sharding(mesh)
   norms = jax.jit(lambda p: metrics.weights.norms_by_module(p, model.classifier))
   progress = metrics_log.Progress(len(by_step) * len(batches), 0, stream, prefix="compare")
+  first = metrics_log.FirstCalls("compare", stream, total=1 + len(names))
   written, i = 0, 0
   for step, step_params in sorted(by_step.items()):
     if step not in output.weights:
@@ -98,6 +99,6 @@ def evaluate(model: model_api.StudyModel, out, policies: Sequence[Any],
       placed = jax.tree.map(lambda x: jax.device_put(x, sharding), batch)
       written += sweep_lib._evaluate(  # pylint: disable=protected-access
           evaluator, output, todo, step, key, step_params, placed,
-          dict.fromkeys(todo), floor_seed)
+          dict.fromkeys(todo), floor_seed, first)
       progress.message(i, f"step {step}, offset {key[0]} batch {key[1]}: {len(todo)} rows")
   return {"rows_written": written, "out": str(out)}
