@@ -52,7 +52,6 @@ from canvit_core import backbone
 import canvit_nnx
 from flax import nnx
 import jax
-import jax.numpy as jnp
 
 from fp8jax.metrics.paths import Classifier
 from fp8jax.models import policy
@@ -66,9 +65,9 @@ BLOCKS, DIM, BATCHES = (2, 32, 2) if SMOKE else (4, 64, 4)
 # ## The model
 #
 # CanViT reads its backbone by name from the package's table `BACKBONES`; its smallest
-# shipped one has 22M parameters, so a small one is registered there. `call` and `loss` are
-# the only glue: the model takes a glimpse, a recurrent state and a viewpoint, and the
-# study a batch of images with labels.
+# shipped one has 22M parameters, so a small one is registered there. `call` is the only
+# glue: the model takes a glimpse, a recurrent state and a viewpoint, and the study a batch
+# of images with labels (loss: `model_api.label_loss`, cross-entropy on the labels).
 
 # %%
 backbone.BACKBONES["study_small"] = backbone.ViTSpec(embed_dim=DIM, num_heads=2,
@@ -87,14 +86,11 @@ def call(module, batch):
                 viewpoint=canvit_nnx.Viewpoint.full_scene(batch_size=b))[0]
 
 
-def loss(logits, batch):
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-  return -jnp.mean(jnp.take_along_axis(logp, batch["labels"][:, None], axis=-1))
-
 
 groups = Classifier.from_patterns({"attn": "/attn/", "mlp": "/mlp/", "readout": "^readout/"},
                                   layer=r"^canvit/backbone/blocks/(\d+)/")
-model, params = model_api.nnx_model(net, groups, name="canvit", call=call, loss=loss)
+model, params = model_api.nnx_model(net, groups, name="canvit", call=call,
+                                     loss=model_api.label_loss)
 print(f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters")
 
 # %% [markdown]

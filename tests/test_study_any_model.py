@@ -112,14 +112,10 @@ def test_canvit_from_its_package_quantized_by_rules(tmp_path, monkeypatch):
     return module(glimpse=batch["images"], state=state,
                   viewpoint=canvit.Viewpoint.full_scene(batch_size=b))[0]
 
-  def loss(logits, batch):
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    return -jnp.mean(jnp.take_along_axis(logp, batch["labels"][:, None], axis=-1))
-
   classifier = paths.Classifier.from_patterns(
       {"attn": r"/attn/", "mlp": r"/mlp/", "readout": r"^readout/"},
       layer=r"^canvit/backbone/blocks/(\d+)/")
-  model, params = model_api.nnx_model(net, classifier, call=call, loss=loss)
+  model, params = model_api.nnx_model(net, classifier, call=call, loss=model_api.label_loss)
   rules = Rules([Rule(r"canvit/backbone/blocks/\d+/mlp/fc\d", recipes.recipe("fp8_tensor"))])
   key = jax.random.key(0)
   batches = [{"images": jax.random.normal(jax.random.fold_in(key, i), (2, 16, 16, 3)),

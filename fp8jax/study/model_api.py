@@ -127,6 +127,13 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
   return -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
 
 
+def label_loss(logits: jax.Array, batch: Mapping[str, Any]) -> jax.Array:
+  """Mean cross-entropy of class ``logits`` [B, C] against ``batch["labels"]`` [B] (int;
+  float32 scalar): the loss of a classifier's batches ``{"labels": ..., ...}``."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.mean(jnp.take_along_axis(logp, batch["labels"][:, None], axis=-1))
+
+
 def nnx_model(model, classifier: paths_lib.Classifier, name: str = "",
               loss: Callable[[jax.Array, jax.Array], jax.Array] = next_token_loss,
               call: Callable[[Any, jax.Array], jax.Array] | None = None,
