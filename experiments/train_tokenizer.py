@@ -15,7 +15,8 @@ from absl import flags
 
 from fp8jax.experiments import _cli
 
-_INPUT = flags.DEFINE_list("input", [], "Shard files, folders or globs.")
+_INPUT = flags.DEFINE_list("input", [], "Shard files, folders or globs, or 'synthetic:<MB>' "
+                           "(the generated corpus of the data source of that name).")
 _OUT = flags.DEFINE_string("out", "", "Output folder.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Token ids in all (special tokens "
                               "included).")

@@ -9,7 +9,8 @@ Every (recipe, seed) trains with the config (policy and init seed replaced) in
 ``<out>/runs/<recipe>_s<seed>``; finished runs are skipped, stopped ones resume, so the
 same command continues the matrix across calls. ``--deadline_s``: no run starts after that
 many seconds, and a running one saves a checkpoint and stops then (exit 75: run the command
-again). Writes ``<out>/summary.md`` and ``summary.json``. The logic is
+again). Several copies of the command may share one ``--out`` (e.g. one GPU): each takes
+the runs no other holds. Writes ``<out>/summary.md`` and ``summary.json``. The logic is
 :mod:`fp8jax.study.validation`.
 """
 
@@ -53,7 +54,7 @@ def main(argv):
     return 2
   print(f"done: {len(outcome['done'])} of {len(matrix.runs())} runs finished, "
         f"{len(outcome['stopped'])} stopped at the deadline, {len(outcome['pending'])} not "
-        f"started; {pathlib.Path(_OUT.value) / 'summary.md'}"
+        f"started, {len(outcome['busy'])} trained by other processes; {pathlib.Path(_OUT.value) / 'summary.md'}"
         + ("" if not summary["missing"] else " (partial)"), file=sys.stdout)
   return preemption.EXIT_CODE if summary["missing"] else 0
 

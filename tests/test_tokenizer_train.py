@@ -128,3 +128,22 @@ def test_vocabulary_mismatch_is_an_error_before_compute(trained, tmp_path):
     loop.train(c, tmp_path)
   with pytest.raises(ValueError, match="vocab_size 200 is below"):
     bpe.train_bpe([str(tmp_path)], tmp_path / "t", vocab_size=200)
+
+
+def test_training_on_the_synthetic_corpus(tmp_path):
+  """``synthetic:<MB>`` trains on the generated corpus (no shards): the sample is that
+  corpus's first documents, and its words encode to fewer ids than bytes."""
+  from fp8jax.data import synthetic  # pylint: disable=import-outside-toplevel
+
+  with open(os.devnull, "w") as log:
+    meta = bpe.train_bpe(["synthetic:0.2"], tmp_path, vocab_size=400, sample_bytes=100_000,
+                         log=log)
+  assert meta["sample"]["shards"] == ["synthetic:0.2"]
+  assert 100_000 <= meta["sample"]["bytes"] < 100_000 + 4_000
+  tok = tokenizers.get_tokenizer(str(tmp_path / "tokenizer.json"))
+  doc = synthetic.corpus(0.2)[0]
+  ids = tok.encode(doc)
+  assert tok.decode(ids) == doc
+  assert len(ids) < 0.7 * len(doc.encode())
+  with pytest.raises(ValueError, match="synthetic:<MB>"):
+    list(bpe.sample_documents(["synthetic:x"], 10))

@@ -5,12 +5,14 @@ import json
 import math
 import pathlib
 import signal
+import threading
 import time
 
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from fp8jax.data import folder_lock
 from fp8jax.study import validation
 from fp8jax.train import preemption, run_config
 
@@ -53,8 +55,8 @@ def _tail_reference(workdir, tail=0.1):
 def test_matrix_trains_skips_and_summarizes(tmp_path):
   m = validation.Matrix(RECIPES, (0, 1, 2))
   past = validation.run_matrix(_config(), tmp_path, m, deadline=time.monotonic() - 1)
-  assert past == {"done": [], "stopped": [], "pending": [validation.run_name(r, s)
-                                                          for r, s in m.runs()]}
+  assert past == {"done": [], "stopped": [], "busy": [],
+                  "pending": [validation.run_name(r, s) for r, s in m.runs()]}
   assert not (tmp_path / "runs").exists()
   outcome = validation.run_matrix(_config(), tmp_path, m)
   assert len(outcome["done"]) == 6
@@ -102,9 +104,81 @@ def test_deadline_stops_a_run_through_its_preemption_watch(tmp_path):
   m = validation.Matrix(("bf16", "gemm:fp8_tensor"), (0,))
   out = validation.run_matrix(_config(), tmp_path, m, deadline=time.monotonic() + 0.1,
                               train_fn=slow_train)
-  assert out == {"done": [], "stopped": ["bf16_s0"], "pending": ["gemm_fp8_tensor_s0"]}
+  assert out == {"done": [], "stopped": ["bf16_s0"], "pending": ["gemm_fp8_tensor_s0"],
+                 "busy": []}
   assert seen == [("bf16", 0, False)]
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_processes_share_a_matrix(tmp_path):
+  """A run whose folder another writer holds is skipped (``busy``), not trained twice; the
+  lock is held until done.json is written, and a finished run is not trained again."""
+  m = validation.Matrix(("bf16", "gemm:fp8_tensor"), (0,))
+  trained = []
+
+  def fake_train(cfg, workdir, resume, stream):
+    trained.append(workdir.name)
+    refused = []
+
+    def try_hold():  # another writer meanwhile: refused, the matrix holds the folder
+      try:
+        with folder_lock.hold(workdir):
+          pass
+      except folder_lock.FolderLockedError:
+        refused.append(True)
+
+    t = threading.Thread(target=try_hold)
+    t.start()
+    t.join()
+    assert refused
+    return {"final_step": 4}
+
+  held, release = threading.Event(), threading.Event()
+
+  def other_process():  # another writer holds bf16_s0 (a thread counts as one)
+    with folder_lock.hold(tmp_path / "runs" / "bf16_s0"):
+      held.set()
+      release.wait(10)
+
+  holder = threading.Thread(target=other_process)
+  holder.start()
+  held.wait(10)
+  try:
+    out = validation.run_matrix(_config(), tmp_path, m, train_fn=fake_train)
+  finally:
+    release.set()
+    holder.join()
+  assert out["busy"] == ["bf16_s0"] and out["done"] == ["gemm_fp8_tensor_s0"]
+  assert trained == ["gemm_fp8_tensor_s0"]
+  assert json.loads((tmp_path / "runs" / "gemm_fp8_tensor_s0" / "done.json").read_text())[
+      "final_step"] == 4
+  out = validation.run_matrix(_config(), tmp_path, m, train_fn=fake_train)
+  assert trained == ["gemm_fp8_tensor_s0", "bf16_s0"] and not out["busy"]
+
+
+def test_a_run_stopped_without_checkpoint_starts_again(tmp_path):
+  """No checkpoint: trained from step 0 (resume=False), the stopped run's metrics kept
+  aside; with a checkpoint: resumed."""
+  m = validation.Matrix(("bf16",), (0,))
+  run = tmp_path / "runs" / "bf16_s0"
+  run.mkdir(parents=True)
+  (run / "config.json").write_text("{}")
+  (run / "metrics.jsonl").write_text('{"step": 10}\n')
+  calls = []
+
+  def fake_train(cfg, workdir, resume, stream):
+    calls.append(resume)
+    assert not (workdir / "metrics.jsonl").exists()
+    return {"final_step": 4}
+
+  validation.run_matrix(_config(), tmp_path, m, train_fn=fake_train)
+  assert calls == [False]
+  assert (run / "metrics.jsonl.stopped-0").read_text() == '{"step": 10}\n'
+  (run / "done.json").unlink()
+  (run / "checkpoints" / "10").mkdir(parents=True)
+  validation.run_matrix(_config(), tmp_path, m, train_fn=lambda c, w, resume, stream:
+                        calls.append(resume) or {})
+  assert calls == [False, True]
 
 
 def test_verdicts():

@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from fp8jax.data import progress, shards
+from fp8jax.data import progress, shards, synthetic
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 WHITESPACE = " \t\n\r\x0b\x0c"
@@ -64,7 +64,12 @@ def sample_documents(inputs, sample_bytes: int, field: str = "text", seed: int =
                      skip_bad: bool = False, stats: dict | None = None, log=None):
   """Yields documents for training: from the shards in a seeded order, the first ones of
   each shard, at most ``sample_bytes / min(shards, 8)`` UTF-8 bytes per shard, until
-  ``sample_bytes`` in all. ``stats`` receives the shards used, documents and bytes."""
+  ``sample_bytes`` in all. ``stats`` receives the shards used, documents and bytes.
+  ``inputs == ["synthetic:<MB>"]``: the generated corpus (:mod:`fp8jax.data.synthetic`)
+  of that size, in order, instead of shards."""
+  if len(inputs) == 1 and str(inputs[0]).startswith("synthetic:"):
+    yield from _synthetic_documents(str(inputs[0]), sample_bytes, stats)
+    return
   files = shards.list_shards(inputs)
   order = np.random.default_rng(seed).permutation(len(files))
   per_shard = max(sample_bytes // min(len(files), 8), 1)
@@ -89,6 +94,23 @@ def sample_documents(inputs, sample_bytes: int, field: str = "text", seed: int =
   bar.update(stats["bytes"], f"{progress.format_bytes(stats['bytes'])} from "
              f"{len(stats['shards'])} shards", force=True)
   bar.close()
+
+
+def _synthetic_documents(source: str, sample_bytes: int, stats: dict | None):
+  """The documents of ``synthetic:<MB>``, at most ``sample_bytes`` UTF-8 bytes of them."""
+  try:
+    megabytes = float(source.split(":", 1)[1])
+  except ValueError:
+    raise ValueError(f"tokenizer input {source!r}: expected 'synthetic:<MB>', e.g. "
+                     "'synthetic:8'") from None
+  stats = stats if stats is not None else {}
+  stats.update(shards=[source], documents=0, bytes=0)
+  for text in synthetic.corpus(megabytes):
+    if stats["bytes"] >= sample_bytes:
+      break
+    stats["documents"] += 1
+    stats["bytes"] += len(text.encode("utf-8"))
+    yield text
 
 
 def train_bpe(inputs, out, vocab_size: int = 8192, sample_bytes: int = 256 * 10**6,

@@ -12,7 +12,9 @@ that finished has ``done.json`` and is skipped; one with checkpoints resumes. Ru
 by seed, so an interrupted matrix has whole seeds first. With a ``deadline``
 (``time.monotonic()`` seconds) no run starts after it, and a running one is stopped at it as
 by a preemption notice (it saves a checkpoint and the next call resumes it; runs without
-checkpoints, ``train.checkpoints=False``, run to their end).
+checkpoints, ``train.checkpoints=False``, run to their end, and one stopped otherwise
+starts again). Several processes may work on one matrix at once (e.g. on one GPU): each
+run's folder is locked while it trains, and a process skips the runs another holds.
 
 The summary: per run the mean ``metric`` over the last ``tail`` share of its logged steps
 (runs_report's tail mean; nats per token); per recipe the relative gap to BF16 of the same
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from fp8jax.data import folder_lock
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import results_io
 from fp8jax.study.intervals import Stat, mean_ci
@@ -112,13 +115,13 @@ def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, str
                train_fn: Callable | None = None) -> dict[str, list[str]]:
   """Trains every run of ``matrix`` not finished yet; returns the run names by outcome
   (``done``: finished now or before, ``stopped``: saved at the deadline, ``pending``: not
-  started). ``train_fn``: :func:`fp8jax.train.loop.train` (replaceable in tests)."""
+  started, ``busy``: held by another process). ``train_fn``: :func:`fp8jax.train.loop.train` (replaceable in tests)."""
   if train_fn is None:
     from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
     train_fn = loop.train
   stream = stream or sys.stderr
   out = pathlib.Path(out)
-  outcome = {"done": [], "stopped": [], "pending": []}
+  outcome = {"done": [], "stopped": [], "pending": [], "busy": []}
   main = threading.current_thread() is threading.main_thread()
   previous = signal.signal(signal.SIGTERM, _ignore_term) if deadline and main else None
   try:
@@ -131,7 +134,8 @@ def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, str
 
 
 def _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome) -> None:
-  """Trains one run of the matrix unless done; records its outcome."""
+  """Trains one run of the matrix unless done or held by another process (``busy``);
+  records its outcome. The run's folder stays locked from the check to ``done.json``."""
   name = run_name(recipe, seed)
   workdir = out / "runs" / name
   if (workdir / DONE).exists():
@@ -140,13 +144,50 @@ def _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcom
   if deadline is not None and time.monotonic() >= deadline:
     outcome["pending"].append(name)
     return
+  try:
+    with folder_lock.hold(workdir):
+      if (workdir / DONE).exists():  # finished by another process since the check above
+        outcome["done"].append(name)
+        return
+      _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
+                 outcome)
+  except folder_lock.FolderLockedError:
+    print(f"[validate] {name}: another process trains it, skipped", file=stream, flush=True)
+    outcome["busy"].append(name)
+
+
+def _has_checkpoint(workdir: pathlib.Path) -> bool:
+  ckpts = workdir / "checkpoints"
+  return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+
+
+def _set_aside(workdir: pathlib.Path, stream) -> None:
+  """A run stopped without a checkpoint restarts from step 0: its metrics are kept as
+  ``metrics.jsonl.stopped-<n>``, out of the new run's way."""
+  metrics = workdir / "metrics.jsonl"
+  if not metrics.exists():
+    return
+  n = 0
+  while (aside := workdir / f"metrics.jsonl.stopped-{n}").exists():
+    n += 1
+  metrics.rename(aside)
+  print(f"[validate] {workdir.name}: stopped earlier without a checkpoint; starts again "
+        f"(its metrics kept as {aside.name})", file=stream, flush=True)
+
+
+def _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
+               outcome) -> None:
+  name = workdir.name
   cfg = base_cfg.copy_and_resolve_references()
   cfg.policy, cfg.seed = recipe, seed
-  print(f"[validate] {name}: {'resuming' if (workdir / 'config.json').exists() else 'start'}"
-        f" ({len(outcome['done'])} of {len(matrix.runs())} done)", file=stream, flush=True)
+  resume = _has_checkpoint(workdir)
+  if not resume:
+    _set_aside(workdir, stream)
+  print(f"[validate] {name}: {'resuming' if resume else 'start'} "
+        f"({len(outcome['done'])} of {len(matrix.runs())} done here)", file=stream, flush=True)
   cancel = _stop_at(deadline)
   try:
-    summary = train_fn(cfg, workdir, resume=(workdir / "config.json").exists(), stream=stream)
+    summary = train_fn(cfg, workdir, resume=resume, stream=stream)
   except preemption.Preempted:
     outcome["stopped"].append(name)
     return
