@@ -3,14 +3,16 @@ to BF16 against BF16's seed-to-seed spread (docs/validation.md).
 
     python -m fp8jax.experiments.validate --config=experiments/configs/train_tiny.py \
         --out=out/validation --recipes=bf16,gemm:fp32_blockwise --seeds=0-2 \
-        [--deadline_s=540] [--metric=lm_loss] [--bound=0.0025]
+        [--deadline_s=540] [--metric=lm_loss] [--bound=0.0025] \
+        [--contrast="gemm:mxfp4 vs gemm:nvfp4" ...]
 
 Every (recipe, seed) trains with the config (policy and init seed replaced) in
 ``<out>/runs/<recipe>_s<seed>``; finished runs are skipped, stopped ones resume, so the
 same command continues the matrix across calls. ``--deadline_s``: no run starts after that
 many seconds, and a running one saves a checkpoint and stops then (exit 75: run the command
 again). Several copies of the command may share one ``--out`` (e.g. one GPU): each takes
-the runs no other holds. Writes ``<out>/summary.md`` and ``summary.json``. The logic is
+the runs no other holds. Writes ``<out>/summary.md``, ``summary.json`` and the figure
+``validation.png`` (loss and gap to BF16 over training, seed bands). The logic is
 :mod:`fp8jax.study.validation`.
 """
 
@@ -34,6 +36,9 @@ _DEADLINE = flags.DEFINE_float("deadline_s", 0.0, "Stop after this many seconds 
 _METRIC = flags.DEFINE_enum("metric", "lm_loss", ["loss", "lm_loss"], "The loss compared.")
 _TAIL = flags.DEFINE_float("tail", 0.1, "Share of the last logged steps averaged.")
 _BOUND = flags.DEFINE_float("bound", 0.0025, "Relative gap the verdicts are against.")
+_CONTRAST = flags.DEFINE_multi_string(
+    "contrast", [], "'RECIPE_A vs RECIPE_B': the paired difference of their gaps over seeds "
+    "(repeatable).")
 
 
 def main(argv):
@@ -44,18 +49,27 @@ def main(argv):
   start = time.monotonic()
   try:
     matrix = validation.Matrix(tuple(_RECIPES.value), validation.parse_seeds(_SEEDS.value))
+    contrasts = [validation.parse_contrast(c, matrix) for c in _CONTRAST.value]
     outcome = validation.run_matrix(
         _CONFIG.value, _OUT.value, matrix,
         deadline=start + _DEADLINE.value if _DEADLINE.value > 0 else None)
     summary = validation.summarize(_OUT.value, matrix, _METRIC.value, _TAIL.value,
-                                   _BOUND.value)
+                                   _BOUND.value, contrasts)
+    if not any(run_name.startswith(validation.REFERENCE + "_s")
+               for run_name in outcome["done"]):
+      figure = None
+    else:
+      from fp8jax.study import validation_figures  # pylint: disable=import-outside-toplevel
+      figure = validation_figures.draw(_OUT.value, matrix)
   except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"done: {len(outcome['done'])} of {len(matrix.runs())} runs finished, "
         f"{len(outcome['stopped'])} stopped at the deadline, {len(outcome['pending'])} not "
-        f"started, {len(outcome['busy'])} trained by other processes; {pathlib.Path(_OUT.value) / 'summary.md'}"
-        + ("" if not summary["missing"] else " (partial)"), file=sys.stdout)
+        f"started, {len(outcome['busy'])} trained by other processes; "
+        f"{pathlib.Path(_OUT.value) / 'summary.md'}"
+        + ("" if not summary["missing"] else " (partial)")
+        + (f", {figure}" if figure else ""), file=sys.stdout)
   return preemption.EXIT_CODE if summary["missing"] else 0
 
 

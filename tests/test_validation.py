@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from fp8jax.data import folder_lock
-from fp8jax.study import validation
+from fp8jax.study import validation, validation_figures
 from fp8jax.train import preemption, run_config
 
 RECIPES = ("bf16", "attn@0-1:e5m2")
@@ -179,6 +179,63 @@ def test_a_run_stopped_without_checkpoint_starts_again(tmp_path):
   validation.run_matrix(_config(), tmp_path, m, train_fn=lambda c, w, resume, stream:
                         calls.append(resume) or {})
   assert calls == [False, True]
+
+
+def _fake_run(out, recipe, seed, tail_loss):
+  """A finished run whose last logged losses are all ``tail_loss``."""
+  run = out / "runs" / validation.run_name(recipe, seed)
+  run.mkdir(parents=True)
+  rows = [{"step": 10 * i, "loss": 5.0, "lm_loss": 5.0 if i < 5 else tail_loss}
+          for i in range(10)]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (run / "config.json").write_text(json.dumps({"policy": recipe, "seed": seed}))
+  (run / "done.json").write_text("{}")
+
+
+def test_contrasts_pair_the_gaps_by_seed(tmp_path):
+  """gap(a) - gap(b) per seed against a separate computation and SciPy's t-interval; a
+  seed where b did not finish is left out of the pairs; a contrast of an unknown recipe
+  fails before any run."""
+  m = validation.Matrix(("bf16", "gemm:mxfp4", "gemm:nvfp4"), (0, 1, 2, 3))
+  bf16 = [2.00, 2.01, 1.99, 2.02]
+  mx = [2.030, 2.045, 2.018, 2.050]
+  nv = [2.015, 2.020, 2.010, None]
+  for s in range(4):
+    _fake_run(tmp_path, "bf16", s, bf16[s])
+    _fake_run(tmp_path, "gemm:mxfp4", s, mx[s])
+    if nv[s] is not None:
+      _fake_run(tmp_path, "gemm:nvfp4", s, nv[s])
+  summary = validation.summarize(tmp_path, m, contrasts=[("gemm:mxfp4", "gemm:nvfp4")])
+  (c,) = summary["contrasts"]
+  want = [(mx[s] - bf16[s]) / bf16[s] - (nv[s] - bf16[s]) / bf16[s] for s in range(3)]
+  assert c["diffs"] == pytest.approx(want)
+  lo, hi = scipy_stats.t.interval(0.95, 2, loc=np.mean(want), scale=scipy_stats.sem(want))
+  assert (c["diff"]["lo"], c["diff"]["hi"]) == pytest.approx((lo, hi), rel=1e-3)
+  assert c["verdict"] == ("a > b" if lo > 0 else "cannot tell")
+  assert "| gemm:mxfp4 | gemm:nvfp4 | 3 |" in (tmp_path / "summary.md").read_text()
+  assert validation.parse_contrast(" gemm:mxfp4 vs gemm:nvfp4 ", m) == ("gemm:mxfp4",
+                                                                        "gemm:nvfp4")
+  with pytest.raises(ValueError, match="not among the recipes"):
+    validation.parse_contrast("gemm:mxfp4 vs gemm:fp32_blockwise", m)
+  with pytest.raises(ValueError, match="RECIPE_A vs RECIPE_B"):
+    validation.parse_contrast("gemm:mxfp4,gemm:nvfp4", m)
+
+
+def test_figure_curves_are_the_gaps_of_the_same_seed(tmp_path):
+  """The figure's gap series is (loss - loss_bf16) / loss_bf16 of the same seed at each
+  step (no smoothing), and the PNG is written."""
+  m = validation.Matrix(("bf16", "gemm:mxfp4"), (0, 1))
+  for s, (ref, q) in enumerate(((2.0, 2.1), (2.2, 2.2))):
+    _fake_run(tmp_path, "bf16", s, ref)
+    _fake_run(tmp_path, "gemm:mxfp4", s, q)
+  steps, loss, gap = validation_figures.curves(tmp_path, m, smooth=1)
+  assert list(steps) == list(range(0, 100, 10))
+  assert loss["gemm:mxfp4"].shape == (2, 10)
+  np.testing.assert_allclose(gap["gemm:mxfp4"][:, -1], [0.05, 0.0])
+  np.testing.assert_allclose(gap["gemm:mxfp4"][:, 0], [0.0, 0.0])
+  assert validation_figures.draw(tmp_path, m, skip_steps=0).stat().st_size > 10_000
+  with pytest.raises(ValueError, match="no finished bf16 run"):
+    validation_figures.curves(tmp_path / "empty", m)
 
 
 def test_verdicts():

@@ -115,7 +115,8 @@ def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, str
                train_fn: Callable | None = None) -> dict[str, list[str]]:
   """Trains every run of ``matrix`` not finished yet; returns the run names by outcome
   (``done``: finished now or before, ``stopped``: saved at the deadline, ``pending``: not
-  started, ``busy``: held by another process). ``train_fn``: :func:`fp8jax.train.loop.train` (replaceable in tests)."""
+  started, ``busy``: held by another process). ``train_fn``:
+  :func:`fp8jax.train.loop.train` (replaceable in tests)."""
   if train_fn is None:
     from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
     train_fn = loop.train
@@ -220,11 +221,40 @@ def verdict(gap: Stat, bound: float) -> str:
   return "cannot tell"
 
 
+def parse_contrast(text: str, matrix: Matrix | None = None) -> tuple[str, str]:
+  """``"gemm:mxfp4 vs gemm:nvfp4"`` -> ("gemm:mxfp4", "gemm:nvfp4"), both recipes of
+  ``matrix`` when given (checked before any run)."""
+  parts = [p.strip() for p in str(text).split(" vs ")]
+  if len(parts) != 2 or not all(parts):
+    raise ValueError(f"contrast {text!r}: expected 'RECIPE_A vs RECIPE_B'")
+  for r in parts:
+    if matrix is not None and r not in matrix.recipes:
+      raise ValueError(f"contrast {text!r}: {r!r} is not among the recipes "
+                       f"{list(matrix.recipes)}")
+  return parts[0], parts[1]
+
+
+def contrast(recipes: dict[str, Any], a: str, b: str) -> dict[str, Any]:
+  """``gap(a) - gap(b)`` per seed (both finished and finite), mean and t-interval: does
+  recipe ``a`` lose more than ``b``? Paired by seed, so the shared BF16 run cancels."""
+  for r in (a, b):
+    if r not in recipes:
+      raise ValueError(f"contrast {a!r} vs {b!r}: {r!r} is not a recipe of the matrix "
+                       f"({', '.join(recipes)})")
+  ga, gb = (dict(zip(recipes[r]["gap_seeds"], recipes[r]["gaps"])) for r in (a, b))
+  diffs = [ga[s] - gb[s] for s in ga if s in gb]
+  stat = mean_ci(diffs)
+  sign = ("a > b" if stat.has_ci and stat.lo > 0 else "a < b" if stat.has_ci and stat.hi < 0
+          else "cannot tell")
+  return {"a": a, "b": b, "diffs": diffs, "diff": dataclasses.asdict(stat), "verdict": sign}
+
+
 def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
-              bound: float = 0.0025) -> dict[str, Any]:
-  """Tail values per run, gaps to BF16 per recipe over seeds, the BF16 spread; writes
-  ``<out>/summary.json`` and ``<out>/summary.md``. Unfinished runs are left out and
-  listed."""
+              bound: float = 0.0025, contrasts: Sequence[tuple[str, str]] = ()
+              ) -> dict[str, Any]:
+  """Tail values per run, gaps to BF16 per recipe over seeds, the BF16 spread, and the
+  ``contrasts`` (recipe pairs, :func:`contrast`); writes ``<out>/summary.json`` and
+  ``<out>/summary.md``. Unfinished runs are left out and listed."""
   out = pathlib.Path(out)
   value, missing, nonfinite = {}, [], []
   for recipe, seed in matrix.runs():
@@ -241,16 +271,18 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
   recipes = {}
   for recipe in matrix.recipes:
     finals = {s: value[(recipe, s)] for s in matrix.seeds if (recipe, s) in value}
-    gaps = [(finals[s] - ref[s]) / ref[s] for s in finals
-            if math.isfinite(finals[s]) and math.isfinite(ref[s])]
+    seeds = [s for s in finals if math.isfinite(finals[s]) and math.isfinite(ref[s])]
+    gaps = [(finals[s] - ref[s]) / ref[s] for s in seeds]
     gap = mean_ci(gaps)
-    recipes[recipe] = {"tail": finals, "gaps": gaps, "gap": dataclasses.asdict(gap),
+    recipes[recipe] = {"tail": finals, "gaps": gaps, "gap_seeds": seeds,
+                       "gap": dataclasses.asdict(gap),
                        "verdict": "reference" if recipe == REFERENCE else verdict(gap, bound),
                        "gap_over_spread": (abs(gap.mean) / spread
                                            if spread and math.isfinite(spread) else math.nan)}
   summary = {"metric": metric, "tail": tail, "bound": bound, "seeds": list(matrix.seeds),
              "bf16_spread": spread, "recipes": recipes, "missing": missing,
-             "nonfinite": nonfinite}
+             "nonfinite": nonfinite,
+             "contrasts": [contrast(recipes, a, b) for a, b in contrasts]}
   results_io.write_json(out / "summary.json", _json_safe(summary))
   (out / "summary.md").write_text(render(summary))
   return summary
@@ -289,6 +321,13 @@ def render(summary: dict[str, Any]) -> str:
                  f"{'-' if recipe == REFERENCE else _pct(gap.mean) + ' ' + ci} | "
                  f"{'-' if recipe == REFERENCE else format(r['gap_over_spread'], '.2g')} | "
                  f"{r['verdict']} |")
+  if summary.get("contrasts"):
+    lines += ["", "Contrasts: gap(a) - gap(b) per seed, mean [95% t-interval] over seeds.", "",
+              "| a | b | seeds | gap(a) - gap(b) | verdict |", "|---|---|---|---|---|"]
+    for c in summary["contrasts"]:
+      d = Stat(**c["diff"])
+      ci = f"[{_pct(d.lo)}, {_pct(d.hi)}]" if d.has_ci else "(no interval)"
+      lines.append(f"| {c['a']} | {c['b']} | {d.n} | {_pct(d.mean)} {ci} | {c['verdict']} |")
   for key, text in (("missing", "not finished"), ("nonfinite", "non-finite, left out")):
     if summary[key]:
       lines += ["", f"Runs {text}: {', '.join(summary[key])}."]
