@@ -88,6 +88,19 @@ class DocumentBatches:
   seq_len: int
   offset: int
 
+  @staticmethod
+  def _check_layout(seq_len: int, global_batch: int, process_index: int,
+                    process_count: int) -> None:
+    """Raises ValueError unless rows of ``seq_len`` >= 2 tokens, a global batch split
+    evenly over the processes and a process index among them."""
+    if seq_len < 2:
+      raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    if global_batch < 1 or global_batch % process_count:
+      raise ValueError(f"global batch {global_batch} is not divisible by the "
+                       f"{process_count} processes")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+
   def _current(self) -> np.ndarray:
     raise NotImplementedError
 

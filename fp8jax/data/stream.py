@@ -76,13 +76,7 @@ class ShardBatches(packing.DocumentBatches):
                process_index: int = 0, process_count: int = 1, field: str = "text",
                window: int = 1024, skip_bad: bool = False, prefetch: int = 2,
                skips: shards_lib.Skips | None = None):
-    if seq_len < 2:
-      raise ValueError(f"seq_len must be >= 2, got {seq_len}")
-    if global_batch < 1 or global_batch % process_count:
-      raise ValueError(f"global batch {global_batch} is not divisible by the "
-                       f"{process_count} processes")
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    self._check_layout(seq_len, global_batch, process_index, process_count)
     if seed < 0 or window < 1:
       raise ValueError(f"seed must be >= 0 and window >= 1, got {seed} and {window}")
     self.shards = [str(s) for s in shards]

@@ -158,13 +158,7 @@ class StreamingBatches(packing.DocumentBatches):
   def __init__(self, docs, tokenizer, seq_len: int, global_batch: int, seed: int = 0,
                process_index: int = 0, process_count: int = 1, read_threads: int = 2,
                read_ahead: int = 64):
-    if seq_len < 2:
-      raise ValueError(f"seq_len must be >= 2, got {seq_len}")
-    if global_batch < 1 or global_batch % process_count:
-      raise ValueError(f"global batch {global_batch} is not divisible by the "
-                       f"{process_count} processes")
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    self._check_layout(seq_len, global_batch, process_index, process_count)
     if seed < 0:
       raise ValueError(f"seed must be >= 0, got {seed}")
     self._grain = _import("grain")
