@@ -125,3 +125,20 @@ def define_config_file(name: str, default: str, help_string: str):
     overrides = [a for a in sys.argv[1:] if a.startswith(f"--{name}.")]
     fail(f"--{name} override {' '.join(overrides)} does not apply: "
          f"{_one_line(e)}")
+
+
+def define_distributed():
+  """The ``--distributed`` flag of a binary that can run over several processes; pass it
+  to :func:`start_processes`."""
+  return flags.DEFINE_bool(
+      "distributed", False, "Join a multi-process run: jax.distributed.initialize() from the "
+      "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+      "JAX_PROCESS_ID (README: Several hosts).")
+
+
+def start_processes(distributed) -> None:
+  """``fp8jax.train.multihost.start`` with the ``--distributed`` flag's value (joining the
+  run when set) and whether ``--verbosity`` was given."""
+  from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
+
+  multihost.start(distributed.value, flags.FLAGS["verbosity"].present)

@@ -29,10 +29,7 @@ _NOISE = flags.DEFINE_integer("noise", 1, "Noise-floor branches (BF16 from weigh
 _NOISE_SEED = flags.DEFINE_integer("noise_seed", 0, "Seed of the noise-floor perturbations.")
 _TOGETHER = flags.DEFINE_integer("max_together", 0, "Branches stepped together besides the "
                                  "reference (0: what fits in device memory).")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
-                                 "Join a multi-process run: jax.distributed.initialize() from the "
-                                 "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
-                                 "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
+_DISTRIBUTED = _cli.define_distributed()
 _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", None, "Deterministic mode: the same bits on every GPU run (XLA's "
     "autotuning off, one-hot embedding gradient, XLA attention; docs/determinism.md), at a "
@@ -47,7 +44,7 @@ def main(argv):
   from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
 
   try:
-    multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
+    _cli.start_processes(_DISTRIBUTED)
     summary = branch.run(
         _TRAIN.value, _OUT.value, policies=_POLICIES.value,
         from_steps=[int(s) for s in _FROM.value] or None,

@@ -47,10 +47,7 @@ _DATA = flags.DEFINE_string("data", "", "Evaluation data instead of the training
 _ALLOW_OTHER_DATA = flags.DEFINE_bool("allow_other_data", False,
                                       "Compare even if the evaluation data differs from "
                                       "the data the checkpoints were trained on.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
-                                 "Join a multi-process run: jax.distributed.initialize() from the "
-                                 "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
-                                 "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
+_DISTRIBUTED = _cli.define_distributed()
 _DELAYED_WARMUP = flags.DEFINE_integer(
     "delayed_warmup", 4, "Warm-up passes (forward and backward) of each delayed-scaling "
     "policy over its evaluation window's batches in turn, filling the amax histories its "
@@ -89,7 +86,7 @@ def main(argv):
                             batch_size=_BATCH_SIZE.value, seq_len=_SEQ_LEN.value,
                             seed=_SEED.value, split=_SPLIT.value)
     steps = _ints(_STEPS) or None
-    multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
+    _cli.start_processes(_DISTRIBUTED)
     summary = sweep.run(_TRAIN.value, _OUT.value, policies=_POLICIES.value, steps=steps,
                         windows=windows, moe_impl=_MOE_IMPL.value,
                         skip_corrupt=_SKIP_CORRUPT.value,

@@ -37,10 +37,7 @@ _SEED_CONTROLS = flags.DEFINE_bool(
     "seed_controls", True, "Also compare the noise-matched controls of the seed grid's "
     "all-layer E4M3 policies (each quantization error replaced by random noise of the same "
     "energy per block) when the policies include the seed grid.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
-                                 "Join a multi-process run: jax.distributed.initialize() from the "
-                                 "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
-                                 "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
+_DISTRIBUTED = _cli.define_distributed()
 
 
 def main(argv):
@@ -59,7 +56,7 @@ def main(argv):
   try:
     windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                             batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
-    multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
+    _cli.start_processes(_DISTRIBUTED)
     controls = (pipeline.seed_controls(run_config.model_config(_CONFIG.value).num_hidden_layers)
                 if _SEED_CONTROLS.value and "seed" in _POLICIES.value else ())
     report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,

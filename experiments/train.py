@@ -28,10 +28,7 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir.")
 _ALLOW_POLICY_CHANGE = flags.DEFINE_bool(
     "allow_policy_change", False,
     "With --resume: continue under a precision policy other than the checkpoint records.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False,
-                                 "Join a multi-process run: jax.distributed.initialize() from the "
-                                 "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, "
-                                 "JAX_NUM_PROCESSES and JAX_PROCESS_ID (README: Several hosts).")
+_DISTRIBUTED = _cli.define_distributed()
 
 
 def main(argv):
@@ -43,7 +40,7 @@ def main(argv):
   )
 
   try:
-    multihost.start(_DISTRIBUTED.value, flags.FLAGS["verbosity"].present)
+    _cli.start_processes(_DISTRIBUTED)
     summary = loop.train(_CONFIG.value, _WORKDIR.value, resume=_RESUME.value,
                          allow_policy_change=_ALLOW_POLICY_CHANGE.value)
   except loop.NonFiniteError as e:

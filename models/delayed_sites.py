@@ -34,8 +34,6 @@ import fp8jax
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
 
-_MOE_SITES = ("moe_out", "moe_routed_out", "moe_shared_out", "expert_in")
-
 
 def runs(cfg: ModelConfig, site: str, layer: int) -> bool:
   """Whether the model passes through ``site`` at ``layer``."""
@@ -43,7 +41,7 @@ def runs(cfg: ModelConfig, site: str, layer: int) -> bool:
     return True
   if site == "mlp_out":
     return not cfg.is_moe_layer(layer)
-  if site not in _MOE_SITES:
+  if site not in policy_lib.MOE_SITES:
     raise ValueError(f"unknown quantization site {site!r}; sites: {policy_lib.SITES}")
   return cfg.is_moe_layer(layer) and (site != "moe_shared_out" or cfg.n_shared_experts > 0)
 

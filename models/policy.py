@@ -37,9 +37,11 @@ whether it continues under the same policy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 import dataclasses
 import json
 import re
+from typing import ClassVar
 
 import fp8jax
 from fp8jax import rules as fp8jax_rules
@@ -47,7 +49,15 @@ from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import recipes
 from fp8jax.models import policy_rules
 
-SITES = ("attn_out", "mlp_out", "moe_out", "moe_routed_out", "moe_shared_out", "expert_in")
+SITE_MODULES = {
+    "attn_out": ("attn_o",), "mlp_out": ("dense_mlp",),
+    "moe_out": ("routed_experts", "shared_experts"), "moe_routed_out": ("routed_experts",),
+    "moe_shared_out": ("shared_experts",), "expert_in": ("routed_experts",)}
+"""The sites (module docstring), each with the modules (``fp8jax.metrics.MODULES``) whose
+parameters see its quantized tensor directly: the one list of the model's sites."""
+SITES = tuple(SITE_MODULES)
+MOE_SITES = tuple(s for s in SITES if s not in ("attn_out", "mlp_out"))
+"""The sites of MoE layers (``attn_out`` runs in every layer, ``mlp_out`` in dense ones)."""
 
 
 def parse_layers(text: str | int) -> tuple[int, ...] | None:
@@ -87,6 +97,9 @@ class SiteRule:
 @dataclasses.dataclass(frozen=True)
 class PrecisionPolicy:
   """A static, hashable set of site rules (later rules override earlier ones)."""
+
+  site_modules: ClassVar[Mapping[str, tuple[str, ...]]] = SITE_MODULES
+  """What ``fp8jax.metrics.direct_modules`` reads: the modules each site quantizes."""
 
   rules: tuple[SiteRule, ...] = ()
   name: str = "bf16"
@@ -158,8 +171,11 @@ def record(policy: PrecisionPolicy, expression: str | None = None) -> dict:
   ``expression`` (default the policy's name), ``name``, ``rules`` (site, layers, spec with
   every QuantSpec field), ``gemm`` (every GemmConfig field, or None), ``gemm_layers``,
   ``gemm_bf16_tail``. Two policies that quantize alike and share the expression give
-  equal records."""
+  equal records. The GEMM's ``impl`` appears only when it is not ``"auto"``, so records
+  written before that field existed still match."""
   fields = dataclasses.asdict(policy)
+  if fields["gemm"] is not None and fields["gemm"]["impl"] == "auto":
+    del fields["gemm"]["impl"]
   out = {"expression": policy.name if expression is None else expression.strip(), **fields}
   return json.loads(json.dumps(out, sort_keys=True))
 

@@ -59,3 +59,17 @@ def test_a_missing_details_line_is_recomputed_and_a_damaged_one_named(train_run,
   with pytest.raises(ValueError, match=r"details.jsonl:1: not a JSON object"):
     run()
   assert json.loads(rows.read_text().splitlines()[0])["policy"] == "bf16"
+
+
+def test_a_resumed_meta_must_agree_on_its_keys(tmp_path):
+  """The one meta.json check of the sweep and the branch runs: the keys compared as JSON,
+  an optional key absent from an older file passes, a differing one is named."""
+  assert results_io.resumed_meta(tmp_path, {"k": 1}, ("k",), "runs") is None
+  results_io.write_json(tmp_path / "meta.json", {"k": [1, 2], "steps": [1]})
+  meta = {"k": (1, 2), "data": "c4"}
+  assert results_io.resumed_meta(tmp_path, meta, ("k", "data"), "runs",
+                                 optional=("data",))["steps"] == [1]
+  with pytest.raises(ValueError, match=f"{tmp_path} holds runs with a different data"):
+    results_io.resumed_meta(tmp_path, meta, ("k", "data"), "runs")
+  with pytest.raises(ValueError, match=r"different k \(\[1, 2\] vs \[1, 3\]\); use another"):
+    results_io.resumed_meta(tmp_path, {"k": [1, 3]}, ("k",), "runs")

@@ -74,3 +74,51 @@ class BatchIterator:
       raise ValueError(f"the saved data position used seed {state['seed']}, this run "
                        f"uses {self.seed}")
     self.epoch, self.step = int(state["epoch"]), int(state["step"])
+
+
+class DocumentBatches:
+  """Batches cut from a stream of documents, each continuing where the last one stopped.
+
+  A subclass sets ``local_batch``, ``seq_len`` and ``offset`` (tokens of the current
+  document already taken) and defines ``_current()`` (the current document's int32 tokens,
+  reading ahead as needed) and ``_next_document()`` (moves to the next one, offset 0).
+  """
+
+  local_batch: int
+  seq_len: int
+  offset: int
+
+  @staticmethod
+  def _check_layout(seq_len: int, global_batch: int, process_index: int,
+                    process_count: int) -> None:
+    """Raises ValueError unless rows of ``seq_len`` >= 2 tokens, a global batch split
+    evenly over the processes and a process index among them."""
+    if seq_len < 2:
+      raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    if global_batch < 1 or global_batch % process_count:
+      raise ValueError(f"global batch {global_batch} is not divisible by the "
+                       f"{process_count} processes")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+
+  def _current(self) -> np.ndarray:
+    raise NotImplementedError
+
+  def _next_document(self) -> None:
+    raise NotImplementedError
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> np.ndarray:
+    """This process's int32 [local_batch, seq_len] batch: the documents' tokens in order."""
+    out = np.empty(self.local_batch * self.seq_len, np.int32)
+    filled = 0
+    while filled < len(out):
+      tokens = self._current()
+      take = min(len(out) - filled, len(tokens) - self.offset)
+      out[filled:filled + take] = tokens[self.offset:self.offset + take]
+      filled, self.offset = filled + take, self.offset + take
+      if self.offset == len(tokens):
+        self._next_document()
+    return out.reshape(self.local_batch, self.seq_len)

@@ -11,8 +11,20 @@ import time
 
 
 def format_duration(seconds: float) -> str:
-  s = int(round(seconds))
+  """``h:mm:ss`` of a duration in seconds (negative: 0:00:00)."""
+  s = max(0, int(round(seconds)))
   return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def eta(elapsed: float, done: float, left: float) -> float | None:
+  """Seconds until ``left`` more units are done at the rate of ``done`` units in
+  ``elapsed`` seconds; None before anything is done."""
+  return elapsed / done * left if done > 0 else None
+
+
+def eta_text(seconds: float | None) -> str:
+  """``ETA h:mm:ss``, or ``ETA ?`` when unknown (None)."""
+  return f"ETA {format_duration(seconds) if seconds is not None else '?'}"
 
 
 def format_bytes(n: float) -> str:
@@ -47,11 +59,9 @@ class Progress:
       return
     self._last = now
     frac = min(max(done / self.total, 0.0), 1.0)
-    elapsed = now - self.t0
-    eta = elapsed / frac * (1 - frac) if frac > 0 else None
     bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
     line = (f"[{self.prefix}] [{bar}] {100 * frac:5.1f}% {detail}  {rate}  "
-            f"ETA {format_duration(eta) if eta is not None else '?'}")
+            f"{eta_text(eta(now - self.t0, frac, 1 - frac))}")
     if self.tty:
       print("\r" + line + "\x1b[K", end="", file=self.stream, flush=True)
       self._drawn = True

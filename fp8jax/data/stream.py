@@ -40,6 +40,7 @@ import threading
 
 import numpy as np
 
+from fp8jax.data import packing
 from fp8jax.data import shards as shards_lib
 
 _STATE_KEYS = ("seed", "epoch", "shard", "file", "window", "doc", "offset")
@@ -54,7 +55,7 @@ def encode_all(tokenizer, texts: list[str]) -> list[np.ndarray]:
   return [np.asarray(tokenizer.encode(t), np.int32) for t in texts]
 
 
-class ShardBatches:
+class ShardBatches(packing.DocumentBatches):
   """This process's int32 ``[global_batch / process_count, seq_len]`` batches.
 
   Args:
@@ -75,13 +76,7 @@ class ShardBatches:
                process_index: int = 0, process_count: int = 1, field: str = "text",
                window: int = 1024, skip_bad: bool = False, prefetch: int = 2,
                skips: shards_lib.Skips | None = None):
-    if seq_len < 2:
-      raise ValueError(f"seq_len must be >= 2, got {seq_len}")
-    if global_batch < 1 or global_batch % process_count:
-      raise ValueError(f"global batch {global_batch} is not divisible by the "
-                       f"{process_count} processes")
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    self._check_layout(seq_len, global_batch, process_index, process_count)
     if seed < 0 or window < 1:
       raise ValueError(f"seed must be >= 0 and window >= 1, got {seed} and {window}")
     self.shards = [str(s) for s in shards]
@@ -196,24 +191,14 @@ class ShardBatches:
       raise ValueError(f"data position offset {self.offset} is past the "
                        f"{len(docs[self.doc])} tokens of its document (another tokenizer?)")
 
-  def __iter__(self):
-    return self
+  def _current(self) -> np.ndarray:
+    """Tokens of document ``self.doc`` of the window (the next windows read as needed)."""
+    while self._docs is None or self.doc >= len(self._docs):
+      self._next_window()
+    return self._docs[self.doc]
 
-  def __next__(self) -> np.ndarray:
-    """This process's int32 [global_batch / process_count, seq_len] batch."""
-    out = np.empty(self.local_batch * self.seq_len, np.int32)
-    filled = 0
-    while filled < len(out):
-      if self._docs is None or self.doc >= len(self._docs):
-        self._next_window()
-        continue
-      tokens = self._docs[self.doc]
-      take = min(len(out) - filled, len(tokens) - self.offset)
-      out[filled:filled + take] = tokens[self.offset:self.offset + take]
-      filled, self.offset = filled + take, self.offset + take
-      if self.offset == len(tokens):
-        self.doc, self.offset = self.doc + 1, 0
-    return out.reshape(self.local_batch, self.seq_len)
+  def _next_document(self) -> None:
+    self.doc, self.offset = self.doc + 1, 0
 
   def get_state(self) -> dict:
     """The position of the next batch (JSON-serialisable; see the module docstring)."""

@@ -33,6 +33,8 @@ import pathlib
 
 import numpy as np
 
+from fp8jax.data import packing
+
 _INSTALL_HINT = "pip install fp8jax[data]"
 
 
@@ -137,7 +139,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
   return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
-class StreamingBatches:
+class StreamingBatches(packing.DocumentBatches):
   """Per-process packed batches streamed from a random-access sequence of documents.
 
   Args:
@@ -156,13 +158,7 @@ class StreamingBatches:
   def __init__(self, docs, tokenizer, seq_len: int, global_batch: int, seed: int = 0,
                process_index: int = 0, process_count: int = 1, read_threads: int = 2,
                read_ahead: int = 64):
-    if seq_len < 2:
-      raise ValueError(f"seq_len must be >= 2, got {seq_len}")
-    if global_batch < 1 or global_batch % process_count:
-      raise ValueError(f"global batch {global_batch} is not divisible by the "
-                       f"{process_count} processes")
-    if not 0 <= process_index < process_count:
-      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    self._check_layout(seq_len, global_batch, process_index, process_count)
     if seed < 0:
       raise ValueError(f"seed must be >= 0, got {seed}")
     self._grain = _import("grain")
@@ -206,24 +202,11 @@ class StreamingBatches:
                          f"tokens of document {self.doc} (another tokenizer or dataset?)")
     return self._tokens
 
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> np.ndarray:
-    """This process's int32 [global_batch / process_count, seq_len] batch."""
-    out = np.empty(self.local_batch * self.seq_len, np.int32)
-    filled = 0
-    while filled < len(out):
-      tokens = self._current()
-      take = min(len(out) - filled, len(tokens) - self.offset)
-      out[filled:filled + take] = tokens[self.offset:self.offset + take]
-      filled, self.offset = filled + take, self.offset + take
-      if self.offset == len(tokens):
-        self._tokens, self.doc, self.offset = None, self.doc + 1, 0
-        if self.doc == self.docs_per_epoch:
-          self._close()
-          self.epoch, self.doc = self.epoch + 1, 0
-    return out.reshape(self.local_batch, self.seq_len)
+  def _next_document(self) -> None:
+    self._tokens, self.doc, self.offset = None, self.doc + 1, 0
+    if self.doc == self.docs_per_epoch:
+      self._close()
+      self.epoch, self.doc = self.epoch + 1, 0
 
   def get_state(self) -> dict:
     """``{"seed", "epoch", "doc", "offset"}`` (ints): the position of the next batch."""

@@ -262,21 +262,17 @@ def tensor_core_products(a, bt, sa, sb, interval: int, acc: Accumulation) -> jax
 
 
 IMPLS = ("auto", "xla", "pallas")
-_default_impl = "auto"
+"""Implementations of FP32 accumulation (:func:`fp32_impl`); ``GemmConfig.impl`` picks one."""
 
 
-def set_default_impl(impl: str) -> str:
-  """Sets the FP32-mode implementation that :func:`scaled_matmul` uses when called with
-  ``impl=None`` (as ``fp8jax.gemm.dense`` does); returns the previous one. Read at trace time:
-  functions already jitted keep the implementation they were traced with."""
-  global _default_impl
+def check_impl(impl, what: str = "scaled_matmul implementation") -> str:
+  """``impl`` when it is one of :data:`IMPLS`, else a ValueError naming ``what``."""
   if impl not in IMPLS:
-    raise ValueError(f"unknown scaled_matmul implementation {impl!r}; choose one of {IMPLS}")
-  previous, _default_impl = _default_impl, impl
-  return previous
+    raise ValueError(f"unknown {what} {impl!r}; choose one of {IMPLS}")
+  return impl
 
 
-def fp32_impl(interval: int, payload_dtypes=(), impl: str | None = None,
+def fp32_impl(interval: int, payload_dtypes=(), impl: str = "auto",
               backend: str | None = None) -> str:
   """The implementation, ``"xla"`` or ``"pallas"``, of FP32 accumulation.
 
@@ -285,17 +281,13 @@ def fp32_impl(interval: int, payload_dtypes=(), impl: str | None = None,
     payload_dtypes: dtypes of the payloads (the kernel takes 8-bit floats and bfloat16).
     impl: ``"auto"`` (the Pallas kernel on GPU when it supports ``interval`` and the
       payload and no multi-device context mesh is set, see
-      :mod:`fp8jax.kernels.placement`; else the XLA loop), ``"xla"``, ``"pallas"``, or
-      None for the default (:func:`set_default_impl`).
+      :mod:`fp8jax.kernels.placement`; else the XLA loop), ``"xla"`` or ``"pallas"``.
     backend: the JAX backend; default ``jax.default_backend()``.
 
   Raises:
     ValueError: for ``"pallas"`` with an interval or payload the kernel does not handle.
   """
-
-  impl = _default_impl if impl is None else impl
-  if impl not in IMPLS:
-    raise ValueError(f"unknown scaled_matmul implementation {impl!r}; choose one of {IMPLS}")
+  check_impl(impl)
   fits = scaled_matmul_pallas.supports_interval(interval) and all(
       scaled_matmul_pallas.supports_payload(d) for d in payload_dtypes)
   if impl == "auto":
@@ -307,7 +299,7 @@ def fp32_impl(interval: int, payload_dtypes=(), impl: str | None = None,
 
 
 def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
-                  acc: Accumulation = FP32, impl: str | None = None) -> jax.Array:
+                  acc: Accumulation = FP32, impl: str = "auto") -> jax.Array:
   """Blockwise-scaled FP8 product of contraction-last operands.
 
   Args:
@@ -315,7 +307,8 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
     bt: quantized [B, N, K].
     acc: the accumulator model.
     impl: FP32 mode only: ``"auto"``, ``"xla"`` or ``"pallas"`` (see :func:`fp32_impl`;
-      ``"pallas"`` runs interpreted off GPU); None for the default.
+      ``"pallas"`` runs interpreted off GPU). ``fp8jax.gemm.dense`` passes
+      ``GemmConfig.impl``.
 
   Returns:
     float32 [B, M, N].

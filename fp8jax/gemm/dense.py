@@ -54,12 +54,21 @@ class GemmConfig:
     roles: per-role quantization specs (input X, weight W, output gradient dY).
     fprop, dgrad, wgrad: "bf16", "fp8" (simulated) or "fp8_native" (real FP8
       ``lax.dot_general``; per-tensor scales only).
-    accumulation: accumulator model of the simulated FP8 GEMMs.
+    accumulation: accumulator model of the simulated FP8 GEMMs. The default, FP32 (also
+      that of :func:`fp8_dot_general`, :func:`fp8_einsum` and ``fp8_ragged_dot``), leaves
+      the operands' quantization as the only error and runs as plain dots (or the Pallas
+      kernels); the tensor-core model (``accumulate.HOPPER``, recipe
+      ``hopper_blockwise``) is a slower scan, asked for by name.
     transpose: how transposed operands are produced: "requant", "double",
       "scaling_aware".
     wgrad_hadamard: block size of the random Hadamard transform applied to the Wgrad
       operands along the tokens (16 in the NVFP4 recipe); 0 = none.
     hadamard_seed: seed of the transform's random signs.
+    impl: implementation of the FP32-accumulation products (the results agree to float32
+      rounding): "auto" (the Pallas kernels on one GPU where the scales suit them, else
+      XLA; :mod:`fp8jax.kernels.placement`), "xla", or "pallas" (the kernels, interpreted
+      off GPU; the dense GEMM refuses scales its kernel does not take, the grouped GEMM
+      runs those in XLA). Part of the config, so a jitted function traces once per choice.
   """
 
   roles: roles_lib.RoleSpecs = roles_lib.deepseek_v3_roles()
@@ -70,8 +79,10 @@ class GemmConfig:
   transpose: str = "requant"
   wgrad_hadamard: int = 0
   hadamard_seed: int = 0
+  impl: str = "auto"
 
   def __post_init__(self):
+    accumulate.check_impl(self.impl, "GemmConfig impl")
     h = self.wgrad_hadamard
     if not isinstance(h, int) or h < 0 or (h and h & (h - 1)):
       raise ValueError(f"wgrad_hadamard must be 0 or a power of two, got {h!r}")
@@ -82,6 +93,9 @@ class GemmConfig:
       raise TypeError(f"roles must be a RoleSpecs, got {self.roles!r}")
     if not isinstance(self.accumulation, accumulate.Accumulation):
       raise TypeError(f"accumulation must be an Accumulation, got {self.accumulation!r}")
+    if self.impl == "pallas" and self.accumulation.mode != "fp32":
+      raise ValueError("impl='pallas': the Pallas kernels implement FP32 accumulation only, "
+                       f"got accumulation {self.accumulation.describe()}")
     if self.transpose not in transpose.POLICIES:
       raise ValueError(f"unknown transpose policy {self.transpose!r}; choose one of "
                        f"{transpose.POLICIES}")
@@ -107,12 +121,13 @@ class GemmConfig:
   def describe(self) -> str:
     modes = "/".join(getattr(self, d) for d in _OPERAND_ROLES)
     text = f"{modes} acc={self.accumulation.describe()} transpose={self.transpose}"
-    return text + (f" rht={self.wgrad_hadamard}" if self.wgrad_hadamard else "")
+    text += f" rht={self.wgrad_hadamard}" if self.wgrad_hadamard else ""
+    return text + (f" impl={self.impl}" if self.impl != "auto" else "")
 
 
 BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
 FP32_BLOCKWISE = GemmConfig()  # DeepSeek-V3 roles, FP32 accumulation
-DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)
+DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)  # = recipe hopper_blockwise
 
 
 def check_config(config, fn: str) -> GemmConfig:
@@ -166,7 +181,7 @@ def _fp8_matmul(aq, btq, cfg, mode):
     y = jnp.einsum("bmk,bnk->bmn", aq.data, btq.data, preferred_element_type=jnp.float32)
     scale = aq.scale_inv.astype(jnp.float32) * btq.scale_inv.astype(jnp.float32)
     return y * scale.reshape(())
-  return accumulate.scaled_matmul(aq, btq, cfg.accumulation)
+  return accumulate.scaled_matmul(aq, btq, cfg.accumulation, cfg.impl)
 
 
 def operand_key(x, spec, stream: int):
@@ -238,7 +253,7 @@ _gemm3.defvjp(_gemm3_fwd, _gemm3_bwd)
 
 
 def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None,
-                    preferred_element_type=None, *, config: GemmConfig = DEEPSEEK_V3,
+                    preferred_element_type=None, *, config: GemmConfig = FP32_BLOCKWISE,
                     **unused_kwargs):
   """``lax.dot_general`` with simulated FP8 GEMMs in forward and backward.
 
@@ -249,7 +264,8 @@ def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None,
       ``lax.dot_general``.
     precision: ignored (the FP8 paths define their own arithmetic).
     preferred_element_type: output dtype; default ``result_type(lhs, rhs)``.
-    config: the :class:`GemmConfig`.
+    config: the :class:`GemmConfig`; default the DeepSeek-V3 roles with FP32
+      accumulation, as ``GemmConfig()`` and ``fp8_ragged_dot`` (see ``accumulation`` there).
     **unused_kwargs: accepted for API compatibility (e.g. ``out_sharding``) and ignored.
 
   Returns:
@@ -277,7 +293,7 @@ def dot_general_fn(config: GemmConfig):
   return functools.partial(fp8_dot_general, config=check_config(config, "dot_general_fn"))
 
 
-def fp8_einsum(subscripts: str, lhs, rhs, *, config: GemmConfig = DEEPSEEK_V3,
+def fp8_einsum(subscripts: str, lhs, rhs, *, config: GemmConfig = FP32_BLOCKWISE,
                preferred_element_type=None):
   """Two-operand ``jnp.einsum`` through :func:`fp8_dot_general` (lhs = input role)."""
   config = check_config(config, "fp8_einsum")

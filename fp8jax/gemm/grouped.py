@@ -17,7 +17,9 @@ With FP32 accumulation the products run through :func:`tiled_matmul` (static sha
 GPU image) on the dequantized operands in float32 (per-element instead of per-interval
 scaling, which differs only by float32 rounding), or on one GPU through the grouped
 blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled_pallas`) where the scales are
-float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3).
+float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3). ``config.impl`` chooses: "auto" takes
+the kernel on one GPU, "xla" never, "pallas" wherever the scales suit it (interpreted off
+GPU).
 
 With the tensor-core accumulation model (``config.accumulation.mode == "tensor_core"``) the
 three GEMMs run through :mod:`fp8jax.gemm.grouped_tc` instead: every expert's rows of Y and
@@ -47,9 +49,6 @@ from fp8jax.gemm import grouped_tc, hadamard, padding, transpose
 from fp8jax.kernels import grouped_scaled_pallas, placement
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
-
-KERNEL_INTERPRET = False
-"""Tests set it to run the blockwise-scaled kernel path in the Pallas interpreter on CPU."""
 
 
 def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
@@ -118,10 +117,11 @@ def _tensor_core(cfg: gemm_lib.GemmConfig) -> bool:
 def _kernel_interval(cfg: gemm_lib.GemmConfig, a, b) -> int:
   """The promotion interval when the FP32-accumulation product of the quantized rows ``a``
   ([N, K] or [K, N] for Wgrad) and ``b`` may run in the grouped blockwise-scaled kernel
-  (:mod:`fp8jax.kernels.grouped_scaled_pallas`), else 0: one GPU (or the interpreter,
-  :data:`KERNEL_INTERPRET`), FP32 accumulation, one-level float32 scales in 1 x I tiles
-  along the contraction for ``a`` and ``[c, I]`` blocks (c = 1 or I) for ``b``."""
-  if _tensor_core(cfg) or not (KERNEL_INTERPRET or placement.kernels_allowed()):
+  (:mod:`fp8jax.kernels.grouped_scaled_pallas`), else 0: ``cfg.impl`` "pallas", or "auto"
+  on one GPU; FP32 accumulation, one-level float32 scales in 1 x I tiles along the
+  contraction for ``a`` and ``[c, I]`` blocks (c = 1 or I) for ``b``."""
+  if _tensor_core(cfg) or cfg.impl == "xla" or (
+      cfg.impl == "auto" and not placement.kernels_allowed()):
     return 0
   ok = all(q.tensor_scale_inv is None and q.scale_inv.dtype == jnp.float32
            and grouped_scaled_pallas.smp.supports_payload(q.data.dtype) for q in (a, b))
@@ -134,13 +134,18 @@ def _kernel_interval(cfg: gemm_lib.GemmConfig, a, b) -> int:
   return interval
 
 
+def _interpret() -> bool:
+  """Whether the kernels run in the Pallas interpreter: off GPU (``impl="pallas"``)."""
+  return jax.default_backend() != "gpu"
+
+
 def _kernel_rows(aq, bq, sizes, interval, out_dtype):
   """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K], the
   float32 accumulator rounded once to ``out_dtype`` as it is stored."""
   return grouped_scaled_pallas.grouped_scaled_matmul(
       aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
       interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype, convert_in_kernel=True,
-      interpret=KERNEL_INTERPRET)
+      interpret=_interpret())
 
 
 def _weight_q(w_t, spec):
@@ -207,7 +212,7 @@ def _wgrad_fp32(x, dy, sizes, cfg, layout):
   if interval and dyt.block[-2] == 1 and max(group_multiple_of(cfg), layout) % interval == 0:
     return grouped_scaled_pallas.grouped_scaled_wgrad(
         xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
-        groups_aligned=True, convert_in_kernel=True, interpret=KERNEL_INTERPRET)
+        groups_aligned=True, convert_in_kernel=True, interpret=_interpret())
   return _wgrad_product(jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes)
 
 

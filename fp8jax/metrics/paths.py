@@ -38,15 +38,6 @@ _ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "
 _NORMS = ("input_layernorm", "post_attention_layernorm")
 _DENSE = ("gate_proj", "up_proj", "down_proj")
 
-# Policy site -> modules whose parameters see the quantized tensor directly.
-SITE_MODULES = {
-    "attn_out": ("attn_o",),
-    "mlp_out": ("dense_mlp",),
-    "moe_out": ("routed_experts", "shared_experts"),
-    "moe_routed_out": ("routed_experts",),
-    "moe_shared_out": ("shared_experts",),
-    "expert_in": ("routed_experts",),
-}
 # Modules whose linear layers run through the simulated FP8 GEMM (``policy.gemm``).
 GEMM_MODULES = ("attn_q", "attn_k", "attn_v", "attn_o", "dense_mlp", "shared_experts",
                 "routed_experts")
@@ -241,12 +232,14 @@ def as_predicate(direct: Direct | None, classifier: Classifier | None = None
 
 
 def direct_modules(policy: Any, num_layers: int,
-                   site_modules: Mapping[str, tuple[str, ...]] = SITE_MODULES
+                   site_modules: Mapping[str, tuple[str, ...]] | None = None
                    ) -> frozenset[tuple[str, int]]:
   """``(module, layer)`` pairs that a precision policy quantizes directly.
 
   A site rule marks the modules of ``site_modules[site]`` at its layers (e.g. ``attn_out``
   at layers 0-8 -> ``attn_o`` of layers 0..8; ``moe_out`` -> routed and shared experts).
+  The map comes from the model's policy (``policy.site_modules``, DeepSeek-MoE's
+  ``fp8jax.models.policy.SITE_MODULES``) unless given.
   A policy with an FP8 GEMM (``policy.gemm``) marks every :data:`GEMM_MODULES` module of
   every layer. Pairs for modules a layer does not have are harmless.
 
@@ -254,8 +247,10 @@ def direct_modules(policy: Any, num_layers: int,
     policy: an object with ``rules`` (each with ``site`` and ``layers``, None = all) and
       ``gemm`` attributes, e.g. ``fp8jax.models.policy.PrecisionPolicy``.
     num_layers: the model's number of decoder layers.
-    site_modules: the site -> modules map.
+    site_modules: the site -> modules map; default ``policy.site_modules`` (none: {}).
   """
+  if site_modules is None:
+    site_modules = getattr(policy, "site_modules", {})
   pairs = set()
   for rule in policy.rules:
     layers = range(num_layers) if rule.layers is None else rule.layers

@@ -138,16 +138,11 @@ class _Output:
     if not write:
       return
     out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / "meta.json"
-    if meta_path.exists():
-      old = json.loads(meta_path.read_text())
-      for key in self.KEYS:
-        if old.get(key) != json.loads(json.dumps(meta[key])):
-          raise ValueError(f"{out} holds branch runs with a different {key} ({old.get(key)} "
-                           f"vs {meta[key]}); use another output folder")
+    old = results_io.resumed_meta(out, meta, self.KEYS, "branch runs")
+    if old is not None:
       meta["from_steps"] = sorted(set(old["from_steps"]) | set(meta["from_steps"]))
       meta["policies"] = {**old["policies"], **meta["policies"]}
-    results_io.write_json(meta_path, meta)
+    results_io.write_json(out / "meta.json", meta)
     self.done = {(r["from_step"], r["branch"]) for r in results_io.repair(self.path)}
 
   def append(self, row: dict) -> None:

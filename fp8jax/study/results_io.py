@@ -55,3 +55,22 @@ def repair(path, keep=lambda row: True) -> list[dict]:
   rows = [r for r in read(path) if keep(r)]
   rewrite(path, rows)
   return rows
+
+
+def resumed_meta(folder, meta: dict, keys, what: str, optional=()) -> dict | None:
+  """The ``meta.json`` a resumed run finds in ``folder`` (None when there is none), checked
+  to agree with this run's ``meta`` on ``keys`` (compared as JSON). A key of ``optional``
+  that the old file lacks (written before the key existed) is not compared.
+
+  Raises:
+    ValueError: naming the folder, ``what`` it holds and the first key that differs.
+  """
+  path = pathlib.Path(folder) / "meta.json"
+  if not path.exists():
+    return None
+  old = json.loads(path.read_text())
+  for key in keys:
+    if (key in old or key not in optional) and old.get(key) != json.loads(json.dumps(meta[key])):
+      raise ValueError(f"{folder} holds {what} with a different {key} ({old.get(key)} vs "
+                       f"{meta[key]}); use another output folder")
+  return old

@@ -36,7 +36,6 @@ progress, and tells the others which results are missing.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pathlib
 import sys
@@ -147,13 +146,9 @@ class _Output:
     if not write:
       return
     out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / "meta.json"
-    if meta_path.exists():
-      old = json.loads(meta_path.read_text())
-      for key in ("model", "windows", "train_workdir", "data"):
-        if (key in old or key != "data") and old.get(key) != json.loads(json.dumps(meta[key])):
-          raise ValueError(f"{out} holds a sweep with a different {key}; use another "
-                           "output folder")
+    old = results_io.resumed_meta(out, meta, ("model", "windows", "train_workdir", "data"),
+                                  "a sweep", optional=("data",))
+    if old is not None:
       for name in set(old["policies"]) & set(meta["policies"]):
         was, now = (m["policies"][name].get("delayed_warmup") for m in (old, meta))
         if was != now:
@@ -162,7 +157,7 @@ class _Output:
                            "output folder")
       meta["steps"] = sorted(set(old["steps"]) | set(meta["steps"]))
       meta["policies"] = {**old["policies"], **meta["policies"]}
-    results_io.write_json(meta_path, meta)
+    results_io.write_json(out / "meta.json", meta)
     for name in ("rows", "details", "baseline", "weights"):  # a readable folder, even empty
       (out / f"{name}.jsonl").touch()
     # A row counts as done only with its details line: a row whose details line is

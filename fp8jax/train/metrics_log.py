@@ -16,6 +16,8 @@ import pathlib
 import sys
 import time
 
+from fp8jax.data import progress
+
 
 @contextlib.contextmanager
 def writing(path):
@@ -115,12 +117,6 @@ def read_rows(path) -> list[dict]:
   return [row for _, row in numbered_lines(path)]
 
 
-def format_duration(seconds: float) -> str:
-  seconds = max(0, int(round(seconds)))
-  h, rem = divmod(seconds, 3600)
-  return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
-
-
 class Progress:
   """One line per logged step: step, losses, LR, throughput, MFU and ETA."""
 
@@ -130,14 +126,10 @@ class Progress:
     self.t0 = time.perf_counter()
 
   def eta(self, step: int) -> float | None:
-    done = step - self.start
-    if done <= 0:
-      return None
-    return (time.perf_counter() - self.t0) / done * (self.total - step)
+    return progress.eta(time.perf_counter() - self.t0, step - self.start, self.total - step)
 
   def line(self, row: dict) -> str:
     step = row["step"]
-    eta = self.eta(step)
     parts = [f"[{self.prefix}] step {step}/{self.total}",
              f"loss {row['loss']:.4f} (lm {row['lm_loss']:.4f} aux {row['aux_loss']:.4g})",
              f"|g| {row['grad_norm']:.3g}", f"lr {row['lr']:.3g}",
@@ -146,14 +138,13 @@ class Progress:
       parts.append(f"MFU {100 * row['mfu']:.1f}%")
     if row.get("loss_scale") is not None:  # FP16 dynamic loss scaling
       parts.append(f"scale {row['loss_scale']:g} skipped {row['skipped_steps']}")
-    parts.append(f"ETA {format_duration(eta) if eta is not None else '?'}")
+    parts.append(progress.eta_text(self.eta(step)))
     return "  ".join(parts)
 
   def message(self, done: int, text: str) -> None:
     """``[prefix] done/total text  ETA``."""
-    eta = self.eta(done)
-    print(f"[{self.prefix}] {done}/{self.total} {text}  ETA "
-          f"{format_duration(eta) if eta is not None else '?'}", file=self.stream, flush=True)
+    print(f"[{self.prefix}] {done}/{self.total} {text}  {progress.eta_text(self.eta(done))}",
+          file=self.stream, flush=True)
 
   def show(self, row: dict) -> None:
     print(self.line(row), file=self.stream, flush=True)
