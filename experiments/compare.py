@@ -58,6 +58,8 @@ _FLOOR = flags.DEFINE_bool("floor", True, "Also compare BF16 against BF16 at wei
 _TELEMETRY = flags.DEFINE_bool("telemetry", True, "Record the block-scale telemetry of the "
                                "GEMM recipes' forward operands (scales, saturated, underflowing "
                                "and all-zero blocks, kurtosis) in their rows.")
+_SCAN = flags.DEFINE_bool("scan_layers", False, "Alike consecutive layers as one lax.scan: "
+                          "less to trace and compile (fp8jax.models.layer_scan).")
 _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", False, "Deterministic mode: the same bits on every GPU run (XLA's "
     "attention, a one-hot GEMM for the embedding gradient, no autotuning: "
@@ -93,7 +95,8 @@ def main(argv):
                         data=pipeline.override(_DATA.value) if _DATA.value else None,
                         allow_other_data=_ALLOW_OTHER_DATA.value,
                         delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value,
-                        telemetry=_TELEMETRY.value, deterministic=_DETERMINISTIC.value)
+                        telemetry=_TELEMETRY.value, deterministic=_DETERMINISTIC.value,
+                        scan_layers=_SCAN.value)
   except integrity.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",

@@ -93,10 +93,11 @@ class Variant:
   expr: str = ""
 
 
-def deepseek(cfg) -> StudyModel:
+def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
   """DeepSeek-MoE (:mod:`fp8jax.models.deepseek_moe`) under a
   :class:`~fp8jax.models.policy.PrecisionPolicy`: its LM + balance loss, routing and
-  expert grouping (:data:`fp8jax.metrics.paths.DEEPSEEK`)."""
+  expert grouping (:data:`fp8jax.metrics.paths.DEEPSEEK`). ``scan_layers``: alike
+  consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`)."""
   from fp8jax.models import deepseek_moe, delayed_sites
   from fp8jax.models import policy as policy_lib
   from fp8jax.study import policies as policies_lib
@@ -106,7 +107,7 @@ def deepseek(cfg) -> StudyModel:
     return deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
                               moe_groups=moe_groups, delayed_state=delayed,
                               gemm_telemetry=telemetry and policy.gemm is not None,
-                              deterministic=deterministic)
+                              deterministic=deterministic, scan_layers=scan_layers)
 
   return StudyModel(
       name="deepseek_moe", abstract_params=lambda: deepseek_moe.abstract_params(cfg),

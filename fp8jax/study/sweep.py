@@ -47,7 +47,7 @@ import orbax.checkpoint as ocp
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.models import deepseek_moe, delayed_sites, integrity
-from fp8jax.study import noise_floor, paired, results_io
+from fp8jax.study import model_api, noise_floor, paired, results_io
 from fp8jax.study.policies import expand_policies, expression, policy_meta  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import determinism, metrics_log, multihost, run_config
@@ -189,7 +189,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
         stream=None, data: dict | None = None, allow_other_data: bool = False,
         delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
-        floor_seed: int = 0, telemetry: bool = True, deterministic: bool = False) -> dict:
+        floor_seed: int = 0, telemetry: bool = True, deterministic: bool = False,
+        scan_layers: bool = False) -> dict:
   """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
 
@@ -199,7 +200,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   (checkpoint, batch). ``telemetry``: record the block-scale telemetry of the GEMM
   recipes' forward operands (``tel/*`` fields of their rows, per operand in the details;
   :mod:`fp8jax.gemm.operand_telemetry`). ``deterministic``: every pass in the deterministic
-  mode (:mod:`fp8jax.train.determinism`; recorded in ``meta.json``).
+  mode (:mod:`fp8jax.train.determinism`; recorded in ``meta.json``). ``scan_layers``:
+  alike consecutive layers as one ``lax.scan`` (less to trace and compile).
 
   ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
   histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
@@ -249,7 +251,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
-  evaluator = paired.PairedEvaluator(cfg, pols, mesh, moe_impl,  # checks the policies
+  model = model_api.deepseek(cfg, scan_layers) if scan_layers else cfg
+  evaluator = paired.PairedEvaluator(model, pols, mesh, moe_impl,  # checks the policies
                                      telemetry=telemetry, deterministic=deterministic)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   with multihost.lock_folder(out):  # one writer per results folder

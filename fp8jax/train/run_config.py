@@ -84,6 +84,8 @@ def defaults() -> ml_collections.ConfigDict:
       tensorboard=False,
       checkpoints=True,                 # False: no checkpoint at all (speed runs); such a
                                         # run cannot be resumed
+      scan_layers=False,                # alike consecutive layers as one lax.scan: less
+                                        # to trace and compile (fp8jax.models.layer_scan)
       deterministic=False,              # GPU: bit-identical reruns (XLA's deterministic
                                         # ops; fp8jax.train.determinism), at a cost in speed
       peak_tflops=0.0))                 # per-device bf16 peak for MFU (0: by device kind)

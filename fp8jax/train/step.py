@@ -66,17 +66,19 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     moe_impl: str = "dispatch", moe_groups: int = 1, *,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                     fp8_param_gather: bool = False, with_routing: bool = False,
-                    deterministic: bool = False):
+                    deterministic: bool = False, scan_layers: bool = False):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
   ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``); the
   keywords: the precision options of the module docstring; ``deterministic``: the
-  embedding's gradient without atomics (:mod:`fp8jax.train.determinism`)."""
+  embedding's gradient without atomics (:mod:`fp8jax.train.determinism`); ``scan_layers``:
+  alike consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`: less to
+  trace and compile, the same results)."""
 
   def objective(params, delayed, tokens, scale):
     used = param_gather.gather(params) if fp8_param_gather else params
     logits, aux = deepseek_moe.apply(used, tokens, cfg, policy, moe_impl=moe_impl,
                                      moe_groups=moe_groups, delayed_state=delayed,
-                                     deterministic=deterministic)
+                                     deterministic=deterministic, scan_layers=scan_layers)
     lm = deepseek_moe.lm_loss(logits, tokens)
     loss = lm + aux["aux_loss"]
     routing = aux["routing"] if with_routing else {}

@@ -1,0 +1,71 @@
+"""Where a first call's time goes: tracing, lowering and XLA compilation of the training
+step, with and without the scan over layers (``scan_layers``), for each policy.
+
+    python scripts/bench/compile_split.py --model=tiny --layers=8 --batch=8 --seq=128 \
+        --policies=bf16,gemm:fp32_blockwise [--json=out.json]
+
+Each (policy, scan) is traced, lowered and compiled in this process with
+``jax.jit(step).trace(...)``, ``.lower()``, ``.compile()`` (the persistent compilation cache
+is off: the XLA figure is a cold compile). A warm persistent cache skips only the last
+stage, so ``trace + lower`` is what a rerun still pays.
+"""
+
+import argparse
+import json
+import time
+
+import _repo  # noqa: F401  (the checkout's models/ as fp8jax.models)
+from _results import RESULTS, record
+import jax
+import optax
+
+from fp8jax.models import config as config_lib
+from fp8jax.models import deepseek_moe
+from fp8jax.models import policy as policy_lib
+from fp8jax.train import step as step_lib
+
+
+def split(cfg, policy, batch: int, seq: int, scan: bool, moe_impl: str) -> dict:
+  """Seconds to trace, lower and compile the training step (abstract inputs)."""
+  tx = optax.adamw(1e-3)
+  params = deepseek_moe.abstract_params(cfg)
+  state = jax.eval_shape(lambda p: step_lib.init_state(p, tx), params)
+  tokens = jax.ShapeDtypeStruct((batch, seq), "int32")
+  step = jax.jit(step_lib.make_train_step(cfg, tx, policy, moe_impl=moe_impl,
+                                          scan_layers=scan))
+  t0 = time.perf_counter()
+  traced = step.trace(state, tokens)
+  t1 = time.perf_counter()
+  lowered = traced.lower()
+  t2 = time.perf_counter()
+  lowered.compile()
+  t3 = time.perf_counter()
+  return {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2,
+          "hlo_chars": len(lowered.as_text())}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--model", default="tiny")
+  ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--seq", type=int, default=128)
+  ap.add_argument("--policies", default="bf16,gemm:fp32_blockwise")
+  ap.add_argument("--moe-impl", default="dispatch")
+  ap.add_argument("--json", default="")
+  args = ap.parse_args()
+  jax.config.update("jax_enable_compilation_cache", False)
+  cfg = config_lib.get_config(args.model, num_hidden_layers=args.layers)
+  for expr in args.policies.split(","):
+    policy = policy_lib.parse_policy(expr)
+    for scan in (False, True):
+      record(f"{expr} scan={scan}",
+             **split(cfg, policy, args.batch, args.seq, scan, args.moe_impl))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"args": vars(args), "device": jax.devices()[0].device_kind,
+                 "jax": jax.__version__, "results": RESULTS}, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
