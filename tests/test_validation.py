@@ -212,7 +212,9 @@ def test_contrasts_pair_the_gaps_by_seed(tmp_path):
   lo, hi = scipy_stats.t.interval(0.95, 2, loc=np.mean(want), scale=scipy_stats.sem(want))
   assert (c["diff"]["lo"], c["diff"]["hi"]) == pytest.approx((lo, hi), rel=1e-3)
   assert c["verdict"] == ("a > b" if lo > 0 else "cannot tell")
-  assert "| gemm:mxfp4 | gemm:nvfp4 | 3 |" in (tmp_path / "summary.md").read_text()
+  md = (tmp_path / "summary.md").read_text()
+  assert "| gemm:mxfp4 | gemm:nvfp4 | 3 |" in md
+  assert summary["modes"] == {"default": 11} and "GPU mode of the runs: default (11)" in md
   assert validation.parse_contrast(" gemm:mxfp4 vs gemm:nvfp4 ", m) == ("gemm:mxfp4",
                                                                         "gemm:nvfp4")
   with pytest.raises(ValueError, match="not among the recipes"):

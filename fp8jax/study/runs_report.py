@@ -311,6 +311,11 @@ def draw(res: dict, runs: Sequence[Run], out, bound: float = DEEPSEEK_V3_BOUND
 # --- report -----------------------------------------------------------------------------
 
 
+def run_mode(run: Run) -> str:
+  """"deterministic" or "default": the GPU mode the run's config recorded."""
+  return "deterministic" if (run.config.get("train") or {}).get("deterministic") else "default"
+
+
 def _table(header, rows) -> list[str]:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
@@ -359,8 +364,7 @@ def render(res: dict, runs: Sequence[Run], paths: dict[str, str],
     lines += ["Skipped steps: the last logged `skipped_steps` of the run (FP16 loss "
               "scaling).", ""]
   lines += ["## Runs", ""]
-  mode = lambda r: ("deterministic" if (r.config.get("train") or {}).get("deterministic")  # noqa: E731
-                    else "default")
+  mode = run_mode
   lines += _table(["run", "folder", "logged steps", "seed", "mode", "notes"],
                   [[r.name, f"`{r.workdir}`", len(r.rows), r.config.get("seed", "n/a"), mode(r),
                     "; ".join(r.notes) or "-"] for r in runs])

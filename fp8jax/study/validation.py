@@ -45,7 +45,7 @@ from fp8jax.data import folder_lock
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import results_io
 from fp8jax.study.intervals import Stat, mean_ci
-from fp8jax.study.runs_report import load_run, tail_count
+from fp8jax.study.runs_report import load_run, run_mode, tail_count
 from fp8jax.train import preemption
 
 REFERENCE = "bf16"
@@ -256,12 +256,14 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
   ``contrasts`` (recipe pairs, :func:`contrast`); writes ``<out>/summary.json`` and
   ``<out>/summary.md``. Unfinished runs are left out and listed."""
   out = pathlib.Path(out)
-  value, missing, nonfinite = {}, [], []
+  value, missing, nonfinite, modes = {}, [], [], {}
   for recipe, seed in matrix.runs():
     workdir = out / "runs" / run_name(recipe, seed)
     if not (workdir / DONE).exists():
       missing.append(run_name(recipe, seed))
       continue
+    mode = run_mode(load_run(workdir))
+    modes[mode] = modes.get(mode, 0) + 1
     value[(recipe, seed)] = v = tail_value(workdir, metric, tail)
     if math.isnan(v):
       nonfinite.append(run_name(recipe, seed))
@@ -281,7 +283,7 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
                                            if spread and math.isfinite(spread) else math.nan)}
   summary = {"metric": metric, "tail": tail, "bound": bound, "seeds": list(matrix.seeds),
              "bf16_spread": spread, "recipes": recipes, "missing": missing,
-             "nonfinite": nonfinite,
+             "nonfinite": nonfinite, "modes": modes,
              "contrasts": [contrast(recipes, a, b) for a, b in contrasts]}
   results_io.write_json(out / "summary.json", _json_safe(summary))
   (out / "summary.md").write_text(render(summary))
@@ -309,7 +311,11 @@ def render(summary: dict[str, Any]) -> str:
            f"logged steps; gap = (loss - loss_bf16) / loss_bf16 of the same seed, mean "
            f"[95% t-interval] over seeds {summary['seeds']}. BF16's seed-to-seed spread "
            f"(relative sd of its tail means): {_pct(summary['bf16_spread'])}. Verdict "
-           f"against +-{summary['bound']:.2%}.", "",
+           f"against +-{summary['bound']:.2%}. GPU mode of the runs: "
+           + (", ".join(f"{m} ({n})" for m, n in sorted(summary.get("modes", {}).items()))
+              or "none finished")
+           + " (docs/determinism.md: a default-mode run differs from itself by about 0.1% "
+           "at the validation size).", "",
            "| recipe | seeds | tail mean | gap to BF16 | gap / BF16 spread | verdict |",
            "|---|---|---|---|---|---|"]
   for recipe, r in summary["recipes"].items():
