@@ -240,6 +240,27 @@ def test_figure_curves_are_the_gaps_of_the_same_seed(tmp_path):
     validation_figures.curves(tmp_path / "empty", m)
 
 
+def test_probe_ratios_are_summarized(tmp_path):
+  """A run that logged probe/ratio: its first and last ratio, the first step below
+  sqrt(3) and the LM loss's drop from there to the end; runs without probes are absent."""
+  m = validation.Matrix(("bf16", "gemm:mxfp4"), (0,))
+  _fake_run(tmp_path, "bf16", 0, 2.0)
+  _fake_run(tmp_path, "gemm:mxfp4", 0, 2.1)
+  path = tmp_path / "runs" / "gemm_mxfp4_s0" / "metrics.jsonl"
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  for r, ratio in zip(rows[1::2], (4.0, 2.5, 1.9, 1.6, 1.2)):  # steps 10, 30, 50, 70, 90
+    r["probe/ratio"] = ratio
+  rows[3]["lm_loss"] = 2.3  # step 30
+  rows[7]["lm_loss"] = 2.25  # step 70: the crossing
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  summary = validation.summarize(tmp_path, m)
+  assert list(summary["probes"]) == ["gemm:mxfp4"]
+  p = summary["probes"]["gemm:mxfp4"][0]
+  assert (p["first"], p["last"], p["cross_step"]) == (4.0, 1.2, 70)
+  assert p["lm_drop_after"] == pytest.approx(2.25 - 2.1)
+  assert "| gemm:mxfp4 | 0 | 4.00 | 1.20 | 70 | 0.1500 |" in (tmp_path / "summary.md").read_text()
+
+
 def test_verdicts():
   stat = lambda lo, hi: validation.Stat((lo + hi) / 2, lo, hi, 3)  # noqa: E731
   assert validation.verdict(stat(-0.001, 0.002), 0.0025) == "within"

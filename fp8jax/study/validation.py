@@ -46,7 +46,7 @@ from fp8jax.models import policy as policy_lib
 from fp8jax.study import results_io
 from fp8jax.study.intervals import Stat, mean_ci
 from fp8jax.study.runs_report import load_run, run_mode, tail_count
-from fp8jax.train import preemption
+from fp8jax.train import noise_probe, preemption
 
 REFERENCE = "bf16"
 DONE = "done.json"
@@ -209,6 +209,17 @@ def tail_value(workdir, metric: str = "lm_loss", tail: float = 0.1) -> float:
   return float(values.mean()) if np.all(np.isfinite(values)) else math.nan
 
 
+def _probe_summary(rows) -> dict[str, Any]:
+  """A run's gradient-to-noise ratios (``train.noise_probe_every``): the first and last,
+  and the first step below sqrt(3) (arXiv 2505.19115) with the LM loss's drop after it."""
+  probed = [r for r in rows if "probe/ratio" in r]
+  step = noise_probe.crossing(probed)
+  lm = {r["step"]: r.get("lm_loss", math.nan) for r in rows}
+  after = (lm[step] - lm[max(lm)]) if step is not None else math.nan
+  return {"first": probed[0]["probe/ratio"], "last": probed[-1]["probe/ratio"],
+          "cross_step": step, "lm_drop_after": after}
+
+
 def verdict(gap: Stat, bound: float) -> str:
   """"within" the relative ``bound`` (the whole interval in [-bound, bound]), "outside" (the
   interval clear of it) or "cannot tell"."""
@@ -256,14 +267,17 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
   ``contrasts`` (recipe pairs, :func:`contrast`); writes ``<out>/summary.json`` and
   ``<out>/summary.md``. Unfinished runs are left out and listed."""
   out = pathlib.Path(out)
-  value, missing, nonfinite, modes = {}, [], [], {}
+  value, missing, nonfinite, modes, probes = {}, [], [], {}, {}
   for recipe, seed in matrix.runs():
     workdir = out / "runs" / run_name(recipe, seed)
     if not (workdir / DONE).exists():
       missing.append(run_name(recipe, seed))
       continue
-    mode = run_mode(load_run(workdir))
+    run = load_run(workdir)
+    mode = run_mode(run)
     modes[mode] = modes.get(mode, 0) + 1
+    if any("probe/ratio" in r for r in run.rows):
+      probes.setdefault(recipe, {})[seed] = _probe_summary(run.rows)
     value[(recipe, seed)] = v = tail_value(workdir, metric, tail)
     if math.isnan(v):
       nonfinite.append(run_name(recipe, seed))
@@ -283,7 +297,7 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
                                            if spread and math.isfinite(spread) else math.nan)}
   summary = {"metric": metric, "tail": tail, "bound": bound, "seeds": list(matrix.seeds),
              "bf16_spread": spread, "recipes": recipes, "missing": missing,
-             "nonfinite": nonfinite, "modes": modes,
+             "nonfinite": nonfinite, "modes": modes, "probes": probes,
              "contrasts": [contrast(recipes, a, b) for a, b in contrasts]}
   results_io.write_json(out / "summary.json", _json_safe(summary))
   (out / "summary.md").write_text(render(summary))
@@ -334,6 +348,18 @@ def render(summary: dict[str, Any]) -> str:
       d = Stat(**c["diff"])
       ci = f"[{_pct(d.lo)}, {_pct(d.hi)}]" if d.has_ci else "(no interval)"
       lines.append(f"| {c['a']} | {c['b']} | {d.n} | {_pct(d.mean)} {ci} | {c['verdict']} |")
+  if summary.get("probes"):
+    lines += ["", "Gradient-to-quantization-noise ratio ||g_bf16|| / ||g - g_bf16|| along the "
+              "runs (train.noise_probe_every); arXiv 2505.19115: FP4 training stops improving "
+              "below sqrt(3) = 1.73.", "",
+              "| recipe | seed | first | last | first step below sqrt(3) | LM loss drop after |",
+              "|---|---|---|---|---|---|"]
+    for recipe, seeds in summary["probes"].items():
+      for seed, p in seeds.items():
+        cross = "never" if p["cross_step"] is None else str(p["cross_step"])
+        drop = "-" if p["cross_step"] is None else f"{p['lm_drop_after']:.4f}"
+        lines.append(f"| {recipe} | {seed} | {p['first']:.2f} | {p['last']:.2f} | {cross} | "
+                     f"{drop} |")
   for key, text in (("missing", "not finished"), ("nonfinite", "non-finite, left out")):
     if summary[key]:
       lines += ["", f"Runs {text}: {', '.join(summary[key])}."]

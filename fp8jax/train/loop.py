@@ -36,16 +36,12 @@ older than the records, than ``config.json`` names) fails before any compute wit
 (``--allow_policy_change``): then it warns and continues under the new policy.
 
 :func:`build_step`, :func:`optimizer_for` and :func:`state_layout` build the step, the
-optimizer and the train state exactly as :func:`train` does, every precision option of the
-run config included, for other code (branch studies, verification) to reuse.
+optimizer and the state as :func:`train` does, for other code (branch, verify) to reuse.
 
 Several processes (``jax.distributed``) run the same loop, each on its share of every
-batch (:mod:`fp8jax.train.multihost`); only process 0 writes ``config.json`` and
-``metrics.jsonl`` and prints progress, and Orbax writes each checkpoint once.
-
-One run at a time per workdir: process 0 holds its lock (:mod:`fp8jax.data.folder_lock`)
-from the workdir check to the end, and a second ``train`` on it fails at once with
-:class:`~fp8jax.data.folder_lock.FolderLockedError` naming the holder.
+batch (:mod:`fp8jax.train.multihost`); process 0 alone writes the files and prints, and
+holds the workdir's lock (:mod:`fp8jax.data.folder_lock`): a second ``train`` on it fails
+at once naming the holder. ``train.noise_probe_every``: :mod:`fp8jax.train.noise_probe`.
 """
 
 from __future__ import annotations
@@ -66,10 +62,11 @@ from fp8jax.models import deepseek_moe, delayed_sites, integrity
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
-    determinism,
+  determinism,
   flops,
   metrics_log,
   multihost,
+  noise_probe,
   optim,
   param_gather,
   preemption,
@@ -334,7 +331,9 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
   peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
   progress = metrics_log.Progress(total, start, stream)
-  step_fn = metrics_log.FirstCalls("train", stream).wrap(step_fn, "step", "the step")
+  step_fn = metrics_log.FirstCalls("train", stream).wrap(noise_probe.wrap(
+      step_fn, cfg, model_cfg, policy_lib.parse_policy(cfg.policy), mesh.devices.size, start),
+      "step", "the step")
   weight_norms = jax.jit(weights.norms_by_module)
   batch = next(data) if start < total else None
   t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False
@@ -362,6 +361,8 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
            "mfu": flops.mfu(tps, model_cfg, cfg.data.seq_len, peak, mesh.devices.size),
            **{f"weight_norm/{k}": float(v)
               for k, v in jax.device_get(weight_norms(state.params)).items()}}
+    row.update({k: float(v) for k, v in jax.device_get(
+        {k: v for k, v in m.items() if k.startswith("probe/")}).items()})
     if "loss_scale" in m:
       row["loss_scale"], row["skipped_steps"] = float(m["loss_scale"]), skipped
     if "skipped" in position:  # shards: bad records skipped so far, over all processes
@@ -374,8 +375,7 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
 
 
 def _finished(workdir: pathlib.Path, step: int, ckpt, stream) -> dict:
-  """The summary of a resumed run that has nothing left to do (its last checkpoint is at
-  ``train.steps``), with the loss its metrics logged last; says so on ``stream``."""
+  """The summary of a resumed run finished at ``step``, with the loss logged last."""
   path = workdir / "metrics.jsonl"
   rows = [r for r in metrics_log.read_rows(path) if r["step"] <= step] if path.exists() else []
   loss = rows[-1]["loss"] if rows else None

@@ -34,7 +34,7 @@ from fp8jax.train import loss_scale as loss_scale_lib
 from fp8jax.train import optim
 
 RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_every",
-                     "train.tensorboard", "train.peak_tflops")
+                     "train.tensorboard", "train.peak_tflops", "train.noise_probe_every")
 """Keys a ``--resume`` may change freely: they change neither a step's computation nor the
 data the run has read (``skip_bad_records``: a run that stopped at a bad record read none,
 and the records it skipped stay skipped). ``train.steps`` may change too, if the LR
@@ -84,6 +84,9 @@ def defaults() -> ml_collections.ConfigDict:
       tensorboard=False,
       checkpoints=True,                 # False: no checkpoint at all (speed runs); such a
                                         # run cannot be resumed
+      noise_probe_every=0,              # N > 0: every N-th step also logs the BF16 gradient's
+                                        # norm against the quantization noise's (a multiple
+                                        # of log_every; fp8jax.train.noise_probe)
       scan_layers=False,                # alike consecutive layers as one lax.scan: less
                                         # to trace and compile (fp8jax.models.layer_scan)
       deterministic=False,              # GPU: bit-identical reruns (XLA's deterministic
@@ -217,6 +220,10 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   policy.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
   optim_config(cfg)
   _check_precision(cfg.precision)
+  probe = int(t.noise_probe_every)
+  if probe < 0 or (probe and probe % int(t.log_every)):
+    raise ValueError(f"train.noise_probe_every must be 0 (off) or a positive multiple of "
+                     f"train.log_every {t.log_every}, got {t.noise_probe_every}")
   if not isinstance(t.checkpoints, bool):
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:

@@ -1,0 +1,95 @@
+"""The gradient's signal-to-quantization-noise ratio along a training run.
+
+"FP4 All the Way" (arXiv 2505.19115) finds that FP4 training stops improving once the
+gradient's norm falls below about sqrt(3) times the norm of the quantization noise in it.
+With ``train.noise_probe_every = N`` (a multiple of ``train.log_every``), every N-th step
+of a low-precision run also takes the BF16 gradient of the same objective on the same batch
+at the same params, and logs
+
+- ``probe/grad_norm``: ``||g_bf16||``, the global L2 norm over every parameter;
+- ``probe/noise_norm``: ``||g_policy - g_bf16||``, the quantization noise's norm;
+- ``probe/ratio``: their ratio (``inf`` when the two gradients are equal).
+
+Both gradients are of the training objective (LM + balance loss), without loss scaling and
+before clipping; the policy's delayed-scaling histories are read, not updated. The probe
+costs two more gradients per probe step, and its own compilation. BF16 runs are not probed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fp8jax.models import deepseek_moe
+from fp8jax.models import policy as policy_lib
+
+SQRT3 = math.sqrt(3.0)
+"""The ratio below which FP4 training stopped improving (arXiv 2505.19115)."""
+
+
+def make_probe(model_cfg, policy, moe_impl: str = "dispatch", moe_groups: int = 1,
+               deterministic: bool = False, scan_layers: bool = False):
+  """Returns ``probe(params, delayed, tokens int [B, S]) -> {"probe/grad_norm",
+  "probe/noise_norm", "probe/ratio"}`` (float32 scalars; jit it)."""
+
+  def grads(params, delayed, tokens, pol):
+    def objective(p):
+      logits, aux = deepseek_moe.apply(p, tokens, model_cfg, pol, moe_impl=moe_impl,
+                                       moe_groups=moe_groups, delayed_state=delayed,
+                                       deterministic=deterministic, scan_layers=scan_layers)
+      return deepseek_moe.lm_loss(logits, tokens) + aux["aux_loss"]
+    return jax.tree.map(lambda g: g.astype(jnp.float32), jax.grad(objective)(params))
+
+  def probe(params, delayed, tokens):
+    reference = grads(params, {}, tokens, policy_lib.BF16)
+    quantized = grads(params, delayed, tokens, policy)
+    signal = optax.tree.norm(reference)
+    noise = optax.tree.norm(jax.tree.map(jnp.subtract, quantized, reference))
+    ratio = jnp.where(noise > 0, signal / noise, jnp.inf)
+    return {"probe/grad_norm": signal, "probe/noise_norm": noise, "probe/ratio": ratio}
+
+  return probe
+
+
+def is_due(done: int, every: int) -> bool:
+  """Whether the step that makes ``done`` updates is probed (``every`` 0: never)."""
+  return every > 0 and done % every == 0
+
+
+def crossing(rows, threshold: float = SQRT3) -> int | None:
+  """The first logged step whose ``probe/ratio`` is below ``threshold`` (None: never)."""
+  for row in rows:
+    ratio = row.get("probe/ratio")
+    if ratio is not None and ratio < threshold:
+      return int(row["step"])
+  return None
+
+
+class Probed:
+  """``step(state, tokens) -> (state, metrics)`` that, on every ``every``-th call counted
+  from step ``start``, first runs ``probe`` on the state's params and delayed histories
+  and the same batch, and adds its scalars to the metrics."""
+
+  def __init__(self, step_fn, probe, every: int, start: int):
+    self.step_fn, self.probe, self.every, self.done = step_fn, jax.jit(probe), every, start
+
+  def __call__(self, state, tokens):
+    self.done += 1
+    extra = (self.probe(state.params, state.delayed, tokens) if is_due(self.done, self.every)
+             else {})
+    state, metrics = self.step_fn(state, tokens)
+    return state, {**metrics, **extra}
+
+
+def wrap(step_fn, cfg, model_cfg, policy, moe_groups: int, start: int):
+  """``step_fn`` probed as the run config ``cfg`` asks (``train.noise_probe_every``); a
+  BF16 run has no quantization noise and is not probed."""
+  every = int(cfg.train.noise_probe_every)
+  if not every or policy == policy_lib.BF16:
+    return step_fn
+  probe = make_probe(model_cfg, policy, cfg.train.moe_impl, moe_groups,
+                     cfg.train.deterministic, cfg.train.scan_layers)
+  return Probed(step_fn, probe, every, start)
