@@ -119,12 +119,14 @@ def _case(draw):
   return draw(hs.arrays(shape)), draw(hs.specs(len(shape)))
 
 
+@pytest.mark.slow
 @given(_case())
 def test_fused_matches_payload_path_and_reference(case):
   x, spec = case
   _check_fused(x, spec)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("spec", [
     fp8jax.preset("deepseek_v3"),
@@ -148,6 +150,7 @@ def test_fused_with_outliers_zero_tiles_and_non_finite(spec, dtype):
     _check_fused(x.astype(dtype), spec)
 
 
+@pytest.mark.slow
 def test_fused_shapes_scalars_and_empty():
   spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())
   _check_fused(np.array(3.3, np.float32), spec, eager=True)
@@ -186,6 +189,7 @@ def test_fake_quant_uses_the_fused_path_without_fp8_or_barrier():
 # --- the Pallas kernel (interpreted on CPU) ---------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiles_per_block,split", [(1, "loop"), (4, "loop"), (4, "reshape")])
 @pytest.mark.parametrize("spec,dtype,shape", [
     (fp8jax.preset("deepseek_v3"), ml_dtypes.bfloat16, (24, 512)),
@@ -247,6 +251,7 @@ def _cast_case(draw):
   return x, spec, split, draw(st.sampled_from([1, 2, 4]))
 
 
+@pytest.mark.slow
 @settings(max_examples=min(settings().max_examples, 8))
 @given(_cast_case())
 def test_pallas_cast_rounding_matches_fused_in_interpret_mode(case):
@@ -371,6 +376,7 @@ def test_pallas_kernel_refuses_what_it_cannot_tile():
   assert fqp.block_shape((3, 384), spec, 64, 4, split="flat") == (1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,split", [("mxfp4", "flat"), ("mxfp6_e3m2", "loop"),
                                         ("nvfp4", "flat"), ("nvfp4", "reshape"),
                                         ("mxfp8_ocp", "loop")])

@@ -155,6 +155,7 @@ def test_prepared_batches_and_the_data_they_name(tmp_path):
     pipeline.validate("prepared", data_dir=str(tmp_path / "c4"))
 
 
+@pytest.mark.slow
 def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, train_run):
   from fp8jax.study import sweep
   from fp8jax.train import checkpoint, loop, run_config
