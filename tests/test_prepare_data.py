@@ -97,6 +97,7 @@ def test_interrupted_preparation_resumes_without_duplicates(tmp_path):
   assert "part-1.jsonl:6: no field 'text'" in m["skipped"]["examples"][0]
 
 
+@pytest.mark.slow
 def test_killed_binary_resumes_to_the_same_data(tmp_path):
   write_c4(tmp_path / "c4", shards_n=12, docs_n=3000)
   args = [sys.executable, "-m", "fp8jax.experiments.prepare_data",

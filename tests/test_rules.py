@@ -84,6 +84,7 @@ NNX_RULES = Rules([
 ])
 
 
+@pytest.mark.slow
 def test_nnx_rules_equal_hand_placed_ops_bit_for_bit():
   model = Net(nnx.Rngs(0))
   tensor_w = TENSOR.replace(roles=dataclasses.replace(TENSOR.roles, weight=W_SPEC))
@@ -242,6 +243,7 @@ def _linen_logits_and_grads(model, params, x, rules=None):
   return y, g
 
 
+@pytest.mark.slow
 def test_linen_rules_equal_hand_placed_ops_bit_for_bit():
   x = _x()
   params = LinenMLP().init(jax.random.key(0), x)
@@ -290,6 +292,7 @@ class Experts(nnx.Module):
     return self.ragged_dot(x, self.w[...], group_sizes)
 
 
+@pytest.mark.slow
 def test_ragged_dot_rules_route_through_the_grouped_gemm():
   x, sizes = _x((24, D)), jnp.array([10, 14], jnp.int32)
   hand = Experts(nnx.Rngs(0), functools.partial(fp8jax.grouped_gemm.fp8_ragged_dot,
