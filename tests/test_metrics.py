@@ -209,6 +209,7 @@ def _hand_case():
   return _tree(gb), _tree(gf), mask_b, mask_f
 
 
+@pytest.mark.slow
 def test_union_and_intersection_exact_numbers():
   gb, gf, mask_b, mask_f = _hand_case()
   res = _COMPARE(gb, gf, mask_b, mask_f, direct=frozenset({("attn_o", None)}))
@@ -238,6 +239,7 @@ def test_union_and_intersection_exact_numbers():
                              math.sqrt(150 + 24 + 24 + 2.25), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_routing_dicts_work_as_masks():
   gb, gf, mask_b, mask_f = _hand_case()
   as_routing = lambda m: {k: {"expert_counts": v.astype(np.int32) * 3} for k, v in m.items()}
@@ -273,6 +275,7 @@ def test_matches_float64_reference_and_aggregates_compose():
                              ** 2, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_identical_gradients_give_zero_difference_and_cosine_one(dtype):
   rng = np.random.default_rng(1)

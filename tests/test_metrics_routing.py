@@ -100,6 +100,7 @@ def test_migration_across_checkpoints():
 # --------------------------------------------------------------------------- tiny model
 
 
+@pytest.mark.slow
 def test_tiny_model_bf16_against_itself_is_exactly_zero():
   cfg = mc.tiny()
   rng = np.random.default_rng(3)

@@ -79,6 +79,7 @@ def _any_case(x, spec):
   check_quantize(x, spec)
 
 
+@pytest.mark.slow
 @given(x=mx_arrays(), spec=mx_specs())
 @settings(max_examples=25, deadline=None)
 def test_any_format_and_rule_matches_reference(x, spec):

@@ -42,6 +42,7 @@ def _qdq_case(name, x, jit=True):
     assert not errs, f"{what} {spec.describe()} {x.dtype}{x.shape}\n" + "\n".join(errs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MX_PRESETS + NV_PRESETS)
 @given(x=mx_arrays(shapes=[(2, 3, 40)]))  # one shape (compiled once per dtype)
 @FEW
@@ -143,6 +144,7 @@ def test_stochastic_payload_is_a_neighbour(name):
   assert picked_hi > 50 and picked_lo > 50
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["nvfp4_sr", "mxfp4_sr"])
 def test_stochastic_rounding_is_deterministic_per_key(name):
   """Same key: same bits (jit, eager, every path); another key: other bits."""
