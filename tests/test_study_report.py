@@ -244,6 +244,7 @@ def _is_png(path: pathlib.Path) -> bool:
   return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_write_report_with_figures(sweep, tmp_path):
   path = report.write_report(sweep, out=tmp_path / "out", top_k=3)
   assert path == tmp_path / "out" / "report.md"
@@ -275,6 +276,7 @@ def test_small_grid_report(tmp_path, kw, unavailable):
   assert all(_is_png(path.parent / "figures" / f"{n}.png") for n in figures.NAMES)
 
 
+@pytest.mark.slow
 def test_binary_writes_report(sweep, tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   out = tmp_path / "bin"

@@ -39,6 +39,7 @@ def test_policy_record_is_complete_and_deterministic():
   assert policy_lib.record(eps) != policy_lib.record(same)  # epsilons count
 
 
+@pytest.mark.slow
 def test_resume_under_another_policy_fails_before_compute_unless_allowed(tmp_path):
   c = small_config(3)
   loop.train(c, tmp_path)
@@ -65,6 +66,7 @@ def test_resume_under_another_policy_fails_before_compute_unless_allowed(tmp_pat
     ckpt.close()
 
 
+@pytest.mark.slow
 def test_checkpoints_without_a_policy_record_resume_as_before(tmp_path):
   loop.train(small_config(3), tmp_path)
   for step in (0, 3):  # as written before the records existed
@@ -84,6 +86,7 @@ def test_checkpoints_without_a_policy_record_resume_as_before(tmp_path):
 # --- runs without checkpoints, the routing output and the shared builders ----------------
 
 
+@pytest.mark.slow
 def test_run_without_checkpoints_writes_none(tmp_path):
   c = small_config(3)
   c.train.checkpoints = False
@@ -94,6 +97,7 @@ def test_run_without_checkpoints_writes_none(tmp_path):
   assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_step_returns_the_forward_routing_on_request():
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(warmup_steps=1, total_steps=10))
@@ -113,6 +117,7 @@ def test_step_returns_the_forward_routing_on_request():
   assert float(m["loss"]) == float(plain["loss"])
 
 
+@pytest.mark.slow
 def test_build_step_reproduces_the_run(tmp_path):
   c = small_config(2, moments="bfloat16", loss_scale="dynamic", fp8_param_gather=True)
   loop.train(c, tmp_path)

@@ -123,6 +123,7 @@ def test_bf16_moments_match_a_float64_adamw_reference():
   assert np.abs(want[1][0]["w"] - unrounded[1][0]["w"]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_bf16_master_weights_round_the_float32_update_to_nearest():
   cfg = mc.tiny()
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-2, warmup_steps=0, total_steps=10),
@@ -162,6 +163,7 @@ def test_loss_scale_backs_off_grows_and_reports_the_minimum():
     loss_scale.DynamicLossScale(init=1.0, minimum=2.0)
 
 
+@pytest.mark.slow
 def test_scaled_step_equals_the_plain_step_and_skips_an_overflow():
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=10))
@@ -203,6 +205,7 @@ def _simulate_scale(init, interval, skipped_flags):
   return out
 
 
+@pytest.mark.slow
 def test_fp16_run_skips_overflowing_steps_backs_off_recovers_and_resumes(tmp_path):
   def config(steps):
     c = small_config(steps, loss_scale="dynamic", loss_scale_init=2.0**24,
@@ -234,6 +237,7 @@ def test_fp16_run_skips_overflowing_steps_backs_off_recovers_and_resumes(tmp_pat
   assert [[r[k] for k in keys] for r in rows(part)] == [[r[k] for k in keys] for r in got]
 
 
+@pytest.mark.slow
 def test_fp16_run_stops_when_the_scale_would_fall_below_its_minimum(tmp_path):
   c = small_config(4, loss_scale="dynamic", loss_scale_init=2.0**60,
                    loss_scale_min=2.0**59)
@@ -247,6 +251,7 @@ def test_fp16_run_stops_when_the_scale_would_fall_below_its_minimum(tmp_path):
 # --- FP8 parameter gather ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_param_gather_quantizes_each_matrix_blockwise_with_a_straight_through_gradient():
   cfg = mc.tiny(dtype="float32")
   params = dm.init(cfg, jax.random.key(0))
@@ -295,6 +300,7 @@ def test_param_gather_memory_estimate_matches_a_hand_count():
   assert est["saving_gib"] == (TINY_BF16_BYTES - TINY_FP8_BYTES) / 2**30
 
 
+@pytest.mark.slow
 def test_run_with_fp8_gather_and_bf16_state_logs_memory_and_trains(tmp_path):
   out = io.StringIO()
   c = small_config(3, fp8_param_gather=True, moments="bfloat16", master_weights="bfloat16")
