@@ -73,6 +73,7 @@ def test_aligned_block_sum_truncates_toward_zero():
   np.testing.assert_array_equal(accumulate.aligned_block_sum(terms, 15), [8192.25, -8192.75, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a_gran,b_gran", [
     (fp8jax.tile(128), fp8jax.block((128, 128))),
     (fp8jax.per_tensor(), fp8jax.per_axis(-1)),

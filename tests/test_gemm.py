@@ -91,6 +91,7 @@ def test_directions_are_independent_and_bf16_matches_lax():
   assert not np.array_equal(all_fp8[0], all_bf16[0])
 
 
+@pytest.mark.slow
 def test_native_fp8_matches_simulation_with_per_tensor_scales():
   x, w, dy = _xw(2, k=256, n=128)
   tensor = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())

@@ -84,6 +84,7 @@ def test_matches_tiled_matmul_with_gradients(fake_kernels, total, covered):
     np.testing.assert_allclose(f32(got), want, **TOL)
 
 
+@pytest.mark.slow
 def test_vmap_loops_over_groups(fake_kernels):
   x, w, _, sizes = _problem(seed=1)
   _, _, _, sizes2 = _problem(seed=2)

@@ -330,6 +330,7 @@ def test_union_decomposes_into_intersection_and_one_sided_parts(seed, bits, scal
                                  rtol=2e-5, atol=1e-30)
 
 
+@pytest.mark.slow
 def test_runs_under_jit_and_matches_eager():
   rng = np.random.default_rng(2)
   vb = _random_values(rng)

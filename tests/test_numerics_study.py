@@ -11,6 +11,8 @@ import pytest
 import fp8jax
 from fp8jax.study import numerics_formats, numerics_report, numerics_study
 
+pytestmark = pytest.mark.slow  # the tests share one run of the whole study
+
 _qd = jax.jit(fp8jax.quantize_dequantize, static_argnums=1)
 _draws = jax.jit(lambda x, keys, spec: jax.vmap(
     lambda k: fp8jax.quantize_dequantize(x, spec, key=k))(keys), static_argnums=2)
@@ -23,7 +25,6 @@ def quick_report(tmp_path_factory):
   return numerics_report.run(out, numerics_study.StudySizes.quick()), out
 
 
-@pytest.mark.slow
 def test_numerics_study_quick(quick_report):
   results, tmp_path = quick_report
   names = {p.name for p in tmp_path.iterdir()}
@@ -146,7 +147,6 @@ def test_stochastic_rounding_is_unbiased_and_round_to_nearest_is_not(quick_repor
                rounding="stochastic") < 0.8
 
 
-@pytest.mark.slow
 def test_stochastic_rounding_on_a_constructed_input():
   """Blocks [6, 1.15 x 15] have scale 1: 1.15 lies 0.3 steps above the grid point 1."""
   x = np.full((4, 32), 1.15, np.float32)
@@ -168,7 +168,6 @@ def test_stochastic_rounding_on_a_constructed_input():
     assert np.max(np.abs(bias) / step) <= bound, name
 
 
-@pytest.mark.slow
 def test_rounding_step_is_the_grid_spacing_round_to_nearest_sees():
   x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
   for name in ("nvfp4", "mxfp4", "mxfp4_rceil", "mxfp6_e2m3"):

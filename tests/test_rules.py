@@ -102,6 +102,7 @@ def test_nnx_rules_equal_hand_placed_ops_bit_for_bit():
   assert jax.tree.structure(nnx.state(quantized)) == jax.tree.structure(nnx.state(model))
 
 
+@pytest.mark.slow
 def test_nnx_unmatched_modules_stay_bit_identical():
   model = Net(nnx.Rngs(0))
   quantized = rules_lib.quantize_model(model, [Rule(r"blocks/1/fc2", BLOCKWISE)])
