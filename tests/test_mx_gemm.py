@@ -187,6 +187,7 @@ def test_policy_recipe_layers():
     policy_lib.parse_policy(expr)
 
 
+@pytest.mark.slow
 def test_nvfp4_recipe_ablations_each_drop_one_element(xw):
   """Each ablation of the NVFP4 recipe differs from it in its one element, and that element
   is active: its gradients differ from the full recipe's."""

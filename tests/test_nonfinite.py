@@ -62,6 +62,7 @@ def test_inf_block_comes_back_nan(name, path):
   np.testing.assert_array_equal(got[2:], clean[2:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_inf_in_the_cotangent_comes_back_nan(name):
   """The backward spec quantizes the cotangent by the same rule."""

@@ -193,6 +193,7 @@ def test_rules_that_cannot_apply_are_refused():
     quantized(_x())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, rule", [
     ("dot_general", Rule("blocks/1/fc2", ODD, role="weight")),
     ("einsum", Rule("mix", ODD, role="input", op="einsum")),
@@ -261,6 +262,7 @@ def test_linen_rules_equal_hand_placed_ops_bit_for_bit():
   assert not np.array_equal(y_plain, y_rules)
 
 
+@pytest.mark.slow
 def test_linen_unmatched_paths_and_no_rules_stay_bit_identical():
   x = _x()
   model = LinenMLP()

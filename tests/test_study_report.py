@@ -266,6 +266,7 @@ def test_write_report_with_figures(sweep, tmp_path):
   assert not (sweep / "report.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw,unavailable", [
     ({"policies": ("attn_l0_e4m3",)}, 5),
     ({"policies": ("custom",), "steps": (0,), "offsets": (0,), "batches": 1}, 6)])

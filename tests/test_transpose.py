@@ -45,6 +45,7 @@ def test_quantize_swapped_equals_quantizing_the_swapped_array(spec, x):
                                   w.view(np.uint8 if w.itemsize == 1 else np.uint32))
 
 
+@pytest.mark.slow
 def test_scaling_aware_transpose_is_exact_with_pow2_scales():
   x = _x()
   spec = _specs("pow2")
