@@ -19,29 +19,25 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fp8jax/fp8jax/blob/main/colab/02_checkpoint_gradients.ipynb)
 #
 # The precision study asks how FP8 changes the *gradients* of a DeepSeek-MoE model before it
-# changes its loss. Its unit of work is one comparison: take the parameters of one training
-# checkpoint and one batch of tokens, compute the gradient of the training objective (LM loss
-# plus balance loss) once in BF16 and once under an FP8 precision policy, and compare the two
-# gradient trees. This notebook does that comparison by hand and looks at it from every side:
+# changes its loss. Its unit of work is one comparison: the gradient of the training
+# objective (LM loss plus balance loss) at one checkpoint, on one batch, once in BF16 and
+# once under an FP8 precision policy. This notebook makes that comparison by hand:
 #
 # 1. a tiny DeepSeek-MoE is trained for a few steps on the embedded English corpus (or an
-#    existing training run is loaded), and the parameters of one checkpoint are restored;
-# 2. `fp8jax.study.paired.PairedEvaluator`, the engine of the study's sweep, compares a couple
-#    of FP8 policies against BF16 on one batch;
-# 3. `jax.grad` gives the full BF16 and FP8 gradient trees, browsed with treescope;
-# 4. the difference is broken down per module, per layer, per module x layer cell and per
-#    parameter, next to the routing divergence of every MoE layer.
+#    existing run is loaded), and one checkpoint is restored;
+# 2. `fp8jax.study.paired.PairedEvaluator`, the engine of the study's sweep, compares a few
+#    FP8 policies against BF16 on one batch;
+# 3. `jax.grad` gives the full gradient trees, browsed with treescope;
+# 4. the difference is broken down per module, layer, module x layer cell and parameter,
+#    next to the routing divergence of every MoE layer.
 #
-# Every number is computed when the notebook runs. Set `FP8JAX_SMOKE=1` for a small version
-# that runs in about a minute on one CPU core (CI runs it that way); the full size trains the
-# repository's tiny demo configuration and takes a few minutes on a CPU.
-
-# %% [markdown]
+# Every number is computed when the notebook runs. `FP8JAX_SMOKE=1` gives a small version
+# (about a minute on one CPU core; CI runs it); the full size takes a few minutes on a CPU.
+#
 # ## Set-up
 #
-# In Colab this installs `fp8jax` from GitHub. It pins no JAX version of its own: pip keeps
-# the runtime's JAX when it satisfies fp8jax's requirements. Where `fp8jax` is already
-# importable (a local checkout installed with `pip install -e .`), the cell does nothing.
+# In Colab this installs `fp8jax` from GitHub, keeping the runtime's JAX where it satisfies
+# fp8jax's requirements; where `fp8jax` is importable already, it does nothing.
 
 # %%
 import importlib
@@ -58,10 +54,8 @@ if importlib.util.find_spec("fp8jax") is None:
 # %matplotlib inline
 import json
 import math
-import os
 import pathlib
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -70,74 +64,28 @@ import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 
-import fp8jax
 from fp8jax import metrics
 from fp8jax.experiments.configs import train_tiny
 from fp8jax.metrics import ranking
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import paired, sweep
+from fp8jax.study import notebook, paired, sweep
+from fp8jax.study.notebook import show_table
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import loop, run_config
 from fp8jax.train import mesh as mesh_lib
 
-try:
-  from IPython import get_ipython
-  from IPython.display import Markdown, display
-  IN_NOTEBOOK = get_ipython() is not None
-except ImportError:
-  IN_NOTEBOOK = False
-try:
-  import treescope
-except ImportError:
-  treescope = None
-
-SMOKE = os.environ.get("FP8JAX_SMOKE", "0") == "1"
-START = time.time()
-print(f"jax {jax.__version__}, fp8jax {fp8jax.__version__}, backend {jax.default_backend()}")
-print("devices:", jax.devices())
-print("smoke size" if SMOKE else "full size")
-
-
-def fmt(v):
-  """A table cell: floats to 4 significant digits, None as an empty cell."""
-  if v is None:
-    return ""
-  if isinstance(v, bool | np.bool_):
-    return "yes" if v else "no"
-  if isinstance(v, float | np.floating):
-    return f"{float(v):.4g}"
-  return str(v)
-
-
-def show_table(rows, columns=None, title=None):
-  """A list of dicts as a markdown table (rendered in a notebook, printed in a script)."""
-  columns = columns or list(rows[0])
-  lines = [f"**{title}**", ""] if title else []
-  lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-  text = "\n".join(lines)
-  if IN_NOTEBOOK:
-    display(Markdown(text))
-  else:
-    print(text + "\n")
-
+NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's small one
 
 # %% [markdown]
 # ## 1. A checkpoint
 #
-# Point `CHECKPOINT_DIR` at a training run's folder (the `--workdir` of
-# `python -m fp8jax.experiments.train`, holding `config.json` and `checkpoints/`) to study one
-# of its checkpoints; `STEP = None` takes the latest. With `CHECKPOINT_DIR = None` the cell
-# trains the repository's tiny demo model (`experiments/configs/train_tiny.py`: every layer
-# MoE, byte tokens of the embedded corpus) into a temporary folder that is removed when the
-# kernel stops; at smoke size with fewer layers and steps.
-#
-# `restore_params` verifies every array it reads against the digest recorded when the
-# checkpoint was saved: a damaged file (a bad copy between machines, a disk error) raises
-# `CorruptCheckpointError` naming the checkpoint, the array and both digests instead of
-# feeding garbage to the comparison, and a checkpoint written before digests existed loads
-# with a warning. `python -m fp8jax.experiments.verify --workdir=RUN` checks a whole run.
+# `CHECKPOINT_DIR`: a training run's folder (the `--workdir` of
+# `python -m fp8jax.experiments.train`); `None` trains the tiny demo model
+# (`experiments/configs/train_tiny.py`: every layer MoE, byte tokens) in a temporary folder.
+# `restore_params` checks every array against the digest recorded at saving (a damaged file
+# raises `CorruptCheckpointError`); `python -m fp8jax.experiments.verify --workdir=RUN` checks
+# a whole run.
 
 # %%
 CHECKPOINT_DIR = None   # e.g. "out/demo/train"
@@ -146,7 +94,7 @@ EVAL_BATCH = 8          # sequences in the evaluation batch
 
 if CHECKPOINT_DIR is None:
   train_cfg = train_tiny.get_config()
-  if SMOKE:
+  if NB.smoke:
     train_cfg.model_overrides.num_hidden_layers = 2
     train_cfg.train.steps, train_cfg.train.save_every, train_cfg.train.log_every = 4, 2, 2
     train_cfg.optim.warmup_steps = 1
@@ -178,45 +126,27 @@ print(f"checkpoints {available}; restored step {step} (code {ckpt_meta.get('code
 print(model_cfg)
 
 # %% [markdown]
-# The params are a plain nested dict: token embedding, `layers/<i>/...` (attention
-# projections, the two RMSNorms, and in MoE layers the router `mlp/gate`, the shared experts
-# and the routed experts stacked along a leading expert axis `mlp/experts_*`), the final norm
-# and the LM head. In a notebook treescope shows the tree (click to expand; each array comes
-# with its shape, dtype and summary statistics); in a plain script a table of the leaves is
-# printed instead.
+# The params are a plain nested dict: token embedding, `layers/<i>/...` (attention, the two
+# RMSNorms, and in MoE layers the router `mlp/gate`, the shared experts and the routed
+# experts stacked along a leading axis `mlp/experts_*`), the final norm and the LM head.
+# treescope shows the tree in a notebook; a script prints one line per leaf.
 
 # %%
 flat_params = metrics.flatten(params)
 n_params = sum(int(np.prod(v.shape)) for v in flat_params.values())
 print(f"{len(flat_params)} parameter arrays, {n_params:,} parameters")
-
-
-def show_tree(tree, autovisualize=False):
-  """treescope in a notebook, else one line per leaf (path, shape, L2 norm)."""
-  if treescope is not None and IN_NOTEBOOK:
-    treescope.show(tree, autovisualize=autovisualize)
-    return
-  for path, leaf in metrics.flatten(tree).items():
-    print(f"  {path:48s} {str(tuple(leaf.shape)):14s} "
-          f"|x| = {float(jnp.linalg.norm(jnp.ravel(leaf))):.4g}")
-
-
-show_tree(params)
+notebook.show_tree(params)
 
 # %% [markdown]
 # ## 2. One batch, several FP8 policies
 #
-# The evaluation batch is drawn the way the study's sweep draws it (`sweep.eval_batches`: the
-# training data source, shuffled with a seed of its own). The policies are expressions of
-# `fp8jax.models.policy.parse_policy`; the names below come from the seed grid: which site is
-# fake-quantized (`attn` = the attention output, `moe` = the MoE block output), at which
-# layers (`l0`, or `l0-<last>` for every layer) and in which format (per-tensor current
-# scaling, straight-through backward). Any expression works, e.g.
-# `"attn@0-1:e4m3/1x128+gemm:fp32_blockwise"`.
-#
-# `PairedEvaluator` jits the BF16 pass once and one pass per policy; the BF16 gradients stay
-# on the device and only the comparison (`fp8jax.metrics.compare_grads`), the routing
-# divergence and finiteness flags come back.
+# The evaluation batch is drawn as the study's sweep draws it (`sweep.eval_batches`). The
+# policies are expressions of `fp8jax.models.policy.parse_policy`, here from the seed grid:
+# the site (`attn` output or `moe` block output), the layers (`l0`, or `l0-<last>`) and the
+# format (per-tensor current scaling). Any expression works, e.g.
+# `"attn@0-1:e4m3/1x128+gemm:fp32_blockwise"`. `PairedEvaluator` jits the BF16 pass once and
+# one pass per policy; only the comparison (`fp8jax.metrics.compare_grads`), the routing
+# divergence and finiteness flags come back from the device.
 
 # %%
 POLICIES = ["attn_l0_e4m3", f"moe_l0-{NUM_LAYERS - 1}_e5m2"]
@@ -231,30 +161,26 @@ base = evaluator.baseline(params, tokens)
 results = {p: jax.device_get(evaluator.variant(p, params, tokens, base)) for p in POLICIES}
 direct = {p.name: metrics.direct_modules(p, NUM_LAYERS) for p in policies}
 
-show_table([{"policy": p, "finite": bool(r["finite"]),
-             "loss BF16": float(base.loss), "loss FP8": float(r["compare"]["loss"]["loss_fp8"]),
+GLOBAL = {"‖g_fp8 − g_bf16‖": "diff_norm", "‖g_bf16‖": "norm_bf16", "rel_err": "rel_err",
+          "cosine": "cosine"}
+show_table([{"policy": p, "finite": bool(r["finite"]), "loss BF16": float(base.loss),
+             "loss FP8": float(r["compare"]["loss"]["loss_fp8"]),
              "loss rel. err": float(r["compare"]["loss"]["loss_rel_err"]),
-             "‖g_fp8 − g_bf16‖": float(r["compare"]["global"]["diff_norm"]),
-             "‖g_bf16‖": float(r["compare"]["global"]["norm_bf16"]),
-             "rel_err": float(r["compare"]["global"]["rel_err"]),
-             "cosine": float(r["compare"]["global"]["cosine"]),
+             **{k: float(r["compare"]["global"][v]) for k, v in GLOBAL.items()},
              "share_direct": float(r["compare"]["direct"]["share_direct"])}
             for p, r in results.items()], title=f"checkpoint {step}, one batch")
 
 # %% [markdown]
-# `rel_err` is ‖g_fp8 − g_bf16‖ / ‖g_bf16‖ over the whole tree, `cosine` the cosine between
-# the two gradients, and `share_direct` the fraction of ‖g_fp8 − g_bf16‖² that falls in the
-# *directly* quantized modules: those whose output tensor the policy fake-quantizes (the
-# attention output projection for `attn`, the shared and routed experts for `moe`). The rest of
-# the difference has travelled to other parameters through the forward activations and the
-# backward cotangents.
+# `rel_err` is ‖g_fp8 − g_bf16‖ / ‖g_bf16‖ over the whole tree, `cosine` the cosine of the
+# two gradients, `share_direct` the fraction of ‖g_fp8 − g_bf16‖² in the modules whose output
+# the policy quantizes *directly* (attention output for `attn`, the experts for `moe`); the
+# rest travelled to other parameters through activations and cotangents.
 #
 # ## 3. The full gradient trees
 #
-# The evaluator keeps the gradient trees on the device. The BF16 baseline it returned holds
-# the whole BF16 tree (`base.grads`, with the routing in `base.routing`); the FP8 tree of the
-# first policy comes from `jax.grad` of the same objective. The global difference norm
-# recomputed from the two trees matches the evaluator's.
+# The BF16 baseline holds the whole BF16 tree (`base.grads`, routing in `base.routing`); the
+# FP8 tree of the first policy comes from `jax.grad` of the same objective. Their difference
+# norm matches the evaluator's.
 
 # %%
 FOCUS = POLICIES[0]
@@ -275,25 +201,21 @@ evaluator_norm = float(results[FOCUS]["compare"]["global"]["diff_norm"])
 print(f"{FOCUS}: ‖g_fp8 − g_bf16‖ from jax.grad {tree_norm(grad_diff):.6g}, "
       f"from the evaluator {evaluator_norm:.6g}")
 
-# %% [markdown]
-# The difference tree `g_fp8 − g_bf16`, with every array drawn as a heatmap (expand a node to
-# see it; hover for values). Its structure is that of the params.
+# %%
+# The difference tree `g_fp8 − g_bf16`, every array drawn as a heatmap (expand a node).
+notebook.show_tree(grad_diff, autovisualize=True)
 
 # %%
-show_tree(grad_diff, autovisualize=True)
-
-# %% [markdown]
-# A single array up close: the difference of the parameter whose gradient moved most (by L2
-# norm), and its BF16 gradient, each on its own colour scale, symmetric around zero.
-
-# %%
+# Up close: the parameter whose gradient moved most (L2 norm), its difference and its BF16
+# gradient, each on its own colour scale, symmetric around zero.
 focus_values = metrics.per_param(results[FOCUS]["compare"])
 top_path = ranking.top_k(focus_values, 1)[0]
 top_diff = metrics.flatten(grad_diff)[top_path]
 top_bf16 = metrics.flatten(grads_b)[top_path]
 print(f"{top_path}: shape {tuple(top_diff.shape)}, ‖Δg‖ {float(jnp.linalg.norm(top_diff)):.4g}, "
       f"‖g_bf16‖ {float(jnp.linalg.norm(top_bf16)):.4g}")
-if treescope is not None and IN_NOTEBOOK:
+if NB.interactive and importlib.util.find_spec("treescope"):
+  import treescope
   for label, array in (("g_fp8 − g_bf16", top_diff), ("g_bf16", top_bf16)):
     vmax = float(jnp.max(jnp.abs(array)))
     treescope.show(f"{label}:", treescope.render_array(array, vmin=-vmax, vmax=vmax))
@@ -301,30 +223,23 @@ if treescope is not None and IN_NOTEBOOK:
 # %% [markdown]
 # ## 4. Where the difference sits
 #
-# `compare_grads` groups the per-leaf sums of squares by module, by layer and by module x
-# layer cell. Norms built from sums of squares compose exactly, so the `share` columns (a
-# group's part of ‖g_fp8 − g_bf16‖²) add up to 1 over the modules and over the layers (the
-# layer `none` holds the embedding, the final norm and the head). `direct` marks the modules
-# the policy quantizes directly, and `1 − cosine` how far the two gradients of a group point
-# apart. The layer tables add the fraction of tokens whose expert set changed in that layer
-# (section 5).
+# `compare_grads` groups the per-leaf sums of squares by module, layer and module x layer
+# cell, so the `share` columns (a group's part of ‖g_fp8 − g_bf16‖²) add up to 1 over the
+# modules and over the layers (layer `none`: embedding, final norm, head). `direct` marks the
+# directly quantized modules; the layer tables add the fraction of tokens rerouted there.
 
 # %%
 def group_rows(result, grouping, key_name, policy):
   """One row per group: its metrics, its share of ‖g_fp8 − g_bf16‖² and 1 − cosine."""
   table = result["compare"][grouping]
   total_sq = float(result["compare"]["global"]["diff_norm"]) ** 2
-  if grouping == "by_module":
-    keys = sorted(table, key=metrics.MODULES.index)
-  else:  # layers in order, then "none"
-    keys = sorted(table, key=lambda k: (k == "none", int(k) if k.isdigit() else 0))
-  rows = []
-  for key in keys:
-    row = {k: float(v) for k, v in table[key].items()}
-    rows.append({key_name: key, **row, "share": row["diff_norm"] ** 2 / total_sq,
-                 "1 − cosine": 1.0 - row["cosine"]})
-    if grouping == "by_module":
-      rows[-1]["direct"] = any(m == key for m, _ in direct[policy])
+  order = (metrics.MODULES.index if grouping == "by_module"  # else layers, then "none"
+           else lambda k: (k == "none", int(k) if k.isdigit() else 0))
+  rows = [{key_name: key, **{k: float(v) for k, v in table[key].items()}}
+          for key in sorted(table, key=order)]
+  for row in rows:
+    row.update({"share": row["diff_norm"] ** 2 / total_sq, "1 − cosine": 1 - row["cosine"],
+                "direct": any(m == row[key_name] for m, _ in direct[policy])})
   return rows
 
 
@@ -332,23 +247,15 @@ for p, r in results.items():
   show_table(group_rows(r, "by_module", "module", p),
              ["module", "direct", "diff_norm", "norm_bf16", "rel_err", "1 − cosine", "share"],
              title=f"{p}: per module")
+  rerouted = {str(layer): float(d["topk_set_diff_frac"]) for layer, d in r["routing"].items()}
+  show_table([{**row, "tokens rerouted": rerouted.get(row["layer"])}
+              for row in group_rows(r, "by_layer", "layer", p)],
+             ["layer", "diff_norm", "norm_bf16", "rel_err", "1 − cosine", "share",
+              "tokens rerouted"], title=f"{p}: per layer")
 
 # %%
-for p, r in results.items():
-  rows = group_rows(r, "by_layer", "layer", p)
-  div = {str(layer): d for layer, d in r["routing"].items()}
-  for row in rows:
-    if row["layer"] in div:
-      row["tokens rerouted"] = float(div[row["layer"]]["topk_set_diff_frac"])
-  show_table(rows, ["layer", "diff_norm", "norm_bf16", "rel_err", "1 − cosine", "share",
-                    "tokens rerouted"], title=f"{p}: per layer")
-
-# %% [markdown]
-# The module x layer view (`fp8jax.metrics.heatmap`): the absolute difference norm and the
-# relative error of each cell; directly quantized cells are outlined. Both colour scales are
-# logarithmic.
-
-# %%
+# The module x layer view (`fp8jax.metrics.heatmap`), log colour scales; directly quantized
+# cells are outlined.
 fig, axes = plt.subplots(2, len(results), figsize=(5.5 * len(results), 7), squeeze=False)
 for col, (p, r) in enumerate(results.items()):
   for row, metric in enumerate(("diff_norm", "rel_err")):
@@ -368,11 +275,9 @@ for col, (p, r) in enumerate(results.items()):
 fig.tight_layout()
 plt.show()
 
-# %% [markdown]
-# The parameters with the largest difference norm (`fp8jax.metrics.ranking.top_k`), the list
-# whose migration across checkpoints the study follows.
-
 # %%
+# The parameters with the largest difference norm (`ranking.top_k`), the list whose
+# migration across checkpoints the study follows.
 TOP_K = 10
 for p, r in results.items():
   values = metrics.per_param(r["compare"])
@@ -386,10 +291,9 @@ for p, r in results.items():
 # %% [markdown]
 # ## 5. Routing divergence
 #
-# A perturbed activation can change which experts a token is sent to. Per MoE layer:
-# the fraction of tokens whose top-k expert *set* differs between BF16 and FP8, the fraction
-# whose ordered top-k list differs, the mean overlap of the two sets, how many experts each
-# variant activates, and the experts that only one of them activates.
+# A perturbed activation can send a token to other experts. Per MoE layer: the fraction of
+# tokens whose top-k *set* (or ordered list) differs, the mean overlap of the two sets, and
+# the experts each variant activates.
 
 # %%
 for p, r in results.items():
@@ -417,34 +321,26 @@ plt.show()
 # %% [markdown]
 # ## 6. Union and intersection norms
 #
-# A routed expert that no token of the batch chose is *not activated* in that variant, and its
-# gradient counts as zero. When the two variants activate different experts there are two
-# ways to measure the difference of an expert stack:
+# A routed expert that no token chose is *not activated* in that variant (gradient zero).
+# Two ways to measure the difference of an expert stack:
 #
-# * **union** (the default `diff_norm`, `rel_err`): ‖m_f·g_fp8 − m_b·g_bf16‖ over every expert
-#   active in either variant, so an expert active in only one of them contributes its whole
-#   gradient: union² = intersection² + Σ_{FP8 only} ‖g_fp8‖² + Σ_{BF16 only} ‖g_bf16‖²;
-# * **intersection** (`diff_norm_intersection`, `rel_err_intersection`, relative to the BF16
-#   norm over the same experts): only the experts both variants activate, the part of the
-#   difference that is not caused by routing.
+# * **union** (the default `diff_norm`, `rel_err`): over every expert active in either
+#   variant: union² = intersection² + Σ_{FP8 only} ‖g_fp8‖² + Σ_{BF16 only} ‖g_bf16‖²;
+# * **intersection** (`diff_norm_intersection`, `rel_err_intersection`): the experts both
+#   variants activate, the part of the difference not caused by routing.
 #
-# When both variants activate the same experts the two coincide. The table shows them for the
-# routed experts of every MoE layer, and the identity above is checked on the full trees of
+# They coincide when both activate the same experts. The identity is checked on the trees of
 # section 3.
 
 # %%
+COLUMNS = {"union": "diff_norm", "intersection": "diff_norm_intersection",
+           "rel_err union": "rel_err", "rel_err intersection": "rel_err_intersection"}
 for p, r in results.items():
-  cells = r["compare"]["by_module_layer"]
-  div = r["routing"]
-  show_table([{"layer": layer,
-               "union": float(cells[f"routed_experts/{layer}"]["diff_norm"]),
-               "intersection": float(cells[f"routed_experts/{layer}"]["diff_norm_intersection"]),
-               "rel_err union": float(cells[f"routed_experts/{layer}"]["rel_err"]),
-               "rel_err intersection":
-                   float(cells[f"routed_experts/{layer}"]["rel_err_intersection"]),
+  cells, div = r["compare"]["by_module_layer"], r["routing"]
+  show_table([{"layer": layer, **{k: float(cells[f"routed_experts/{layer}"][v])
+                                  for k, v in COLUMNS.items()},
                "experts only BF16": int(div[layer]["n_only_a"]),
-               "experts only FP8": int(div[layer]["n_only_b"])}
-              for layer in sorted(div)],
+               "experts only FP8": int(div[layer]["n_only_b"])} for layer in sorted(div)],
              title=f"{p}: routed experts, union vs intersection")
 
 
@@ -465,9 +361,8 @@ def expert_identity(layer):
 
 
 identity = {layer: expert_identity(layer) for layer in sorted(routing_b)}
-print(f"{FOCUS}: union² vs intersection² + one-sided terms, per MoE layer")
-for layer, (lhs, rhs) in identity.items():
-  print(f"  layer {layer}: {lhs:.6g} vs {rhs:.6g}")
+print(f"{FOCUS}: union² vs intersection² + one-sided terms, per MoE layer: " + ", ".join(
+    f"layer {layer} {lhs:.6g} vs {rhs:.6g}" for layer, (lhs, rhs) in identity.items()))
 one_sided = {p: [layer for layer, d in r["routing"].items()
                  if int(d["n_only_a"]) or int(d["n_only_b"])] for p, r in results.items()}
 for p, layers in one_sided.items():
@@ -476,9 +371,7 @@ for p, layers in one_sided.items():
                     "and intersection coincide"))
 
 # %% [markdown]
-# ## Checks
-#
-# The statements made above, checked on this run's numbers.
+# ## Checks: the statements made above, on this run's numbers
 
 # %%
 for p, r in results.items():
@@ -502,4 +395,4 @@ assert math.isclose(float(loss_f), float(results[FOCUS]["compare"]["loss"]["loss
                     rel_tol=1e-5)
 for layer, (lhs, rhs) in identity.items():
   assert math.isclose(lhs, rhs, rel_tol=1e-6, abs_tol=1e-30), (layer, lhs, rhs)
-print(f"every statement holds; the notebook ran in {time.time() - START:.0f} s")
+print(f"every statement holds; the notebook ran in {NB.elapsed():.0f} s")

@@ -62,47 +62,34 @@ if importlib.util.find_spec("fp8jax") is None:
 # %%
 # %matplotlib inline
 import math
-import os
 import pathlib
 import tempfile
-import time
 
-import jax
 from matplotlib import colors
 import matplotlib.pyplot as plt
 import numpy as np
 
-import fp8jax
 from fp8jax.experiments.configs import train_tiny
-from fp8jax.study import conditioning, figures, floor, questions, report, results, stats, sweep
+from fp8jax.study import (
+  conditioning,
+  figures,
+  floor,
+  notebook,
+  questions,
+  report,
+  results,
+  stats,
+  sweep,
+)
+from fp8jax.study.notebook import show_markdown
 from fp8jax.train import loop
 
-try:
-  from IPython import get_ipython
-  from IPython.display import Markdown, display
-  IN_NOTEBOOK = get_ipython() is not None
-except ImportError:
-  IN_NOTEBOOK = False
 try:
   import ipywidgets as widgets
 except ImportError:
   widgets = None
 
-SMOKE = os.environ.get("FP8JAX_SMOKE", "0") == "1"
-START = time.time()
-print(f"jax {jax.__version__}, fp8jax {fp8jax.__version__}, backend {jax.default_backend()}")
-print("devices:", jax.devices())
-print("smoke size" if SMOKE else "full size")
-
-
-def show_markdown(lines):
-  """Markdown lines, rendered in a notebook and printed in a script."""
-  text = "\n".join(lines)
-  if IN_NOTEBOOK:
-    display(Markdown(text))
-  else:
-    print(text + "\n")
-
+NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's small one
 
 # %% [markdown]
 # ## 1. The results
@@ -128,7 +115,7 @@ RESULTS_DIR = None   # e.g. "out/demo" or "out/demo/compare"
 
 if RESULTS_DIR is None:
   train_cfg = train_tiny.get_config()
-  if SMOKE:
+  if NB.smoke:
     train_cfg.model_overrides.num_hidden_layers = 2
     train_cfg.data.seq_len, train_cfg.data.global_batch = 64, 4
     train_cfg.train.steps, train_cfg.train.save_every, train_cfg.train.log_every = 20, 10, 10
@@ -336,7 +323,7 @@ def plot_policy(policy, metric="rel_err", step=None):
   plt.show()
 
 
-if widgets is not None and IN_NOTEBOOK:
+if widgets is not None and NB.interactive:
   widgets.interact(
       plot_policy,
       policy=widgets.Dropdown(options=res.policies, description="policy"),
@@ -399,4 +386,4 @@ if RESULTS_DIR is None:
   compared = len(res.policies) + bool(res.floor) + len(res.controls)  # policies, floor
   assert len(res.rows) == len(res.steps) * per_step * compared
   assert answers["module"]["available"]
-print(f"every statement holds; the notebook ran in {time.time() - START:.0f} s")
+print(f"every statement holds; the notebook ran in {NB.elapsed():.0f} s")

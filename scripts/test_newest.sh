@@ -34,4 +34,5 @@ export JAX_PLATFORMS=cpu
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(-n auto)
 exec "$venv/bin/python" -m pytest "${args[@]}" tests/test_quantize.py tests/test_mx_formats.py \
-  tests/test_gemm.py tests/test_model.py tests/test_train_step.py tests/test_multihost.py
+  tests/test_mx_spec.py tests/test_mx_rounding.py tests/test_gemm.py tests/test_model.py \
+  tests/test_train_step.py tests/test_multihost.py

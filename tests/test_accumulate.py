@@ -50,6 +50,7 @@ def _tc_case(draw):
           draw(st.booleans()))
 
 
+@pytest.mark.slow
 @given(_tc_case())
 def test_tensor_core_model_matches_loop_reference_bit_for_bit(case):
   seed, m, n, k, gran, b_gran, fmt, acc, positive = case
@@ -72,6 +73,7 @@ def test_aligned_block_sum_truncates_toward_zero():
   np.testing.assert_array_equal(accumulate.aligned_block_sum(terms, 15), [8192.25, -8192.75, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a_gran,b_gran", [
     (fp8jax.tile(128), fp8jax.block((128, 128))),
     (fp8jax.per_tensor(), fp8jax.per_axis(-1)),
@@ -88,6 +90,7 @@ def test_fp32_mode_agrees_with_float64(a_gran, b_gran):
   assert np.all(np.abs(got - want) <= bound)
 
 
+@pytest.mark.slow
 def test_promotion_reduces_error_and_never_needs_constant_scales():
   rng = np.random.default_rng(2)
   qa, qb = _operands(rng, 8, 8, 4096, fp8jax.per_axis(-1), fp8jax.per_axis(-1), positive=True)
@@ -166,6 +169,7 @@ def _fp32_loop_and_old(a, b, spec_a, spec_b):
           _old_fp32_formula(qa, qb))
 
 
+@pytest.mark.slow
 @settings(max_examples=max(settings.default.max_examples // 4, 1))
 @given(_fp32_case())
 def test_fp32_interval_loop_matches_old_formula_and_float64(case):

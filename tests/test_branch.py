@@ -34,6 +34,7 @@ def branched(train_run, tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 def test_empty_policy_branch_is_the_bf16_branch_bit_for_bit(branched, train_run):
   rows = _rows(branched)
   assert set(rows) == {(s, b) for s in (2, 4)
@@ -58,6 +59,7 @@ def test_empty_policy_branch_is_the_bf16_branch_bit_for_bit(branched, train_run)
   assert meta["policies"]["attn_l0_e4m3"]["expr"].startswith("attn_out@0:")
 
 
+@pytest.mark.slow
 def test_noise_floor_is_nonzero_and_reproducible(branched, train_run, tmp_path):
   rows = _rows(branched)
   noise = rows[(2, "noise")]
@@ -80,6 +82,7 @@ def test_noise_floor_is_nonzero_and_reproducible(branched, train_run, tmp_path):
   assert _rows(other)[(2, "noise")]["param_div"] != noise["param_div"]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_numbers(branched, train_run, tmp_path, monkeypatch):
   out = tmp_path / "killed"
   real, calls = results_io.append, []
@@ -108,6 +111,7 @@ def test_killed_run_resumes_to_the_same_numbers(branched, train_run, tmp_path, m
                     branches=branch.Branches(k=K))["rows_written"] == 0
 
 
+@pytest.mark.slow
 def test_refusals_before_compute(train_run, branched, tmp_path):
   with pytest.raises(ValueError, match=r"checkpoints \[3\] are not in"):
     branch.run(train_run, tmp_path / "a", policies=[], from_steps=[3])
@@ -125,6 +129,7 @@ def test_refusals_before_compute(train_run, branched, tmp_path):
   assert proc.returncode == 2 and "checkpoints [7] are not in" in proc.stderr
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_policy_needs_the_flag(train_run, tmp_path):
   from fp8jax.train import loop, run_config  # pylint: disable=import-outside-toplevel
   assert branch.trained_policy({"policy": "bf16"}) == ("bf16", True)
@@ -144,6 +149,7 @@ def _np_tree(rng, shapes):
   return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
 
 
+@pytest.mark.slow
 def test_compare_step_against_float64_reference():
   rng = np.random.default_rng(0)
   shapes = {"layers": {"0": {"self_attn": {"o_proj": {"kernel": (8, 4)}},
@@ -217,6 +223,7 @@ def test_record_of_a_nonfinite_step_names_it_and_keeps_no_loss():
   assert rec["param_div"] == 0.01  # the skipped step left the params as they were
 
 
+@pytest.mark.slow
 def test_study_pipeline_report_answers_the_trajectory_question(train_run, tmp_path):
   """The end-to-end study with a branch stage (on a copy of the tiny run, already trained):
   the report relates the sweep to the branches."""

@@ -10,6 +10,7 @@ from fp8jax.train import checkpoint, optim
 from fp8jax.train import step as step_lib
 
 
+@pytest.mark.slow
 def test_save_every_n_keep_all_and_restore_exactly(tmp_path):
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-3, warmup_steps=1, total_steps=10))

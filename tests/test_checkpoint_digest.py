@@ -81,6 +81,7 @@ arrays = st.builds(random_array, st.sampled_from(DTYPES),
                    st.lists(st.integers(0, 9), max_size=3).map(tuple), st.integers(0, 2**32))
 
 
+@pytest.mark.slow
 @given(st.lists(arrays, min_size=1, max_size=3))
 def test_digest_matches_the_numpy_reference(leaves):
   tree = {"a": {str(i): x for i, x in enumerate(leaves)}}
@@ -168,6 +169,7 @@ def recorded_digests(step_dir: pathlib.Path) -> dict:
   return json.loads((step_dir / "meta" / "metadata").read_text())["digests"]["arrays"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, kind", [(flip_a_bit, "corrupt"), (truncate, "incomplete")])
 def test_resume_sets_a_damaged_last_checkpoint_aside_and_says_so(train_run, tmp_path, damage,
                                                                  kind):
@@ -194,6 +196,7 @@ def edit_position(path: pathlib.Path, **change) -> None:
   path.write_text(json.dumps({**position, **change}))
 
 
+@pytest.mark.slow
 def test_data_positions_are_verified_like_the_arrays(train_run, tmp_path):
   """An edited data position (a positions file, or the copy in the data item) is a corrupt
   checkpoint for verify and for --resume, named by its file."""
@@ -220,6 +223,7 @@ def test_data_positions_are_verified_like_the_arrays(train_run, tmp_path):
   assert recorded_digests(four) == recorded_digests(train_run / "checkpoints" / "4")
 
 
+@pytest.mark.slow
 def test_sweep_and_verify_refuse_damaged_checkpoints_and_skip_them_when_asked(train_run,
                                                                              tmp_path):
   run = copy_run(train_run, tmp_path / "run")
@@ -261,6 +265,7 @@ def test_sweep_and_verify_refuse_damaged_checkpoints_and_skip_them_when_asked(tr
   assert lines[2].startswith(f"{run}/checkpoints/4: incomplete: does not restore (")
 
 
+@pytest.mark.slow
 def test_a_nonfinite_baseline_is_a_data_problem_not_an_fp8_row(train_run, tmp_path):
   """A checkpoint whose params are NaN (verified: it was saved that way) gets its baseline
   line, no FP8 row, and its own section of the report."""

@@ -98,6 +98,7 @@ def binaries(train_run, sweep_out, tmp_path):
 NAMES = ["compare", "branch", "prepare_data", "compare_runs", "numerics", "report"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_an_out_that_is_a_file_or_read_only(name, train_run, sweep_out, tmp_path):
   if name == "prepare_data":
@@ -112,6 +113,7 @@ def test_an_out_that_is_a_file_or_read_only(name, train_run, sweep_out, tmp_path
                   f"{ro}/out", "read-only file system")
 
 
+@pytest.mark.slow
 def test_compare_on_a_full_disk(train_run, tmp_path):
   out = tmp_path / "cmp"
   got = run("fp8jax.experiments.compare", f"--train_workdir={train_run}", f"--out={out}",
@@ -146,6 +148,7 @@ runpy.run_module("fp8jax.experiments.train", run_name="__main__", alter_sys=True
   assert verify.stdout.count(": ok") == 2 and "2 checkpoints, 0 corrupt" in verify.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (["fp8jax.experiments.report", "--results=missing"], ["missing", "meta.json"]),
     (["fp8jax.experiments.train", "--config=missing.py"], ["--config", "missing.py"]),
@@ -171,6 +174,7 @@ def test_a_garbage_tokenizer_file_is_named(tmp_path):
   assert_one_line(got, tok)
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_in_one_line(train_run, tmp_path):
   from tests.test_folder_lock import hold_in_child  # pylint: disable=import-outside-toplevel
 
@@ -188,6 +192,7 @@ def test_a_second_writer_is_refused_in_one_line(train_run, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [".lock"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag, words", [
     ("--offsets=-1", ["--offsets", ">= 0", "[-1]"]),
     ("--offsets=0,3,0", ["--offsets", "repeat"]),

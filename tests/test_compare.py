@@ -26,6 +26,7 @@ WINDOWS = sweep.Windows(offsets=(0, 3), batches=2, batch_size=4)
 POLICIES = ["attn_l0_e4m3", "moe_l1-2_e5m2", "bf16", "noise(attn_l0_e4m3)"]
 
 
+@pytest.mark.slow
 def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   out = tmp_path / "cmp"
   summary = sweep.run(train_run, out, policies=POLICIES, windows=WINDOWS)
@@ -118,6 +119,7 @@ def test_resume_after_a_kill_mid_row_gives_the_same_rows(train_run, tmp_path):
   assert len(results_io.read(killed / "details.jsonl")) == len(full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kwargs, error", [
     (dict(policies=["attn@9:e4m3"]), "names layer 9"),
     (dict(policies=["nonsense"]), "bad policy term"),
@@ -135,6 +137,7 @@ def test_missing_training_run(tmp_path):
     sweep.run(tmp_path / "nothing", tmp_path / "cmp")
 
 
+@pytest.mark.slow
 def test_binaries_report_bad_input_without_a_traceback(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   for args in (["fp8jax.experiments.compare", f"--train_workdir={tmp_path}/none"],

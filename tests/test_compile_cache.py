@@ -49,6 +49,7 @@ def _entries(folder: pathlib.Path) -> set[str]:
   return {p.name for p in folder.rglob("*") if p.is_file() and not p.name.endswith("-atime")}
 
 
+@pytest.mark.slow
 def test_a_rerun_in_a_fresh_process_compiles_nothing(tmp_path):
   cache = tmp_path / "cache"
   hits, misses = _run(f"--compile_cache={cache}")
@@ -59,6 +60,7 @@ def test_a_rerun_in_a_fresh_process_compiles_nothing(tmp_path):
   assert _entries(cache) == first
 
 
+@pytest.mark.slow
 def test_the_environment_moves_it_and_off_turns_it_off(tmp_path):
   hits, misses = _run(**{compile_cache.ENV: str(tmp_path / "env")})
   assert hits == 0 and misses >= 2 and _entries(tmp_path / "env")

@@ -32,6 +32,7 @@ def _tiny_block(amax, n=32, seed=0):
   return (x * amax).astype(np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OCP_RULE + ROUND_UP)
 def test_mx_presets_quantize_a_block_of_amax_1e_20_as_ocp_mx(name):
   """The MX presets take no eps: a block of amax 1e-20 gets the shared exponent OCP MX
@@ -47,6 +48,7 @@ def test_mx_presets_quantize_a_block_of_amax_1e_20_as_ocp_mx(name):
   assert np.count_nonzero(got) >= 16
 
 
+@pytest.mark.slow
 def test_nvfp4_quantizes_a_tensor_of_amax_1e_20_as_transformer_engine():
   """NVFP4 takes no eps either (Transformer Engine's reference quantizer has none):
   a tensor of amax 1e-20 is scaled by its own amax, by TE's order of operations."""

@@ -85,6 +85,7 @@ def _np_quantize(x, spec, history):
   return x_hat, chosen, [_np_amax(x)] + history[:-1]
 
 
+@pytest.mark.slow
 def test_site_histories_over_training_steps_match_a_numpy_loop(monkeypatch):
   """Four train steps under MIXED: every site's output, quantized cotangent and history
   after each step, bit for bit against the NumPy loop on the recorded site tensors."""
@@ -125,6 +126,7 @@ def test_site_histories_over_training_steps_match_a_numpy_loop(monkeypatch):
   assert stale >= 6  # the histories, not the tensors' own amaxes, set most scales
 
 
+@pytest.mark.slow
 def test_history_length_one_is_current_scaling_on_a_repeated_batch():
   """With history 1, delayed scaling quantizes a batch with the amax it recorded on the
   same batch: logits and gradients equal current scaling's bit for bit (the first pass
@@ -204,6 +206,7 @@ def test_state_that_does_not_fit_the_policy_is_named():
   assert delayed_sites.init(cfg, pl.parse_policy("attn@all:e4m3")) == {}
 
 
+@pytest.mark.slow
 def test_train_state_round_trips_through_a_checkpoint_and_a_mismatch_is_named(tmp_path):
   cfg, params, _ = _setup()
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-3, warmup_steps=1, total_steps=10))
@@ -229,6 +232,7 @@ def test_train_state_round_trips_through_a_checkpoint_and_a_mismatch_is_named(tm
   ckpt.close()
 
 
+@pytest.mark.slow
 def test_evaluator_warm_up_cycles_the_window_and_records_each_amax():
   """Three warm-up passes over a two-batch window: the history holds the site's amax on
   batches 0, 1, 0 (newest first), each read from current scaling's telemetry."""

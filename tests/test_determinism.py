@@ -30,6 +30,7 @@ def test_one_hot_gradient_is_the_scatter_add(monkeypatch, chunk):
   np.testing.assert_allclose(vjp(jnp.asarray(g))[0], want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_model_gradient_in_the_deterministic_mode():
   cfg = config.tiny()
   params = deepseek_moe.init(cfg, jax.random.key(0))
@@ -53,6 +54,7 @@ def test_model_gradient_in_the_deterministic_mode():
       np.testing.assert_array_equal(b, a)
 
 
+@pytest.mark.slow
 def test_the_mode_sets_its_xla_flag_before_the_first_computation(tmp_path):
   """In a fresh process a deterministic run adds the flag to XLA_FLAGS and records the
   mode; in this one (backends started, CPU) it is too late and harmless."""
@@ -75,6 +77,7 @@ def test_the_mode_sets_its_xla_flag_before_the_first_computation(tmp_path):
   assert determinism.FLAG not in os.environ.get("XLA_FLAGS", "").split()
 
 
+@pytest.mark.slow
 def test_sweep_in_the_deterministic_mode(train_run, tmp_path):
   """The sweep records the mode, and on a CPU its rows match the default mode's up to the
   embedding gradient's summation order."""
@@ -93,6 +96,7 @@ def test_sweep_in_the_deterministic_mode(train_run, tmp_path):
     assert rows[True][policy]["loss_fp8"] == rows[False][policy]["loss_fp8"]  # forward: same
 
 
+@pytest.mark.slow
 def test_branch_follows_the_run_or_its_own_flag(train_run, tmp_path):
   """Branches run in the training run's mode unless told otherwise; meta records the mode,
   and on a CPU the two modes' branch losses agree."""

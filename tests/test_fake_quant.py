@@ -23,6 +23,7 @@ def _case(draw):
   return x, g, fwd.replace(backward=bwd)
 
 
+@pytest.mark.slow
 @given(_case())
 def test_forward_and_vjp_match_reference(case):
   x, g, spec = case
@@ -35,6 +36,7 @@ def test_forward_and_vjp_match_reference(case):
     assert ref.same_bits(np.asarray(dx), ref_for_spec(g, spec.backward)[2])
 
 
+@pytest.mark.slow
 def test_straight_through_keeps_tiny_gradients():
   """A plain astype round trip would quantize a 1e-4 cotangent; STE must not."""
   x = jnp.linspace(-2.0, 2.0, 256).reshape(2, 128)
@@ -47,6 +49,7 @@ def test_straight_through_keeps_tiny_gradients():
   assert not np.array_equal(naive, w)
 
 
+@pytest.mark.slow
 def test_cotangent_quantization_equals_quantizing_upstream_gradient():
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((4, 256)).astype(np.float32))
@@ -57,6 +60,7 @@ def test_cotangent_quantization_equals_quantizing_upstream_gradient():
   assert not np.array_equal(dx, upstream)
 
 
+@pytest.mark.slow
 def test_jit_grad_vmap_and_bf16():
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((3, 2, 200)), jnp.bfloat16)
@@ -106,6 +110,7 @@ def _np_telemetry(x, spec):
               snr_db=10 * np.log10(signal / noise))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [
     fp8jax.QuantSpec(granularity=fp8jax.tile(128)),
     fp8jax.QuantSpec(format="e5m2", granularity=fp8jax.per_tensor()),
@@ -127,6 +132,7 @@ def test_telemetry_matches_numpy(spec):
     assert float(tel.saturated_frac) > 1 / x.size  # ceil-rounded scales do saturate
 
 
+@pytest.mark.slow
 def test_telemetry_is_free_when_off_and_exact_round_trip_is_infinite_snr():
   spec = fp8jax.preset("deepseek_v3")
   x = jnp.ones((2, 128))

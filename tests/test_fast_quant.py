@@ -1,9 +1,6 @@
-"""round_to_format and the fused fake-quant path, bit for bit.
-
-``round_to_format`` is checked against ml_dtypes casts in NumPy (independent of XLA) on
-a structured sweep of float32 bit patterns; the fused round trip against the payload
-path (``fp8jax.quantize_dequantize``) and against the NumPy reference.
-"""
+"""The fused fake-quant path, bit for bit, against the payload path
+(``fp8jax.quantize_dequantize``) and the NumPy reference; the Pallas cast and kernel.
+``round_to_format`` itself: ``tests/test_round_to_format.py``."""
 
 from __future__ import annotations
 
@@ -24,75 +21,6 @@ from fp8jax.quant import fast_quant
 from tests import reference as ref
 from tests import strategies as hs
 from tests.helpers import ref_for_spec
-
-ALL_FORMATS = sorted(ref.FP8_DTYPES)
-
-
-def _ml_dtypes_round(x: np.ndarray, fmt: str) -> np.ndarray:
-  """Clip to ±max, cast with ml_dtypes, back to float32 (no XLA involved)."""
-  fmax = np.float32(ref.FP8_MAX[fmt])
-  with np.errstate(invalid="ignore", over="ignore"):
-    return np.clip(x, -fmax, fmax).astype(ref.FP8_DTYPES[fmt]).astype(np.float32)
-
-
-def _structured_bit_patterns() -> np.ndarray:
-  """Both signs x all 256 exponents x all top-11 mantissa bits x 4 low-12-bit patterns.
-
-  The low patterns (0, 1, 0x800, 0xFFF) with every top-11 pattern put values exactly on,
-  just above and just below every rounding tie of the four formats (they round at bit 20
-  or 21 of the mantissa, or higher below the normal range): 2**22 float32 values.
-  """
-  high = np.arange(1 << 20, dtype=np.uint32) << np.uint32(12)  # sign, exponent, top 11
-  low = np.array([0x000, 0x001, 0x800, 0xFFF], np.uint32)
-  return (high[:, None] | low[None, :]).reshape(-1)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _round_bits(bits, fmt):
-  return formats.round_to_format(jax.lax.bitcast_convert_type(bits, jnp.float32), fmt)
-
-
-@pytest.mark.parametrize("fmt", ALL_FORMATS)
-def test_round_to_format_matches_ml_dtypes_on_structured_bit_patterns(fmt):
-  bits = _structured_bit_patterns()
-  got = np.asarray(_round_bits(jnp.asarray(bits), formats.get_format(fmt)))
-  want = _ml_dtypes_round(bits.view(np.float32), fmt)
-  assert got.dtype == np.float32
-  assert ref.same_bits(got, want)
-  # NaN stays NaN and the signed zeros are where the cast puts them.
-  assert np.array_equal(np.isnan(got), np.isnan(bits.view(np.float32)))
-  zeros = want == 0
-  assert np.array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
-
-
-@pytest.mark.parametrize("fmt", ALL_FORMATS)
-def test_round_to_format_edges(fmt):
-  f = formats.get_format(fmt)
-  fmax, sub, nrm = np.float32(f.max), np.float32(f.min_subnormal), np.float32(f.min_normal)
-  edges = [0.0, np.inf, np.nan, fmax, np.nextafter(fmax, np.float32(np.inf)), 2 * fmax,
-           np.finfo(np.float32).max, sub, sub / 2, np.nextafter(sub / 2, np.float32(1)),
-           1.5 * sub, 2.5 * sub, nrm, np.nextafter(nrm, np.float32(0)), nrm - sub / 2,
-           nrm * (1 + 2.0**-f.mantissa_bits / 2), 1e-39, 1e-45, 1.0, 3.0, 1e30]
-  x = np.array(edges, np.float32)
-  x = np.concatenate([x, -x])
-  got = np.asarray(formats.round_to_format(jnp.asarray(x), f))
-  assert ref.same_bits(got, _ml_dtypes_round(x, fmt))
-  assert np.all(np.abs(got[np.isfinite(got)]) <= fmax)
-  assert np.asarray(formats.round_to_format(jnp.asarray(x, jnp.bfloat16), f)).dtype == np.float32
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _cast_and_round(x, fmt):
-  return formats.saturating_cast(x, fmt).astype(jnp.float32), formats.round_to_format(x, fmt)
-
-
-@pytest.mark.parametrize("fmt", ALL_FORMATS)
-@given(values=st.lists(st.floats(width=32), min_size=64, max_size=64))
-def test_round_to_format_equals_the_xla_cast(fmt, values):
-  cast, rounded = _cast_and_round(jnp.asarray(np.array(values, np.float32)),
-                                  formats.get_format(fmt))
-  assert ref.same_bits(np.asarray(rounded), np.asarray(cast))
-
 
 # --- the fused round trip ---------------------------------------------------------
 
@@ -119,12 +47,14 @@ def _case(draw):
   return draw(hs.arrays(shape)), draw(hs.specs(len(shape)))
 
 
+@pytest.mark.slow
 @given(_case())
 def test_fused_matches_payload_path_and_reference(case):
   x, spec = case
   _check_fused(x, spec)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("spec", [
     fp8jax.preset("deepseek_v3"),
@@ -148,6 +78,7 @@ def test_fused_with_outliers_zero_tiles_and_non_finite(spec, dtype):
     _check_fused(x.astype(dtype), spec)
 
 
+@pytest.mark.slow
 def test_fused_shapes_scalars_and_empty():
   spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())
   _check_fused(np.array(3.3, np.float32), spec, eager=True)
@@ -186,6 +117,7 @@ def test_fake_quant_uses_the_fused_path_without_fp8_or_barrier():
 # --- the Pallas kernel (interpreted on CPU) ---------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tiles_per_block,split", [(1, "loop"), (4, "loop"), (4, "reshape")])
 @pytest.mark.parametrize("spec,dtype,shape", [
     (fp8jax.preset("deepseek_v3"), ml_dtypes.bfloat16, (24, 512)),
@@ -247,6 +179,7 @@ def _cast_case(draw):
   return x, spec, split, draw(st.sampled_from([1, 2, 4]))
 
 
+@pytest.mark.slow
 @settings(max_examples=min(settings().max_examples, 8))
 @given(_cast_case())
 def test_pallas_cast_rounding_matches_fused_in_interpret_mode(case):
@@ -371,6 +304,7 @@ def test_pallas_kernel_refuses_what_it_cannot_tile():
   assert fqp.block_shape((3, 384), spec, 64, 4, split="flat") == (1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,split", [("mxfp4", "flat"), ("mxfp6_e3m2", "loop"),
                                         ("nvfp4", "flat"), ("nvfp4", "reshape"),
                                         ("mxfp8_ocp", "loop")])

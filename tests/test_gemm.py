@@ -31,6 +31,7 @@ def _hi(a, b, subscripts):
   return jnp.einsum(subscripts, a, b, precision=lax.Precision.HIGHEST)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transpose_policy", ["requant", "double", "scaling_aware"])
 def test_custom_vjp_matches_grad_on_dequantized_operands(transpose_policy):
   x, w, dy = _xw()
@@ -58,6 +59,7 @@ def test_custom_vjp_matches_grad_on_dequantized_operands(transpose_policy):
   assert_close(dw, dw_ref)
 
 
+@pytest.mark.slow
 def test_deepgemm_acceptance_against_bf16():
   """DeepGEMM's check 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3 for the blockwise recipe."""
   rng = np.random.default_rng(3)
@@ -71,6 +73,7 @@ def test_deepgemm_acceptance_against_bf16():
   assert 1e-5 < diff < 1e-3
 
 
+@pytest.mark.slow
 def test_directions_are_independent_and_bf16_matches_lax():
   x, w, dy = _xw(1, k=256, n=128)
   def grads(cfg):
@@ -88,6 +91,7 @@ def test_directions_are_independent_and_bf16_matches_lax():
   assert not np.array_equal(all_fp8[0], all_bf16[0])
 
 
+@pytest.mark.slow
 def test_native_fp8_matches_simulation_with_per_tensor_scales():
   x, w, dy = _xw(2, k=256, n=128)
   tensor = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())
@@ -104,6 +108,7 @@ def test_native_fp8_matches_simulation_with_per_tensor_scales():
     np.testing.assert_allclose(a, b, rtol=0, atol=2e-3 * float(jnp.max(jnp.abs(a))))
 
 
+@pytest.mark.slow
 def test_expert_einsum_uses_lhs_as_input_role():
   rng = np.random.default_rng(4)
   x = jnp.asarray(rng.standard_normal((3, 20, 256)), jnp.float32)  # experts, tokens, K
@@ -124,6 +129,7 @@ def test_expert_einsum_uses_lhs_as_input_role():
   assert gx.shape == x.shape and gw.shape == w.shape and np.all(np.isfinite(gw))
 
 
+@pytest.mark.slow
 def test_flax_nnx_linear_dot_general():
   layer = nnx.Linear(256, 64, rngs=nnx.Rngs(0), dot_general=gemm.dot_general_fn(gemm.DEEPSEEK_V3))
   x = jnp.asarray(np.random.default_rng(5).standard_normal((4, 256)), jnp.float32)
@@ -152,6 +158,7 @@ def test_shape_errors():
     gemm.fp8_dot_general(jnp.ones((4, 8)), jnp.ones((9, 3)), (((1,), (0,)), ((), ())))
 
 
+@pytest.mark.slow
 def test_accumulation_modes_plug_in():
   x, w, _ = _xw(6, b=1, t=16, k=512, n=16)
   ys = {a.describe(): gemm.fp8_dot_general(x, w, DN, config=gemm.GemmConfig(accumulation=a))

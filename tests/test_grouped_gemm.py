@@ -20,6 +20,7 @@ def _case(sizes=(128, 0, 256), k=256, f=128, seed=0):
   return x, w, dy, jnp.asarray(sizes, jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["requant", "double", "scaling_aware"])
 def test_matches_per_expert_dot_general(policy):
   """Ragged group sizes: Wgrad pads each group to whole 128-row tiles, so no tile spans two
@@ -44,6 +45,7 @@ def test_matches_per_expert_dot_general(policy):
     assert_close(dw[e], dwe)
 
 
+@pytest.mark.slow
 def test_bf16_mode_and_errors():
   x, w, dy, sizes = _case(sizes=(50, 70, 8), seed=1)
   y = grouped_gemm.fp8_ragged_dot(x, w, sizes, fp8jax.gemm.dense.BF16)
@@ -66,6 +68,7 @@ def _vjp(fn, a, b, ct):
   return (y, *vjp(ct))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["requant", "double", "scaling_aware"])
 def test_tensor_core_accumulation_equals_dense_per_expert_bit_for_bit(policy):
   """Ragged groups (none a multiple of the promotion interval, one empty): each expert's
@@ -105,6 +108,7 @@ def _loop(a_qt, b_qt, rows, cols):
   return rg.ref_tensor_core_matmul(a[rows], b[cols], sa[rows], sb[cols], ka, kb)
 
 
+@pytest.mark.slow
 def test_tensor_core_grouped_against_numpy_loops():
   """A few outputs of each GEMM of one expert (rows 40..239 of the sorted rows, after an
   expert of 40 and an empty one) against the loop reference on that expert's operands,
@@ -136,6 +140,7 @@ def test_tensor_core_grouped_against_numpy_loops():
   assert not np.array_equal(np.asarray(y32), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_tensor_core_never_promoting_needs_scales_constant_along_the_tokens():
   x, w, dy, sizes = _case(sizes=(20, 12), k=64, f=32, seed=5)
   acc = fp8jax.gemm.accumulate.HOPPER_NO_PROMOTION
@@ -151,6 +156,7 @@ def test_tensor_core_never_promoting_needs_scales_constant_along_the_tokens():
     wgrad(w, tiles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["requant", "scaling_aware"])
 def test_blockwise_kernel_path_equals_the_xla_simulation(policy, monkeypatch):
   """On one GPU the FP32-accumulation grouped GEMM runs in the blockwise-scaled kernel

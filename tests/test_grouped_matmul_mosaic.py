@@ -68,6 +68,7 @@ def _problem(seed=0, n=40, d=32, f=48, e=4, total=None):
   return x, w, dy, jnp.asarray(sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("total,covered", [(None, False), (None, True), (31, False)])
 def test_matches_tiled_matmul_with_gradients(fake_kernels, total, covered):
   x, w, dy, sizes = _problem(total=total)
@@ -83,6 +84,7 @@ def test_matches_tiled_matmul_with_gradients(fake_kernels, total, covered):
     np.testing.assert_allclose(f32(got), want, **TOL)
 
 
+@pytest.mark.slow
 def test_vmap_loops_over_groups(fake_kernels):
   x, w, _, sizes = _problem(seed=1)
   _, _, _, sizes2 = _problem(seed=2)
@@ -93,6 +95,7 @@ def test_vmap_loops_over_groups(fake_kernels):
     np.testing.assert_allclose(f32(got[i]), want, **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impls", [("mosaic", "triton", "mosaic"), ("triton", "mosaic", "triton")])
 def test_grouped_gpu_composes_directions(fake_kernels, impls):
   x, w, dy, sizes = _problem(seed=3, n=24, d=128, f=128, e=3)

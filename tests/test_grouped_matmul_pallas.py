@@ -45,6 +45,7 @@ def _case(sizes, d, f, extra_rows=0, seed=0, dtype=jnp.float32):
   return x, w, dy
 
 
+@pytest.mark.slow
 @settings(max_examples=5)
 @given(cuts=st.lists(st.integers(0, 60), min_size=3, max_size=3), d=st.sampled_from([24, 40]),
        seed=st.integers(0, 2**16))
@@ -64,6 +65,7 @@ def test_matches_float64_loop(cuts, d, seed):
   assert np.all(np.asarray(y)[sum(sizes):] == 0)
 
 
+@pytest.mark.slow
 def test_bf16_operands_accumulate_in_float32():
   x, w, dy = _case([50, 0, 70], 96, 80, dtype=jnp.bfloat16)
   y, dx, dw = run(x, w, [50, 0, 70], dy, gmp.Blocks(m=32, n=32, k=32))

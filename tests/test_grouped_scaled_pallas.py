@@ -134,6 +134,7 @@ ROWS_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transpose_b", [True, False])
 @pytest.mark.parametrize("case", sorted(ROWS_CASES))
 def test_rows_match_numpy_reference_and_per_expert_gemm(case, transpose_b):
@@ -183,6 +184,7 @@ def _wgrad_operands(rng, sizes, extra, k, f, interval, fmt):
   return xt, dyt
 
 
+@pytest.mark.slow
 def test_wgrad_unaligned_groups_match_numpy_reference():
   """Groups that start and end inside intervals (their scale tiles shared), empty groups,
   groups inside one interval, rows past the sum; K and F not whole blocks."""
@@ -203,6 +205,7 @@ def test_wgrad_unaligned_groups_match_numpy_reference():
   _assert_close(got, xla, mag, terms, factor=2)
 
 
+@pytest.mark.slow
 def test_wgrad_padded_groups_match_per_expert_gemm():
   """Groups padded to whole intervals (the layout of real kernels): with and without the
   row masks the same result, and each dW_g equals the dense GEMM of X_g^T and dY_g^T."""

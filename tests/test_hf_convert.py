@@ -34,6 +34,7 @@ def test_safetensors_round_trip_and_corruption(tmp_path):
     st.read_header(tmp_path / "bad.safetensors")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pad", [None, 40])
 def test_params_hf_round_trip(tmp_path, pad):
   cfg = mc.tiny(dtype="float32")
@@ -68,6 +69,7 @@ def test_mismatched_checkpoints_name_their_keys(tmp_path):
   assert hf_convert.config_from_hf(no_shared).n_shared_experts == 0
 
 
+@pytest.mark.slow
 def test_convert_binary_functions_round_trip(tmp_path):
   from fp8jax.models import params_io as convert_hf
 
@@ -92,6 +94,7 @@ def test_convert_binary_functions_round_trip(tmp_path):
     np.testing.assert_array_equal(a[key], b[key])
 
 
+@pytest.mark.slow
 def test_converted_checkpoint_carries_source_hashes_and_verifies_its_arrays(tmp_path):
   from fp8jax.models import integrity
   from fp8jax.models import params_io as convert_hf
@@ -132,6 +135,7 @@ def _hf_dir(path, hf_config, tensors=None):
   return path
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_hf_round_trip(tmp_path):
   """HF layout (k/v projections [kv_heads * head_dim, d]) -> fp8jax Orbax -> HF layout,
   bit for bit, with the config's num_key_value_heads carried both ways."""

@@ -19,6 +19,7 @@ def _setup(seed=0, **changes):
   return cfg, params, tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [
     {}, {"norm_topk_prob": True}, {"seq_aux": False, "num_experts_per_tok": 3},
     {"first_k_dense_replace": 0, "moe_layer_freq": 2, "n_shared_experts": 0},
@@ -34,6 +35,7 @@ def test_matches_float64_numpy_forward(changes):
   np.testing.assert_allclose(float(aux["aux_loss"]), ref_aux, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_grouped_query_attention_core_against_numpy_loops(kv_heads):
   """attention_core's XLA path, per query head h against K/V head h // (H // K) in a
@@ -67,6 +69,7 @@ def test_grouped_query_attention_core_against_numpy_loops(kv_heads):
       np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dispatch_equals_every_expert_reference_with_equal_gradients():
   cfg, params, tokens = _setup(1)
   def loss(p, impl):
@@ -80,6 +83,7 @@ def test_dispatch_equals_every_expert_reference_with_equal_gradients():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b)) + 1e-30))
 
 
+@pytest.mark.slow
 def test_routing_outputs():
   cfg, params, tokens = _setup(2)
   _, aux = dm.apply(params, tokens, cfg)
@@ -92,6 +96,7 @@ def test_routing_outputs():
   assert float(jnp.max(jnp.sum(r["topk_weights"], -1))) < 1.0  # raw probabilities
 
 
+@pytest.mark.slow
 def test_empty_policy_is_bf16_and_a_site_leaves_upstream_layers_alone():
   cfg, params, tokens = _setup(3, dtype="bfloat16")
   base, base_aux = dm.apply(params, tokens, cfg)
@@ -107,6 +112,7 @@ def test_empty_policy_is_bf16_and_a_site_leaves_upstream_layers_alone():
                                 q_aux["aux_loss_per_layer"][1])
 
 
+@pytest.mark.slow
 def test_every_site_changes_the_output_and_reports_telemetry():
   cfg, params, tokens = _setup(4)
   base, _ = dm.apply(params, tokens, cfg)
@@ -135,6 +141,7 @@ def test_policy_validation():
     dm.apply(params, tokens, cfg, pl.site_policy("attn_out", "0-8", spec))
 
 
+@pytest.mark.slow
 def test_expert_padding_is_exact():
   cfg, params, tokens = _setup(5)
   padded_cfg = cfg.replace(expert_pad_to=48)
@@ -151,6 +158,7 @@ def test_expert_padding_is_exact():
   assert np.all(np.asarray(fresh["layers"][1]["mlp"]["experts_up"])[:, :, 32:] == 0)
 
 
+@pytest.mark.slow
 def test_gemm_hook_routes_linear_layers_through_fp8():
   cfg, params, tokens = _setup(6)
   apply = jax.jit(dm.apply, static_argnums=(2, 3))
@@ -206,6 +214,7 @@ def test_gemm_hook_hopper_blockwise_is_a_whole_model_policy():
                                 forward(params, tc, "dispatch")[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", [(5, 0, 130, 1), (0, 0, 0, 9), (128, 128, 0, 0),
                                    (2, 0, 1, 0)])
 def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
@@ -224,6 +233,7 @@ def test_tiled_grouped_matmul_equals_ragged_dot(sizes):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gemm", [None, fp8jax.gemm.dense.FP32_BLOCKWISE])
 def test_moe_groups_give_the_same_result(gemm):
   """Dispatching per group of sequences (one group per data-parallel device) changes

@@ -9,10 +9,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_four_devices_match_one():
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   env.pop("XLA_FLAGS", None)

@@ -76,6 +76,7 @@ def xw():
   return x, w
 
 
+@pytest.mark.slow
 def test_recipes_order_by_width(xw):
   """Every recipe runs (finite gradients) and the error grows as the format narrows."""
   x, w = xw
@@ -89,6 +90,7 @@ def test_recipes_order_by_width(xw):
   assert min(err["mxfp4"], err["nvfp4"], err["nvfp4_recipe"]) > 2 * err["mxfp8"]
 
 
+@pytest.mark.slow
 def test_two_level_output_against_float64(xw):
   """The NVFP4 Fprop equals the float64 product of the dequantized operands (the tensor
   levels enter as the GEMM's alpha)."""
@@ -102,6 +104,7 @@ def test_two_level_output_against_float64(xw):
                              atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_stochastic_gemm_is_deterministic_and_keyed_by_content(xw):
   x, w = xw
   cfg = recipes.recipe("nvfp4_recipe")
@@ -146,6 +149,7 @@ def test_pad_groups_keeps_each_expert_product():
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_grouped_recipes_and_same_weight_in_fprop_and_dgrad():
   x = jax.random.normal(jax.random.key(2), (40, 32))
   w = jax.random.normal(jax.random.key(3), (3, 32, 48)) * 0.1
@@ -183,6 +187,7 @@ def test_policy_recipe_layers():
     policy_lib.parse_policy(expr)
 
 
+@pytest.mark.slow
 def test_nvfp4_recipe_ablations_each_drop_one_element(xw):
   """Each ablation of the NVFP4 recipe differs from it in its one element, and that element
   is active: its gradients differ from the full recipe's."""

@@ -41,6 +41,7 @@ def heavy_tailed(key, shape):
   return jax.random.normal(k1, shape) * jnp.exp(2 * jax.random.normal(k2, shape))
 
 
+@pytest.mark.slow
 @hypothesis.settings(deadline=None, max_examples=8)
 @hypothesis.given(name=st.sampled_from(sorted(SPECS)), rows=st.integers(1, 130),
                   cols=st.sampled_from([16, 48, 128, 200, 256]), seed=st.integers(0, 2**16),
@@ -62,6 +63,7 @@ def test_control_keeps_the_error_energy_of_every_block(name, rows, cols, seed, z
     assert not np.allclose(x_ctl, x_hat)
 
 
+@pytest.mark.slow
 def test_control_noise_is_unbiased_and_uncorrelated_with_the_input():
   """Over many draws (explicit keys through matched_noise) the noise averages to zero
   element by element, while the E5M2 round trip's error does not (it is a function of x)."""
@@ -78,6 +80,7 @@ def test_control_noise_is_unbiased_and_uncorrelated_with_the_input():
   assert np.max(np.abs(np.asarray(x_hat - x))) > 10 * np.max(np.abs(mean))
 
 
+@pytest.mark.slow
 def test_control_is_a_function_of_the_tensor_and_keeps_non_finite_values():
   spec = SPECS["deepseek_v3"].replace(noise_control=True)
   x = heavy_tailed(jax.random.key(3), (2, 256)).at[1, 5].set(jnp.nan).at[0, 7].set(jnp.inf)
@@ -91,6 +94,7 @@ def test_control_is_a_function_of_the_tensor_and_keeps_non_finite_values():
   assert not np.allclose(other[1, 100:], a[1, 100:])  # a new tensor, new draws
 
 
+@pytest.mark.slow
 def test_fake_quant_control_backward_is_the_cotangent_spec_control():
   spec = fp8jax.QuantSpec(format="e4m3", backward=fp8jax.QuantSpec(format="e5m2"))
   ctl = policy_lib._noise_spec(spec, True)  # the forward and the cotangent spec
@@ -103,6 +107,7 @@ def test_fake_quant_control_backward_is_the_cotangent_spec_control():
   np.testing.assert_allclose(got, want, rtol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["fp32_blockwise", "nvfp4_recipe"])
 def test_gemm_control_multiplies_the_controlled_operands(recipe):
   """The forward GEMM of a controlled recipe is the float32 product of the operands'

@@ -42,6 +42,7 @@ def _block(name):
   return SPECS[name].granularity.sizes[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("path", ["fake_quant", "quantize_dequantize", "fused"])
 def test_inf_block_comes_back_nan(name, path):
@@ -61,6 +62,7 @@ def test_inf_block_comes_back_nan(name, path):
   np.testing.assert_array_equal(got[2:], clean[2:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_inf_in_the_cotangent_comes_back_nan(name):
   """The backward spec quantizes the cotangent by the same rule."""
@@ -83,6 +85,7 @@ def _config(name):
   return fp8jax.GemmConfig(roles=fp8jax.RoleSpecs(input=spec, weight=spec, grad=spec))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_gemm_operand_with_inf_gives_nonfinite_outputs(name):
   """Y = X W, dX = dY W^T, dW = X^T dY (one compilation): inf in rows 0 and 1 of X makes

@@ -11,6 +11,8 @@ import pytest
 import fp8jax
 from fp8jax.study import numerics_formats, numerics_report, numerics_study
 
+pytestmark = pytest.mark.slow  # the tests share one run of the whole study
+
 _qd = jax.jit(fp8jax.quantize_dequantize, static_argnums=1)
 _draws = jax.jit(lambda x, keys, spec: jax.vmap(
     lambda k: fp8jax.quantize_dequantize(x, spec, key=k))(keys), static_argnums=2)

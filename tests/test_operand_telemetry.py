@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 import fp8jax
 from fp8jax.gemm import operand_telemetry as ot
@@ -37,6 +38,7 @@ def reference(x: np.ndarray, tile: int = 128) -> dict:
           "scale_log2_p50": np.sort(scales)[int(np.ceil(0.5 * len(scales))) - 1]}
 
 
+@pytest.mark.slow
 def test_operand_telemetry_matches_the_reference():
   rng = np.random.default_rng(0)
   x = rng.standard_normal((12, 384)).astype(np.float32)
@@ -51,6 +53,7 @@ def test_operand_telemetry_matches_the_reference():
     np.testing.assert_allclose(float(got[k]), v, rtol=1e-4, err_msg=k)
 
 
+@pytest.mark.slow
 def test_operand_sums_add_up_and_do_not_touch_gradients():
   spec = fp8jax.preset("mxfp4")
   a = jax.random.normal(jax.random.key(0), (4, 64))

@@ -29,6 +29,7 @@ def _loop_pad(x, sizes, multiple):
   return out
 
 
+@pytest.mark.slow
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
        spare=st.integers(0, 5), multiple=st.sampled_from([1, 4, 16, 128]))
 @settings(max_examples=max(20, settings.default.max_examples // 2))  # a compilation each
@@ -54,6 +55,7 @@ def _dispatch_case(seed=0, t=48, k=2, e=5, d=256, f=128):
   return x, jnp.asarray(weights), jnp.asarray(ids, jnp.int32), gate, up, down
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["fp32_blockwise", "mxfp8"])
 def test_dispatch_into_padded_groups_equals_padding_in_the_gemm(recipe):
   """The dispatch that sorts into groups padded to the Wgrad's token tiles gives the same
@@ -84,6 +86,7 @@ def test_group_multiple_must_cover_the_wgrad_tiles():
     grouped.fp8_ragged_dot(x, w, jnp.array([100, 100]), fp8jax.GemmConfig(), group_multiple=64)
 
 
+@pytest.mark.slow
 def test_padded_dispatch_through_the_blockwise_kernel(monkeypatch):
   """The same in the grouped blockwise-scaled kernel (interpreted): groups padded by the
   dispatch reach Fprop, Dgrad and Wgrad as aligned groups."""

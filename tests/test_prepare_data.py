@@ -97,6 +97,7 @@ def test_interrupted_preparation_resumes_without_duplicates(tmp_path):
   assert "part-1.jsonl:6: no field 'text'" in m["skipped"]["examples"][0]
 
 
+@pytest.mark.slow
 def test_killed_binary_resumes_to_the_same_data(tmp_path):
   write_c4(tmp_path / "c4", shards_n=12, docs_n=3000)
   args = [sys.executable, "-m", "fp8jax.experiments.prepare_data",
@@ -155,6 +156,7 @@ def test_prepared_batches_and_the_data_they_name(tmp_path):
     pipeline.validate("prepared", data_dir=str(tmp_path / "c4"))
 
 
+@pytest.mark.slow
 def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, train_run):
   from fp8jax.study import sweep
   from fp8jax.train import checkpoint, loop, run_config

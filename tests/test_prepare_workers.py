@@ -44,6 +44,7 @@ def alive(pid: int) -> bool:
   return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_die_with_a_killed_parent_and_the_rerun_matches(tmp_path):
   write_c4(tmp_path / "c4", shards_n=6, docs_n=3000)

@@ -31,6 +31,7 @@ def _case(draw):
   return draw(hs.arrays(shape)), draw(hs.specs(len(shape)))
 
 
+@pytest.mark.slow
 @given(_case())
 def test_quantize_matches_reference_bit_for_bit(case):
   x, spec = case
@@ -38,6 +39,7 @@ def test_quantize_matches_reference_bit_for_bit(case):
   _assert_matches_reference(x, spec, qt, fp8jax.dequantize(qt))
 
 
+@pytest.mark.slow
 @given(_case())
 @settings(max_examples=max(15, settings.default.max_examples // 3))  # 2 compilations each
 def test_jit_matches_reference_and_eager(case):
@@ -160,6 +162,7 @@ def test_non_divisible_shapes_and_padding_never_changes_amax(shape, gran, expect
   _assert_matches_reference(x, spec, qt, fp8jax.dequantize(qt))
 
 
+@pytest.mark.slow
 def test_leading_batch_dims_and_vmap_agree():
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.standard_normal((3, 4, 200)).astype(np.float32) * 10)
@@ -232,6 +235,7 @@ def test_bad_inputs_raise_clear_errors():
     fp8jax.quantize(jnp.ones((4,)), fp8jax.QuantSpec(), jnp.zeros(3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,value,spec", [
     (jnp.float16, 63488.0, fp8jax.preset("mxfp8")),
     (jnp.float16, 65504.0, fp8jax.QuantSpec(format="e5m2", scale_format="pow2")),

@@ -66,6 +66,7 @@ def _assert_same(a, b):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
+@pytest.mark.slow
 def test_same_rules_through_fp8jax_and_qwix_give_the_same_bits_nnx():
   model, x = Net(nnx.Rngs(0)), _x()
   ours = _outputs_and_grads(rules_lib.quantize_model(model, RULES), x)
@@ -75,6 +76,7 @@ def test_same_rules_through_fp8jax_and_qwix_give_the_same_bits_nnx():
   assert not np.array_equal(ours[0], plain[0])  # the rules changed something
 
 
+@pytest.mark.slow
 def test_qwix_order_is_first_match_and_from_rules_reverses():
   q = qp.from_rules(RULES)
   assert [r.module_path for r in q] == ["blocks/1/fc2", "mix", "blocks/0/fc1",
@@ -94,6 +96,7 @@ class LinenNet(nn.Module):
     return nn.Dense(8, name="head")(x)
 
 
+@pytest.mark.slow
 def test_same_rules_through_fp8jax_and_qwix_give_the_same_bits_linen():
   rules = Rules([Rule("fc1", BLOCKWISE), Rule("head", TENSOR)])
   model, x = LinenNet(), _x()
@@ -124,6 +127,7 @@ class WeightLeft(nnx.Module):
     return jax.lax.dot_general(self.w[...], x, (((1,), (1,)), ((), ()))).T
 
 
+@pytest.mark.slow
 def test_a_weight_on_the_left_gets_the_weight_role():
   """The provider swaps the operands so that fp8jax's rhs (weight role) is the weight."""
   spec_w = fp8jax.QuantSpec(format="e5m2", granularity=fp8jax.per_tensor())

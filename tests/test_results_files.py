@@ -31,6 +31,7 @@ def test_a_torn_last_line_is_repaired_and_a_damaged_one_is_named(tmp_path):
   assert path.read_text() == before  # nothing dropped
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_damaged_metrics_line(train_run, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(train_run, workdir)
@@ -43,6 +44,7 @@ def test_resume_refuses_a_damaged_metrics_line(train_run, tmp_path):
   assert log.read_text().splitlines()[1:] == lines[1:]
 
 
+@pytest.mark.slow
 def test_a_missing_details_line_is_recomputed_and_a_damaged_one_named(train_run, tmp_path):
   out = tmp_path / "cmp"
   run = lambda: sweep.run(train_run, out, policies=["bf16"], steps=[4],  # noqa: E731

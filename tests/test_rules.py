@@ -84,6 +84,7 @@ NNX_RULES = Rules([
 ])
 
 
+@pytest.mark.slow
 def test_nnx_rules_equal_hand_placed_ops_bit_for_bit():
   model = Net(nnx.Rngs(0))
   tensor_w = TENSOR.replace(roles=dataclasses.replace(TENSOR.roles, weight=W_SPEC))
@@ -101,6 +102,7 @@ def test_nnx_rules_equal_hand_placed_ops_bit_for_bit():
   assert jax.tree.structure(nnx.state(quantized)) == jax.tree.structure(nnx.state(model))
 
 
+@pytest.mark.slow
 def test_nnx_unmatched_modules_stay_bit_identical():
   model = Net(nnx.Rngs(0))
   quantized = rules_lib.quantize_model(model, [Rule(r"blocks/1/fc2", BLOCKWISE)])
@@ -191,6 +193,7 @@ def test_rules_that_cannot_apply_are_refused():
     quantized(_x())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, rule", [
     ("dot_general", Rule("blocks/1/fc2", ODD, role="weight")),
     ("einsum", Rule("mix", ODD, role="input", op="einsum")),
@@ -242,6 +245,7 @@ def _linen_logits_and_grads(model, params, x, rules=None):
   return y, g
 
 
+@pytest.mark.slow
 def test_linen_rules_equal_hand_placed_ops_bit_for_bit():
   x = _x()
   params = LinenMLP().init(jax.random.key(0), x)
@@ -258,6 +262,7 @@ def test_linen_rules_equal_hand_placed_ops_bit_for_bit():
   assert not np.array_equal(y_plain, y_rules)
 
 
+@pytest.mark.slow
 def test_linen_unmatched_paths_and_no_rules_stay_bit_identical():
   x = _x()
   model = LinenMLP()
@@ -290,6 +295,7 @@ class Experts(nnx.Module):
     return self.ragged_dot(x, self.w[...], group_sizes)
 
 
+@pytest.mark.slow
 def test_ragged_dot_rules_route_through_the_grouped_gemm():
   x, sizes = _x((24, D)), jnp.array([10, 14], jnp.int32)
   hand = Experts(nnx.Rngs(0), functools.partial(fp8jax.grouped_gemm.fp8_ragged_dot,

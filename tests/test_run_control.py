@@ -29,6 +29,7 @@ def losses(workdir):
   return [(r["step"], r["loss"]) for r in metrics_log.read_rows(workdir / "metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_at_the_next_step_and_the_resume_is_exact(tmp_path, monkeypatch):
   loop.train(small_config(), tmp_path / "full")
   make_data, reads = loop.make_data, []
@@ -94,6 +95,7 @@ def test_initialize_names_a_bad_environment(monkeypatch, env, error):
     multihost.initialize()
 
 
+@pytest.mark.slow
 def test_distributed_without_a_cluster_or_environment_says_what_to_set(tmp_path):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",

@@ -49,6 +49,7 @@ def _assert_agree(got, want, qa, qb):
   assert np.all(diff <= 1e-6 * mag), float(np.max(diff / np.maximum(mag, 1e-300)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nb,m,n,k,gran,fmt_a,fmt_b,scale_format", [
     (1, 40, 24, 384, "tile128/block128", "e4m3", None, "fp32"),   # M, N not block multiples
     (2, 17, 33, 300, "tile128/block128", "e5m2", None, "pow2"),   # B > 1, K padded
@@ -61,6 +62,7 @@ def test_pallas_matches_xla_loop(nb, m, n, k, gran, fmt_a, fmt_b, scale_format):
   _assert_agree(got, want, qa, qb)
 
 
+@pytest.mark.slow
 def test_blocks_schedules_and_bf16_payloads():
   """Several programs along M and N with padded edges; every loop schedule, with one and
   with two dots per interval; payloads passed as bfloat16 or FP8 (e4m3 x e5m2)."""

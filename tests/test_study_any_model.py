@@ -52,6 +52,7 @@ def test_classifier_from_patterns_groups_paths():
     paths.Classifier.from_patterns({"a": "("})
 
 
+@pytest.mark.slow
 def test_compare_grads_groups_by_the_models_classifier():
   g = {"blocks": {0: {"kernel": jnp.ones((2, 2))}, 1: {"kernel": jnp.ones((2, 2))}},
        "head": {"kernel": jnp.ones((2,))}}
@@ -66,6 +67,7 @@ def test_compare_grads_groups_by_the_models_classifier():
   assert len(res["per_expert"]) == 0
 
 
+@pytest.mark.slow
 def test_sweep_and_report_on_a_dense_nnx_model(tmp_path):
   model, params = model_api.nnx_model(TinyLM(nnx.Rngs(0)), TINY_CLASSIFIER)
   rules = Rules([Rule(r"blocks/\d+", recipes.recipe("fp8_tensor"))])
@@ -130,6 +132,7 @@ def test_canvit_from_its_package_quantized_by_rules(tmp_path, monkeypatch):
   assert "mlp_fp8" in report.write_report(out).read_text()
 
 
+@pytest.mark.slow
 def test_sweep_on_a_linen_model_by_interception(tmp_path):
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
 

@@ -49,6 +49,7 @@ def test_training_writes_the_tokenizer_and_its_ids(trained):
   assert len(tok.encode(text)) < len(text.encode())  # merges were learnt
 
 
+@pytest.mark.slow
 def test_binary_trains_with_the_vocabulary_flag(tmp_path):
   write_c4(tmp_path / "c4", shards_n=2, docs_n=200)
   run = subprocess.run([sys.executable, "-m", "fp8jax.experiments.train_tokenizer",

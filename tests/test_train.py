@@ -29,6 +29,7 @@ def losses(workdir):
   return [(r["step"], r["loss"]) for r in metrics_log.read_rows(workdir / "metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_run_writes_checkpoints_metrics_and_config(tmp_path):
   out = io.StringIO()
   summary = loop.train(small_config(), tmp_path, stream=out)
@@ -50,6 +51,7 @@ def test_run_writes_checkpoints_metrics_and_config(tmp_path):
   assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 6
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite_and_resumes_exactly(tmp_path):
   full, part = tmp_path / "full", tmp_path / "part"
   loop.train(small_config(), full)
@@ -62,6 +64,7 @@ def test_refuses_to_overwrite_and_resumes_exactly(tmp_path):
   assert losses(part) == losses(full)
 
 
+@pytest.mark.slow
 def test_resume_messages_name_the_finished_step_the_shrunk_steps_and_a_corrupt_config(
     tmp_path):
   c = small_config(steps=2, save_every=2)
@@ -121,6 +124,7 @@ def test_sigkill_during_a_checkpoint_save_then_resume_is_bit_identical(tmp_path)
                                  f"{last}; nothing to do"), again.stdout
 
 
+@pytest.mark.slow
 def test_nonfinite_stops_naming_step_and_group_and_keeps_checkpoints(tmp_path):
   c = small_config(save_every=1)
   c.optim.peak_lr, c.optim.warmup_steps = 1e30, 0  # the first update blows the weights up
@@ -132,6 +136,7 @@ def test_nonfinite_stops_naming_step_and_group_and_keeps_checkpoints(tmp_path):
   assert [r["step"] for r in metrics_log.read_rows(tmp_path / "metrics.jsonl")] == [1]
 
 
+@pytest.mark.slow
 def test_fp8_policy_trains_and_differs_from_bf16(tmp_path):
   bf16 = loop.train(small_config(steps=3), tmp_path / "bf16")
   c = small_config(steps=3)
@@ -164,6 +169,7 @@ def test_bad_input_fails_before_compute(tmp_path, change, error):
   assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_resume_skips_a_torn_last_checkpoint(tmp_path):
   loop.train(small_config(), tmp_path / "full")
   part = tmp_path / "part"
@@ -179,6 +185,7 @@ def test_resume_skips_a_torn_last_checkpoint(tmp_path):
   assert losses(part) == losses(tmp_path / "full")
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars(tmp_path):
   c = small_config(steps=2, save_every=2, tensorboard=True)
   loop.train(c, tmp_path)

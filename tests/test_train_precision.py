@@ -1,9 +1,8 @@
 """Training-precision options: BF16 moments and master weights, FP16 with dynamic loss
-scaling, the simulated FP8 parameter gather, the policy recorded with the checkpoints, runs
-without checkpoints, and the step's routing output."""
+scaling, the simulated FP8 parameter gather. The policy recorded with the checkpoints, runs
+without checkpoints and the step's routing output: ``tests/test_train_policy_record.py``."""
 
 import io
-import json
 
 import jax
 import jax.numpy as jnp
@@ -16,30 +15,13 @@ import pytest
 import fp8jax
 from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
-from fp8jax.models import policy as policy_lib
-from fp8jax.train import checkpoint, loop, loss_scale, metrics_log, optim, param_gather, run_config
+from fp8jax.train import checkpoint, loop, loss_scale, optim, param_gather, run_config
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
 from tests import reference as ref
+from tests.train_cases import rows, small_config
 
 BF16 = ml_dtypes.bfloat16
-
-
-def small_config(steps=6, **precision):
-  c = run_config.defaults()
-  c.data.seq_len, c.data.global_batch = 32, 4
-  c.optim.peak_lr, c.optim.warmup_steps, c.optim.total_steps = 3e-3, 2, 6
-  c.train.steps, c.train.save_every, c.train.log_every = steps, 3, 1
-  c.precision.update(precision)
-  return c
-
-
-def rows(workdir):
-  return metrics_log.read_rows(workdir / "metrics.jsonl")
-
-
-def ckpt_steps(workdir):
-  return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
 @pytest.mark.parametrize("key, value, error", [
@@ -141,6 +123,7 @@ def test_bf16_moments_match_a_float64_adamw_reference():
   assert np.abs(want[1][0]["w"] - unrounded[1][0]["w"]).max() > 1e-4
 
 
+@pytest.mark.slow
 def test_bf16_master_weights_round_the_float32_update_to_nearest():
   cfg = mc.tiny()
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-2, warmup_steps=0, total_steps=10),
@@ -180,6 +163,7 @@ def test_loss_scale_backs_off_grows_and_reports_the_minimum():
     loss_scale.DynamicLossScale(init=1.0, minimum=2.0)
 
 
+@pytest.mark.slow
 def test_scaled_step_equals_the_plain_step_and_skips_an_overflow():
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=10))
@@ -221,6 +205,7 @@ def _simulate_scale(init, interval, skipped_flags):
   return out
 
 
+@pytest.mark.slow
 def test_fp16_run_skips_overflowing_steps_backs_off_recovers_and_resumes(tmp_path):
   def config(steps):
     c = small_config(steps, loss_scale="dynamic", loss_scale_init=2.0**24,
@@ -252,6 +237,7 @@ def test_fp16_run_skips_overflowing_steps_backs_off_recovers_and_resumes(tmp_pat
   assert [[r[k] for k in keys] for r in rows(part)] == [[r[k] for k in keys] for r in got]
 
 
+@pytest.mark.slow
 def test_fp16_run_stops_when_the_scale_would_fall_below_its_minimum(tmp_path):
   c = small_config(4, loss_scale="dynamic", loss_scale_init=2.0**60,
                    loss_scale_min=2.0**59)
@@ -265,6 +251,7 @@ def test_fp16_run_stops_when_the_scale_would_fall_below_its_minimum(tmp_path):
 # --- FP8 parameter gather ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_param_gather_quantizes_each_matrix_blockwise_with_a_straight_through_gradient():
   cfg = mc.tiny(dtype="float32")
   params = dm.init(cfg, jax.random.key(0))
@@ -313,6 +300,7 @@ def test_param_gather_memory_estimate_matches_a_hand_count():
   assert est["saving_gib"] == (TINY_BF16_BYTES - TINY_FP8_BYTES) / 2**30
 
 
+@pytest.mark.slow
 def test_run_with_fp8_gather_and_bf16_state_logs_memory_and_trains(tmp_path):
   out = io.StringIO()
   c = small_config(3, fp8_param_gather=True, moments="bfloat16", master_weights="bfloat16")
@@ -325,115 +313,3 @@ def test_run_with_fp8_gather_and_bf16_state_logs_memory_and_trains(tmp_path):
   meta = checkpoint.saved_meta(tmp_path / "checkpoints", 3)
   assert meta["digests"]["dtypes"]["params/norm/weight"] == "bfloat16"
   assert meta["digests"]["dtypes"]["opt_state/1/0/nu/norm/weight"] == "bfloat16"
-
-
-# --- the policy travels with the checkpoint ----------------------------------------------
-
-
-def test_policy_record_is_complete_and_deterministic():
-  expr = "attn@0-1:e4m3+moe@1:deepseek_v3+gemm:fp32_blockwise"
-  rec = policy_lib.record(policy_lib.parse_policy(expr))
-  assert rec == policy_lib.record(policy_lib.parse_policy(expr))
-  assert json.loads(json.dumps(rec)) == rec
-  assert rec["expression"] == rec["name"] == expr
-  first = rec["rules"][0]
-  assert first["site"] == "attn_out" and first["layers"] == [0, 1]
-  assert first["spec"]["eps"] == 1e-12 and first["spec"]["format"] == "e4m3"
-  assert rec["gemm"]["roles"]["weight"]["granularity"]["sizes"] == [128, 128]
-  assert policy_lib.record(policy_lib.parse_policy("attn@0-1:e5m2")) != rec
-  eps = policy_lib.PrecisionPolicy((policy_lib.SiteRule(
-      "attn_out", (0,), fp8jax.QuantSpec(eps=1e-6)),), name="x")
-  same = policy_lib.PrecisionPolicy((policy_lib.SiteRule(
-      "attn_out", (0,), fp8jax.QuantSpec()),), name="x")
-  assert policy_lib.record(eps) != policy_lib.record(same)  # epsilons count
-
-
-def test_resume_under_another_policy_fails_before_compute_unless_allowed(tmp_path):
-  c = small_config(3)
-  loop.train(c, tmp_path)
-  rec = checkpoint.saved_policy(tmp_path / "checkpoints", 3)
-  assert rec == policy_lib.record(policy_lib.BF16, "bf16")
-  before = (rows(tmp_path), ckpt_steps(tmp_path), (tmp_path / "config.json").read_text())
-  other = small_config(6)
-  other.policy = "attn@0:e4m3"
-  with pytest.raises(loop.PolicyMismatchError,
-                     match=r"'bf16'.*'attn@0:e4m3'.*--allow_policy_change") as e:
-    loop.train(other, tmp_path, resume=True)
-  assert isinstance(e.value, ValueError)
-  assert (rows(tmp_path), ckpt_steps(tmp_path),
-          (tmp_path / "config.json").read_text()) == before
-  out = io.StringIO()
-  loop.train(other, tmp_path, resume=True, allow_policy_change=True, stream=out)
-  assert "warning: --allow_policy_change" in out.getvalue()
-  assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
-  assert checkpoint.saved_policy(tmp_path / "checkpoints", 3)["expression"] == "bf16"
-  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", 1)
-  try:
-    assert checkpoint.saved_policy(ckpt, 6)["expression"] == "attn@0:e4m3"
-  finally:
-    ckpt.close()
-
-
-def test_checkpoints_without_a_policy_record_resume_as_before(tmp_path):
-  loop.train(small_config(3), tmp_path)
-  for step in (0, 3):  # as written before the records existed
-    path = tmp_path / "checkpoints" / str(step) / "meta" / "metadata"
-    meta = json.loads(path.read_text())
-    del meta[checkpoint.POLICY]
-    path.write_text(json.dumps(meta))
-  assert checkpoint.saved_policy(tmp_path / "checkpoints", 3) is None
-  other = small_config(6)
-  other.policy = "attn@0:e4m3"
-  with pytest.raises(loop.PolicyMismatchError, match=r"'bf16'.*config.json.*'attn@0:e4m3'"):
-    loop.train(other, tmp_path, resume=True)
-  loop.train(small_config(6), tmp_path, resume=True)
-  assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
-
-
-# --- runs without checkpoints, the routing output and the shared builders ----------------
-
-
-def test_run_without_checkpoints_writes_none(tmp_path):
-  c = small_config(3)
-  c.train.checkpoints = False
-  summary = loop.train(c, tmp_path)
-  assert not (tmp_path / "checkpoints").exists()
-  assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3] and np.isfinite(summary["final_loss"])
-  loop.train(c, tmp_path)  # nothing to protect: a fresh run, its own rows only
-  assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3]
-
-
-def test_step_returns_the_forward_routing_on_request():
-  cfg = mc.tiny(dtype="float32")
-  tx = optim.optimizer(optim.OptimConfig(warmup_steps=1, total_steps=10))
-  params = dm.init(cfg, jax.random.key(0))
-  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-  state = step_lib.init_state(params, tx)
-  _, plain = jax.jit(step_lib.make_train_step(cfg, tx))(state, tokens)
-  _, m = jax.jit(step_lib.make_train_step(cfg, tx, with_routing=True))(state, tokens)
-  assert "routing" not in plain
-  want = dm.apply(params, tokens, cfg)[1]["routing"]
-  assert sorted(m["routing"]) == [1, 2]  # the MoE layers
-  for layer, r in m["routing"].items():
-    assert r["topk_ids"].shape == (2, 16, cfg.num_experts_per_tok)
-    assert int(r["expert_counts"].sum()) == 2 * 16 * cfg.num_experts_per_tok
-    for key in ("topk_ids", "expert_counts"):
-      np.testing.assert_array_equal(r[key], want[layer][key])
-  assert float(m["loss"]) == float(plain["loss"])
-
-
-def test_build_step_reproduces_the_run(tmp_path):
-  c = small_config(2, moments="bfloat16", loss_scale="dynamic", fp8_param_gather=True)
-  loop.train(c, tmp_path)
-  model_cfg, policy = run_config.validate(c)
-  mesh = mesh_lib.data_mesh()
-  tx = loop.optimizer_for(c)
-  init, _, sharding = loop.state_layout(c, model_cfg, tx, mesh)
-  step = loop.build_step(c, model_cfg, tx, policy, mesh, sharding)
-  data = loop.make_data(c, mesh, model_cfg.vocab_size)
-  state, got = jax.jit(init, out_shardings=sharding)(), []
-  for _ in range(2):
-    state, m = step(state, mesh_lib.global_batch(next(data), mesh))
-    got.append((float(m["loss"]), float(m["loss_scale"])))
-  assert got == [(r["loss"], r["loss_scale"]) for r in rows(tmp_path)]
-  assert state.loss_scale["scale"].dtype == jnp.float32

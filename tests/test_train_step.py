@@ -30,6 +30,7 @@ def _setup():
   return cfg, params, tx, tokens
 
 
+@pytest.mark.slow
 def test_train_step_reduces_the_loss_on_a_fixed_batch():
   cfg, params, tx, tokens = _setup()
   step = jax.jit(step_lib.make_train_step(cfg, tx))
@@ -42,6 +43,7 @@ def test_train_step_reduces_the_loss_on_a_fixed_batch():
   assert losses[-1] < losses[0] - 0.5 and int(state.step) == 15
 
 
+@pytest.mark.slow
 def test_nonfinite_gradients_are_named_and_skip_the_update():
   cfg, params, tx, tokens = _setup()
   bad = jax.tree.map(lambda x: x, params)

@@ -267,6 +267,7 @@ def _is_png(path: pathlib.Path) -> bool:
   return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_report_section_only_with_branch_data(sweep, tmp_path):
   title = f"## {trajectory.TITLE}"
   plain = report.write_report(sweep, out=tmp_path / "plain", top_k=3)
@@ -289,6 +290,7 @@ def test_report_section_only_with_branch_data(sweep, tmp_path):
   assert text.split(title)[0] == plain.read_text().split("## Figures")[0]
 
 
+@pytest.mark.slow
 def test_branch_folder_is_found_next_to_the_sweep(tmp_path):
   sweep = build(tmp_path / "run" / "compare", policies=("moe_l0_e4m3", "moe_l0_e5m2"),
                 steps=(0, 100))
@@ -304,6 +306,7 @@ def test_branch_folder_is_found_next_to_the_sweep(tmp_path):
   assert title not in report.write_report(sweep, find_branch=False).read_text()
 
 
+@pytest.mark.slow
 def test_binary_branch_flag(sweep, tmp_path):
   branch = write_branches(tmp_path / "b", grid_lines(monotone))
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}

@@ -22,6 +22,7 @@ def _specs(scale_format):
                           pow2_rounding="rceil" if scale_format == "pow2" else None)
 
 
+@pytest.mark.slow
 def test_requant_is_quantizing_the_transpose():
   x = _x()
   spec = _specs("fp32")
@@ -31,6 +32,7 @@ def test_requant_is_quantizing_the_transpose():
                                 np.asarray(want.data).view(np.uint8))
 
 
+@pytest.mark.slow
 @given(spec=strategies.specs(rank=2), x=strategies.arrays((48, 40)))
 def test_quantize_swapped_equals_quantizing_the_swapped_array(spec, x):
   """The amax taken on x's own layout changes nothing, under jit as XLA:GPU runs it."""
@@ -43,6 +45,7 @@ def test_quantize_swapped_equals_quantizing_the_swapped_array(spec, x):
                                   w.view(np.uint8 if w.itemsize == 1 else np.uint32))
 
 
+@pytest.mark.slow
 def test_scaling_aware_transpose_is_exact_with_pow2_scales():
   x = _x()
   spec = _specs("pow2")

@@ -271,6 +271,7 @@ def test_verdicts():
       "cannot tell")
 
 
+@pytest.mark.slow
 def test_binary_smoke(tmp_path):
   """The binary reports bad recipes in one line, exit 2."""
   import subprocess
