@@ -26,6 +26,7 @@ import numpy as np
 from fp8jax.data import folder_lock
 from fp8jax.study import figures
 from fp8jax.study.stats import Stat, mean_ci
+from fp8jax.train import determinism
 
 SAME_KEYS = ("model", "model_overrides", "data")
 """Config groups that runs must share to be compared (unless ``allow_mismatch``)."""
@@ -311,11 +312,6 @@ def draw(res: dict, runs: Sequence[Run], out, bound: float = DEEPSEEK_V3_BOUND
 # --- report -----------------------------------------------------------------------------
 
 
-def run_mode(run: Run) -> str:
-  """"deterministic" or "default": the GPU mode the run's config recorded."""
-  return "deterministic" if (run.config.get("train") or {}).get("deterministic") else "default"
-
-
 def _table(header, rows) -> list[str]:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   return lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
@@ -364,11 +360,11 @@ def render(res: dict, runs: Sequence[Run], paths: dict[str, str],
     lines += ["Skipped steps: the last logged `skipped_steps` of the run (FP16 loss "
               "scaling).", ""]
   lines += ["## Runs", ""]
-  mode = run_mode
   lines += _table(["run", "folder", "logged steps", "seed", "mode", "notes"],
-                  [[r.name, f"`{r.workdir}`", len(r.rows), r.config.get("seed", "n/a"), mode(r),
+                  [[r.name, f"`{r.workdir}`", len(r.rows), r.config.get("seed", "n/a"),
+                    determinism.mode_of(r.config),
                     "; ".join(r.notes) or "-"] for r in runs])
-  if any(mode(r) == "default" for r in runs):
+  if any(determinism.mode_of(r.config) == "default" for r in runs):
     lines += ["Mode: a run in the default mode on a GPU differs from itself from run to run "
               "(two runs of one 2-layer config at the 2B widths on an H100 were 1.5% apart in "
               "LM loss over steps 21-50 and 3% over steps 51-100, docs/determinism.md); a gap "

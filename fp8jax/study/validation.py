@@ -45,8 +45,8 @@ from fp8jax.data import folder_lock
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import results_io
 from fp8jax.study.intervals import Stat, mean_ci
-from fp8jax.study.runs_report import load_run, run_mode, tail_count
-from fp8jax.train import noise_probe, preemption
+from fp8jax.study.runs_report import load_run, tail_count
+from fp8jax.train import determinism, noise_probe, preemption
 
 REFERENCE = "bf16"
 DONE = "done.json"
@@ -274,7 +274,7 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
       missing.append(run_name(recipe, seed))
       continue
     run = load_run(workdir)
-    mode = run_mode(run)
+    mode = determinism.mode_of(run.config)
     modes[mode] = modes.get(mode, 0) + 1
     if any("probe/ratio" in r for r in run.rows):
       probes.setdefault(recipe, {})[seed] = _probe_summary(run.rows)

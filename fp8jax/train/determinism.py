@@ -73,3 +73,8 @@ def record(deterministic: bool) -> dict:
   if deterministic:
     enable()
   return {"deterministic": bool(deterministic)}
+
+
+def mode_of(config: dict) -> str:
+  """"deterministic" or "default": the GPU mode a run's saved config (a dict) recorded."""
+  return "deterministic" if (config.get("train") or {}).get("deterministic") else "default"
