@@ -70,7 +70,7 @@ import numpy as np
 
 import fp8jax
 from fp8jax.gemm import accumulate
-from fp8jax.study import numerics_study
+from fp8jax.study.numerics import fp8_study
 
 SMOKE = os.environ.get("FP8JAX_SMOKE", "0") == "1"
 START = time.time()
@@ -194,7 +194,7 @@ bulk = np.ones(x.shape, bool)
 bulk[TOKENS // 3, CHANNELS // 5] = False
 
 tile_rows = []
-for name, gran in numerics_study.GRANULARITIES.items():
+for name, gran in fp8_study.GRANULARITIES.items():
   row = {"granularity": name}
   for fmt in ("e4m3", "e5m2"):
     spec = fp8jax.QuantSpec(format=fmt, granularity=gran)
@@ -203,7 +203,7 @@ for name, gran in numerics_study.GRANULARITIES.items():
     x_hat = np.asarray(x_hat, np.float64)
     row["scale_inv shape"] = str(tuple(qt.scale_inv.shape))
     row["block"] = "x".join(map(str, qt.full_block))
-    row[f"{fmt} bulk SNR dB"] = numerics_study.snr_db(x[bulk].astype(np.float64), x_hat[bulk])
+    row[f"{fmt} bulk SNR dB"] = fp8_study.snr_db(x[bulk].astype(np.float64), x_hat[bulk])
     row[f"{fmt} flushed"] = float(tel.underflow_frac)
   tile_rows.append(row)
 print(f"x: {x.shape} N(0, 1), one value = {OUTLIER:g}")
@@ -212,19 +212,19 @@ print_table(tile_rows, ["granularity", "scale_inv shape", "block", "e4m3 bulk SN
 
 # %% [markdown]
 # The same with more outliers: a fraction 1e-3 of the values is set to ±ratio, for growing
-# ratios (`numerics_study.quantization_snr`, the function behind the repository's numerics
+# ratios (`fp8_study.quantization_snr`, the function behind the repository's numerics
 # report). With outliers this common, a 128x128 block usually holds several of them, a
 # 1x128 tile rarely more than one.
 
 # %%
-snr_sizes = numerics_study.StudySizes(
+snr_sizes = fp8_study.StudySizes(
     tokens=TOKENS, channels=CHANNELS,
     outlier_ratios=(1e1, 1e3, 1e5) if SMOKE else (1e1, 1e2, 1e3, 1e4, 1e5, 1e6))
-snr_rows = numerics_study.quantization_snr(snr_sizes)
+snr_rows = fp8_study.quantization_snr(snr_sizes)
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
 for ax, fmt in zip(axes, ("e4m3", "e5m2")):
-  for name in numerics_study.GRANULARITIES:
+  for name in fp8_study.GRANULARITIES:
     rows = [r for r in snr_rows if r["format"] == fmt and r["granularity"] == name]
     ax.plot([r["outlier_ratio"] for r in rows], [r["bulk_snr_db"] for r in rows], marker="o",
             label=name)
@@ -297,7 +297,7 @@ for name, spec in SCALE_RULES.items():
   scale_rows.append({
       "scale rule": name, "scale_inv dtype": str(qt.scale_inv.dtype),
       "bytes per scale": qt.scale_inv.dtype.itemsize,
-      "SNR dB": numerics_study.snr_db(x_rows.astype(np.float64), x_hat),
+      "SNR dB": fp8_study.snr_db(x_rows.astype(np.float64), x_hat),
       "saturated": float(tel.saturated_frac), "flushed": float(tel.underflow_frac),
       "range used": float(np.mean(payload.max(-1)) / E4M3.max)})
 print_table(scale_rows)
@@ -326,7 +326,7 @@ print_table([{"v": float(a), "astype(e8m0)": float(b), "round_pow2 floor": float
 # fraction bits, truncation). DeepSeek-V3 keeps that error in check by *promoting* the
 # partial sum to an FP32 register every 128 elements of K.
 #
-# Here `numerics_study.accumulation_error` (the function behind the repository's numerics
+# Here `fp8_study.accumulation_error` (the function behind the repository's numerics
 # report) quantizes A [M, K] and B [N, K] to E4M3 with per-tensor scales (constant along K,
 # so every accumulator applies) and multiplies them with each accumulator
 # (`accumulate.scaled_matmul`, the product inside `fp8jax.fp8_dot_general`). The reference
@@ -341,10 +341,10 @@ print_table([{"v": float(a), "astype(e8m0)": float(b), "round_pow2 floor": float
 # %%
 KS = (256, 1024) if SMOKE else (256, 512, 1024, 2048, 4096, 8192, 16384)
 GEMM_ROWS = 16 if SMOKE else 64
-acc_rows = numerics_study.accumulation_error(
-    numerics_study.StudySizes(ks=KS, gemm_rows=GEMM_ROWS))
-dists = list(numerics_study.DISTRIBUTIONS)
-acc_names = list(numerics_study.ACCUMULATORS)
+acc_rows = fp8_study.accumulation_error(
+    fp8_study.StudySizes(ks=KS, gemm_rows=GEMM_ROWS))
+dists = list(fp8_study.DISTRIBUTIONS)
+acc_names = list(fp8_study.ACCUMULATORS)
 print_table([{"distribution": d, "K": k,
               **{n: r["norm_rel"] for n in acc_names for r in acc_rows
                  if (r["distribution"], r["k"], r["accumulator"]) == (d, k, n)}}
@@ -384,7 +384,7 @@ def fp8_gemm(a, b, config):
 K_RECIPE = KS[-1] if SMOKE else 4096
 rng = np.random.default_rng(1)
 a, b = (jnp.asarray(t, jnp.float32)
-        for t in numerics_study.gemm_operands("outliers", GEMM_ROWS * 2, K_RECIPE, rng))
+        for t in fp8_study.gemm_operands("outliers", GEMM_ROWS * 2, K_RECIPE, rng))
 ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
 RECIPES = {
     "bf16": fp8jax.gemm.dense.BF16,
@@ -397,7 +397,7 @@ RECIPES = {
 recipe_rows = []
 for name, cfg in RECIPES.items():
   y = np.asarray(fp8_gemm(a, b, cfg), np.float64)
-  metrics = numerics_study.error_metrics(y, ref)
+  metrics = fp8_study.error_metrics(y, ref)
   recipe_rows.append({"GEMM": name, "config": cfg.describe(), "norm_rel": metrics["norm_rel"],
                       "max_over_range": metrics["max_over_range"]})
 print_table(recipe_rows, title=f"[{a.shape[0]}, {K_RECIPE}] x [{K_RECIPE}, {b.shape[0]}], "
@@ -416,13 +416,13 @@ print_table(recipe_rows, title=f"[{a.shape[0]}, {K_RECIPE}] x [{K_RECIPE}, {b.sh
 #   back through high precision; with power-of-two scales this is a shift of exponents,
 #   exact except for values pushed below the smallest subnormal.
 #
-# First the transposed tensor itself (`numerics_study.double_quant_error`: rows of
+# First the transposed tensor itself (`fp8_study.double_quant_error`: rows of
 # different magnitude, FP32 and power-of-two `rceil` scales), against the unquantized
 # transpose:
 
 # %%
-dq_rows = numerics_study.double_quant_error(
-    numerics_study.StudySizes(tokens=TOKENS, channels=CHANNELS))
+dq_rows = fp8_study.double_quant_error(
+    fp8_study.StudySizes(tokens=TOKENS, channels=CHANNELS))
 print_table(dq_rows, ["scale_format", "policy", "snr_db", "changed_vs_requant",
                       "changed_vs_forward_values"])
 
@@ -468,7 +468,7 @@ for scale_format, roles in ROLE_SETS.items():
     cfg = fp8jax.GemmConfig(roles=roles, fprop="bf16", dgrad="bf16", transpose=policy)
     dw = np.asarray(weight_grad(x_act, w, dy, cfg), np.float64)
     wgrad_rows.append({"scale_format": scale_format, "policy": policy,
-                       "dW norm_rel": numerics_study.error_metrics(dw, dw_ref)["norm_rel"]})
+                       "dW norm_rel": fp8_study.error_metrics(dw, dw_ref)["norm_rel"]})
 print_table(wgrad_rows)
 
 # %% [markdown]
@@ -529,7 +529,7 @@ assert all(np.isfinite(r["e4m3 saturating"]) and np.isfinite(r["e5m2 saturating"
 
 # Tiles against outliers: one outlier ...
 no_outlier = rng.standard_normal(x.shape).astype(np.float32)
-clean_snr = numerics_study.snr_db(
+clean_snr = fp8_study.snr_db(
     no_outlier.astype(np.float64),
     np.asarray(fp8jax.quantize_dequantize(jnp.asarray(no_outlier), TILE), np.float64))
 one = by_name(tile_rows, "granularity", "e4m3 bulk SNR dB")

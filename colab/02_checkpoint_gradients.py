@@ -26,8 +26,8 @@
 #
 # 1. a tiny DeepSeek-MoE is trained for a few steps on the embedded English corpus (or an
 #    existing training run is loaded), and the parameters of one checkpoint are restored;
-# 2. `fp8jax.study.paired.PairedEvaluator`, the engine of the study's sweep, compares a couple
-#    of FP8 policies against BF16 on one batch;
+# 2. `fp8jax.study.comparison.paired.PairedEvaluator`, the engine of the study's sweep,
+#    compares a couple of FP8 policies against BF16 on one batch;
 # 3. `jax.grad` gives the full BF16 and FP8 gradient trees, browsed with treescope;
 # 4. the difference is broken down per module, per layer, per module x layer cell and per
 #    parameter, next to the routing divergence of every MoE layer.
@@ -76,7 +76,7 @@ from fp8jax.experiments.configs import train_tiny
 from fp8jax.metrics import ranking
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import paired, sweep
+from fp8jax.study.comparison import paired, sweep
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import loop, run_config
 from fp8jax.train import mesh as mesh_lib

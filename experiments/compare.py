@@ -17,8 +17,8 @@ rerun with the same ``--out``. The evaluation batches come from the training run
 on is refused unless ``--allow_other_data``.
 Each checkpoint is verified as it is read: a corrupt or incomplete one stops the sweep
 (exit 2) unless ``--skip_corrupt_checkpoints``, which skips it without rows and names it. The
-logic is
-:func:`fp8jax.study.sweep.run`; ``python -m fp8jax.experiments.report`` writes the report.
+logic is :func:`fp8jax.study.comparison.sweep.run`; ``python -m fp8jax.experiments.report``
+writes the report.
 """
 
 import sys
@@ -81,7 +81,7 @@ def main(argv):
   del argv
   from fp8jax.data import pipeline  # pylint: disable=import-outside-toplevel
   from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
-  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
 
   try:

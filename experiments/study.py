@@ -45,11 +45,9 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False,
 
 def main(argv):
   del argv
-  from fp8jax.study import (  # pylint: disable=import-outside-toplevel
-    branch,
-    pipeline,
-    sweep,
-  )
+  from fp8jax.study import pipeline  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.branches import branch  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import (  # pylint: disable=import-outside-toplevel
     multihost,
     preemption,

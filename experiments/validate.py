@@ -10,7 +10,7 @@ Every (recipe, seed) trains with the config (policy and init seed replaced) in
 same command continues the matrix across calls. ``--deadline_s``: no run starts after that
 many seconds, and a running one saves a checkpoint and stops then (exit 75: run the command
 again). Writes ``<out>/summary.md`` and ``summary.json``. The logic is
-:mod:`fp8jax.study.validation`.
+:mod:`fp8jax.study.runs.validation`.
 """
 
 import pathlib
@@ -37,7 +37,7 @@ _BOUND = flags.DEFINE_float("bound", 0.0025, "Relative gap the verdicts are agai
 
 def main(argv):
   del argv
-  from fp8jax.study import validation  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.runs import validation  # pylint: disable=import-outside-toplevel
   from fp8jax.train import preemption  # pylint: disable=import-outside-toplevel
 
   start = time.monotonic()

@@ -26,7 +26,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from fp8jax.models import integrity
-from fp8jax.study import report, results, results_io, sweep
+from fp8jax.study import report
+from fp8jax.study.common import results, results_io
+from fp8jax.study.comparison import sweep
 from fp8jax.train import checkpoint, loop, optim, run_config, verify
 from fp8jax.train import mesh as mesh_lib
 from tests import helpers

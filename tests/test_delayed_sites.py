@@ -232,7 +232,7 @@ def test_train_state_round_trips_through_a_checkpoint_and_a_mismatch_is_named(tm
 def test_evaluator_warm_up_cycles_the_window_and_records_each_amax():
   """Three warm-up passes over a two-batch window: the history holds the site's amax on
   batches 0, 1, 0 (newest first), each read from current scaling's telemetry."""
-  from fp8jax.study import paired  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import paired  # pylint: disable=import-outside-toplevel
   from fp8jax.train import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   cfg, params, _ = _setup(2)
@@ -255,7 +255,8 @@ def test_sweep_evaluates_delayed_policies_after_warm_up(train_run, tmp_path):
   scaling's rows exactly; Transformer Engine's recipe (te_hybrid: delayed E4M3 forward and
   E5M2 cotangent) gives finite rows of its own; meta.json records the warm-up, and a
   rerun with another warm-up is refused."""
-  from fp8jax.study import results_io, sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.common import results_io  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
 
   out = tmp_path / "cmp"
   windows = sweep.Windows(offsets=(0,), batches=1, batch_size=4)

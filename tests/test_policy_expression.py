@@ -8,7 +8,7 @@ import pytest
 import fp8jax
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.policy_expression import layers_expression, same_numerics, to_expression
-from fp8jax.study import policies as sweep_policies
+from fp8jax.study.comparison import policies as sweep_policies
 from tests import strategies
 
 

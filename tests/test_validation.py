@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fp8jax.study import validation
+from fp8jax.study.runs import validation
 from fp8jax.train import preemption, run_config
 
 RECIPES = ("bf16", "attn@0-1:e5m2")

@@ -1,10 +1,10 @@
-"""Statistics over a loaded sweep (:class:`fp8jax.study.results.Results`).
+"""Statistics over a loaded sweep (:class:`fp8jax.study.common.results.Results`).
 
-Per checkpoint (:func:`stat`, :class:`~fp8jax.study.intervals.Stat`): the center of a metric
+Per checkpoint (:func:`stat`, :class:`~fp8jax.study.common.intervals.Stat`): the center of a metric
 over the evaluation batches with its 95% interval; positive metrics (:func:`is_positive`:
 norms, relative errors, their ratios) on the log scale (geometric mean, t-interval of the
 logs), signed ones (cosines, shares, fractions) as arithmetic means with t-intervals.
-Across checkpoints (:func:`overall`, :class:`~fp8jax.study.intervals.Summary`): the median
+Across checkpoints (:func:`overall`, :class:`~fp8jax.study.common.intervals.Summary`): the median
 of the per-checkpoint centers with a 95% bootstrap interval that resamples the batches
 within each checkpoint (fixed seed). Paired comparisons of two policies (:func:`paired`,
 :func:`compare`) use the batches where both rows are finite: the per-batch ratio a / b for
@@ -25,8 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.study.intervals import Stat, Summary, ci, log_ci, mean_ci, median_boot, t_quantile
-from fp8jax.study.results import Results, row_key
+from fp8jax.study.common.intervals import (
+  Stat,
+  Summary,
+  ci,
+  log_ci,
+  mean_ci,
+  median_boot,
+  t_quantile,
+)
+from fp8jax.study.common.results import Results, row_key
 
 __all__ = ["Stat", "Summary", "ci", "compare", "fmt", "fmt_stat", "is_positive", "log_ci",
            "mean_ci", "mean_details", "overall", "paired", "paired_values", "stat", "summary",
@@ -73,7 +81,7 @@ def summary(res: Results, metric: str, policies: Iterable[str] | None = None
 def overall(res: Results, metric: str, policy: str, steps: Iterable[int] | None = None,
             n_boot: int = N_BOOT, seed: int = 0) -> Summary:
   """The median over the checkpoints of ``metric``'s per-checkpoint center, with a 95%
-  bootstrap interval over the batches (:func:`~fp8jax.study.intervals.median_boot`)."""
+  bootstrap interval over the batches (:func:`~fp8jax.study.common.intervals.median_boot`)."""
   got = [values(res, metric, policy, s) for s in (res.steps if steps is None else steps)]
   return median_boot([v for v, _ in got], is_positive(metric), n_boot, seed,
                      sum(k for _, k in got))

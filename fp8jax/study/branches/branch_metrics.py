@@ -10,7 +10,7 @@ For a branch ``b`` and the BF16 reference branch ``r`` after update ``t`` on the
   per MoE layer and its mean over the layers (:func:`fp8jax.metrics.routing_divergence`).
 
 The noise-floor branch starts from weights perturbed at BF16 rounding level
-(:func:`fp8jax.study.noise_floor.perturb`), and the growth rate of a divergence series is
+(:func:`fp8jax.study.common.noise_floor.perturb`), and the growth rate of a divergence series is
 the least-squares slope of its logarithm (:func:`growth_rate`). :func:`record` and
 :func:`row` turn a branch's per-step results into its ``branches.jsonl`` line on the host.
 """
@@ -27,7 +27,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.metrics import aggregate
-from fp8jax.study.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
+from fp8jax.study.common.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
 from fp8jax.train import step as step_lib
 
 

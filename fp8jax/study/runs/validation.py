@@ -15,7 +15,7 @@ by a preemption notice (it saves a checkpoint and the next call resumes it; runs
 checkpoints, ``train.checkpoints=False``, run to their end).
 
 The summary: per run the mean ``metric`` over the last ``tail`` share of its logged steps
-(runs_report's tail mean; nats per token); per recipe the relative gap to BF16 of the same
+(the overlay's tail mean; nats per token); per recipe the relative gap to BF16 of the same
 seed, ``(loss - loss_bf16) / loss_bf16``, with its mean and 95% t-interval over seeds, next
 to BF16's own seed-to-seed spread (the relative standard deviation of the BF16 tail means):
 the yardstick a gap must exceed to mean anything. A verdict against a bound (e.g. DeepSeek-V3's
@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import results_io
-from fp8jax.study.intervals import Stat, mean_ci
-from fp8jax.study.runs_report import load_run, tail_count
+from fp8jax.study.common import results_io
+from fp8jax.study.common.intervals import Stat, mean_ci
+from fp8jax.study.runs.overlay import load_run, tail_count
 from fp8jax.train import preemption
 
 REFERENCE = "bf16"

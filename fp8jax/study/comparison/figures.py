@@ -1,10 +1,10 @@
 """Figures of the precision comparison report (PNG files; matplotlib is imported on use).
 
-Every function draws one figure of a loaded sweep (:func:`fp8jax.study.results.load`) into
+Every function draws one figure of a loaded sweep (:func:`fp8jax.study.common.results.load`) into
 ``out_dir`` and returns the path of the PNG. They build :class:`matplotlib.figure.Figure`
 objects directly (no pyplot state and no backend switch), so notebooks can call them too.
 Centers are over the finite rows of each checkpoint (geometric means for positive metrics,
-arithmetic means otherwise), bands are their 95% intervals (:func:`fp8jax.study.stats.stat`).
+arithmetic means otherwise), bands are their 95% intervals (:func:`fp8jax.study.common.stats.stat`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import rows as metrics_rows
-from fp8jax.study import conditioning, floor, narrowing, questions, results, stats
+from fp8jax.study.common import results, stats
+from fp8jax.study.comparison import conditioning, floor, questions
+from fp8jax.study.comparison import format_width as width_lib
 
 NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
          "migration", "routing", "format_width", "noise_floor")
@@ -257,9 +259,9 @@ def routing(res: results.Results, out_dir) -> pathlib.Path:
 def format_width(res: results.Results, out_dir) -> pathlib.Path:
   """Per-module relative gradient error of each GEMM recipe of the formats grid, widest
   element format first (log scale); "no data" without such recipes."""
-  pols = narrowing.format_policies(res)
+  pols = width_lib.format_policies(res)
   names = [f["policy"] for f in pols]
-  mods = narrowing.modules(res, names)
+  mods = width_lib.modules(res, names)
   fig, (ax,) = _figure(1, size=(max(6.0, 0.5 * len(mods) + 3), 3.6))
   if not pols or not mods:
     _empty(ax, "no GEMM-recipe policies (formats grid)")
@@ -285,7 +287,7 @@ def _stat_arrays(per: dict, steps) -> tuple[np.ndarray, ...]:
 
 def noise_floor(res: results.Results, out_dir) -> pathlib.Path:
   """The floor per checkpoint with every policy's rel_err, each policy's rel_err as a
-  multiple of the floor (lines at 1x and :data:`fp8jax.study.floor.FLOOR_MULTIPLE`), and
+  multiple of the floor (lines at 1x and :data:`fp8jax.study.comparison.floor.FLOOR_MULTIPLE`), and
   policy / noise-matched control (line at 1); flagged checkpoints shaded. Log scales."""
   fig, axes = _figure(3, ncols=3, size=(5.0, 3.8))
   x = np.asarray(res.steps, np.float64)

@@ -6,8 +6,8 @@
 
 Both passes use the training objective (LM loss + balance loss) on the same tokens with
 the same params. The model is DeepSeek-MoE given its config, or any
-:class:`~fp8jax.study.model_api.StudyModel` (its loss plus its ``aux_loss`` if any; routing
-metrics only when its aux has ``routing``). Each policy's function is jitted once and
+:class:`~fp8jax.study.comparison.model_api.StudyModel` (its loss plus its ``aux_loss`` if
+any; routing metrics only when its aux has ``routing``). Each policy's function is jitted once and
 stays compiled; the BF16 gradients stay on the devices and are reused across the whole
 grid. Only the comparison (``fp8jax.metrics.compare_grads``), the routing divergence and
 the finiteness flags leave the jitted function, so a policy costs one forward + backward
@@ -21,7 +21,7 @@ starting from empty histories, and :meth:`~PairedEvaluator.variant` takes the re
     state = ev.warm_state("attn_l0_e4m3_delayed", params, window_batches, steps=4)
     result = ev.variant("attn_l0_e4m3_delayed", params, tokens, base, state)
 
-The noise floor of a batch (:mod:`fp8jax.study.noise_floor`) is the same comparison for the
+The noise floor of a batch (:mod:`fp8jax.study.common.noise_floor`) is the same comparison for the
 BF16 gradient at weights perturbed at BF16 rounding level::
 
     floor = ev.floor(params, tokens, base, noise_floor.floor_key(0, step, offset, b))
@@ -39,7 +39,8 @@ import optax
 from fp8jax import metrics
 from fp8jax.gemm import operand_telemetry
 from fp8jax.models.config import ModelConfig
-from fp8jax.study import model_api, noise_floor
+from fp8jax.study.common import noise_floor
+from fp8jax.study.comparison import model_api
 from fp8jax.train import mesh as mesh_lib
 
 
@@ -106,7 +107,7 @@ class PairedEvaluator:
   """Jitted BF16 and per-policy gradient passes over a data mesh.
 
   Args:
-    cfg: the DeepSeek-MoE config, or a :class:`~fp8jax.study.model_api.StudyModel`.
+    cfg: the DeepSeek-MoE config, or a :class:`~fp8jax.study.comparison.model_api.StudyModel`.
     policies: the FP8 policies to compare (distinct names).
     mesh: a ``data`` mesh (params replicated, batch sharded); the MoE dispatches per
       device (``moe_groups`` = the mesh size).
@@ -213,7 +214,7 @@ class PairedEvaluator:
 
   def floor(self, params, tokens, base: Baseline, key) -> dict:
     """The noise floor against ``base``: the BF16 gradient at weights perturbed at BF16
-    rounding level with ``key`` (:mod:`fp8jax.study.noise_floor`), compared like a policy
+    rounding level with ``key`` (:mod:`fp8jax.study.common.noise_floor`), compared like a policy
     (:meth:`variant`'s result, plus ``perturbation_norm``, the perturbation's L2 norm)."""
     return mesh_lib.under_mesh(self.floor_jit, self.mesh)(params, tokens, base, key)
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from fp8jax.data import folder_lock
-from fp8jax.study import figures
-from fp8jax.study.stats import Stat, mean_ci
+from fp8jax.study.common.stats import Stat, mean_ci
+from fp8jax.study.comparison import figures
 
 SAME_KEYS = ("model", "model_overrides", "data")
 """Config groups that runs must share to be compared (unless ``allow_mismatch``)."""

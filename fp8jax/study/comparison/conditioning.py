@@ -3,7 +3,7 @@
 Signals per checkpoint (:func:`per_checkpoint`, :data:`SIGNALS`): from ``baseline.jsonl``
 the BF16 loss (nats per token, arithmetic mean over the batches) and gradient norm (loss
 units per parameter unit, geometric mean); when the sweep has a noise floor
-(:attr:`~fp8jax.study.results.Results.floor`), the floor's relative gradient error
+(:attr:`~fp8jax.study.common.results.Results.floor`), the floor's relative gradient error
 (dimensionless) and its curvature signal ``curvature`` = diff_norm / perturbation_norm (the
 norm of a Hessian-vector product along the random perturbation; geometric means).
 
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.study import stats
-from fp8jax.study.results import Results
-from fp8jax.study.stats import Stat, ci, fmt, fmt_stat, table
+from fp8jax.study.common import stats
+from fp8jax.study.common.results import Results
+from fp8jax.study.common.stats import Stat, ci, fmt, fmt_stat, table
 
 SPIKE_FACTOR = 3.0
 """A checkpoint whose flag signal exceeds this multiple of the signal's median is flagged."""

@@ -3,7 +3,7 @@
 *Floor multiples* (:func:`multiples`): a policy's metric divided by the noise floor's on
 the same (checkpoint, offset, batch); per checkpoint the geometric mean of these multiples
 with the t-interval of their logs, overall the median over the checkpoints with a bootstrap
-interval over the batches (:mod:`fp8jax.study.stats`). A policy whose multiple's interval
+interval over the batches (:mod:`fp8jax.study.common.stats`). A policy whose multiple's interval
 reaches down to :data:`FLOOR_MULTIPLE` times the floor cannot be told apart from the
 checkpoint's own sensitivity to any perturbation of BF16 rounding size.
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8jax.study import stats
-from fp8jax.study.results import Results
-from fp8jax.study.stats import fmt, fmt_stat, table
+from fp8jax.study.common import stats
+from fp8jax.study.common.results import Results
+from fp8jax.study.common.stats import fmt, fmt_stat, table
 
 FLOOR_MULTIPLE = 3.0
 """A policy is distinguishable from the floor when its multiple's lower bound exceeds this."""

@@ -20,7 +20,7 @@ its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for
 A policy with delayed-scaled sites (``attn@0:e4m3/delayed(h=1024)``, the ``delayed`` grid)
 is evaluated, at each (checkpoint, offset), with the amax histories left by
 ``delayed_warmup`` warm-up passes of that policy over the window's batches in turn
-(:meth:`fp8jax.study.paired.PairedEvaluator.warm_state`); every batch of the window is
+(:meth:`fp8jax.study.comparison.paired.PairedEvaluator.warm_state`); every batch of the window is
 evaluated with the same histories, so a row does not depend on which rows came before and
 the sweep resumes exactly. ``meta.json`` records the warm-up of each such policy.
 
@@ -48,8 +48,9 @@ import orbax.checkpoint as ocp
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.models import deepseek_moe, delayed_sites, integrity
-from fp8jax.study import noise_floor, paired, results_io
-from fp8jax.study.policies import expand_policies, expression, policy_meta  # noqa: F401
+from fp8jax.study.common import noise_floor, results_io
+from fp8jax.study.comparison import paired
+from fp8jax.study.comparison.policies import expand_policies, expression, policy_meta  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import determinism, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
@@ -199,7 +200,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
 
   ``floor``: also write the noise floor of every (checkpoint, batch) as rows of the
-  reserved policy ``floor`` (:mod:`fp8jax.study.noise_floor`; perturbation keys from
+  reserved policy ``floor`` (:mod:`fp8jax.study.common.noise_floor`; perturbation keys from
   ``floor_seed`` and the batch's step, offset and index): one more BF16 gradient per
   (checkpoint, batch). ``telemetry``: record the block-scale telemetry of the GEMM
   recipes' forward operands (``tel/*`` fields of their rows, per operand in the details;

@@ -1,6 +1,6 @@
 """The model a precision study compares: a small interface, so that the paired evaluator
-(:mod:`fp8jax.study.paired`), the sweep (:func:`fp8jax.study.sweep.evaluate`) and the
-report run on any model.
+(:mod:`fp8jax.study.comparison.paired`), the sweep
+(:func:`fp8jax.study.comparison.sweep.evaluate`) and the report run on any model.
 
     model = model_api.deepseek(cfg)                         # the DeepSeek-MoE it ships
     model = model_api.nnx_model(my_nnx_model, classifier)   # any Flax NNX model
@@ -12,7 +12,7 @@ experts (a :class:`fp8jax.metrics.paths.Classifier`). Routing divergence and per
 metrics appear when ``apply``'s aux carries a ``routing`` entry and the classifier marks
 expert stacks; a dense model has neither, and its rows have no routing columns.
 
-The branch-off runs (:mod:`fp8jax.study.branch`) train DeepSeek-MoE only.
+The branch-off runs (:mod:`fp8jax.study.branches.branch`) train DeepSeek-MoE only.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def deepseek(cfg) -> StudyModel:
   expert grouping (:data:`fp8jax.metrics.paths.DEEPSEEK`)."""
   from fp8jax.models import deepseek_moe, delayed_sites
   from fp8jax.models import policy as policy_lib
-  from fp8jax.study import policies as policies_lib
+  from fp8jax.study.comparison import policies as policies_lib
 
   def apply(params, tokens, policy, *, delayed=None, moe_groups=1, moe_impl="dispatch",
             telemetry=False, deterministic=False):

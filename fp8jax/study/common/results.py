@@ -1,4 +1,4 @@
-"""The data model of a precision comparison sweep folder (:mod:`fp8jax.study.sweep`).
+"""The data model of a precision comparison sweep folder (:mod:`fp8jax.study.comparison.sweep`).
 
 A sweep folder holds ``meta.json`` (model, policies with their directly quantized modules,
 checkpoint steps, evaluation windows), ``rows.jsonl`` (metrics per checkpoint step,
@@ -13,7 +13,7 @@ batches.
 writer, is dropped; later duplicates of a row replace earlier ones). A (checkpoint, batch)
 whose BF16 baseline is non-finite is a data problem, not an FP8 result: it is listed by
 :meth:`Results.baseline_nonfinite`, and FP8 rows compared against it (written by sweeps of
-earlier versions) are left out. The statistics over it are in :mod:`fp8jax.study.stats`.
+earlier versions) are left out. The statistics over it are in :mod:`fp8jax.study.common.stats`.
 
 ``meta.json`` gives every entry of ``policies`` a ``kind``: ``"policy"`` (a precision policy
 compared with BF16), ``"floor"`` (the noise floor: a BF16 gradient at weights perturbed at

@@ -5,7 +5,7 @@ linear layer's GEMMs under one training-precision recipe (``gemm:<recipe>``, see
 ``fp8jax.gemm.recipes``). They are ordered by element width (8-bit FP8/MXFP8, then 4-bit
 MXFP4/NVFP4) and compared per module on the relative gradient error: the median over the
 checkpoints of its geometric mean over the batches, with a bootstrap 95% interval
-(:func:`fp8jax.study.stats.overall`); the growth of a module is the ratio of the geometric
+(:func:`fp8jax.study.common.stats.overall`); the growth of a module is the ratio of the geometric
 mean of these medians under the 4-bit recipes to that under the 8-bit ones.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from fp8jax.gemm import recipes
-from fp8jax.study.results import Results
-from fp8jax.study.stats import Summary, fmt, fmt_stat, overall
+from fp8jax.study.common.results import Results
+from fp8jax.study.common.stats import Summary, fmt, fmt_stat, overall
 
 _RECIPE = re.compile(r"^gemm:([a-z0-9_]+)$")
 _MODULE_METRIC = re.compile(r"^module/([^/]+)/rel_err$")

@@ -4,8 +4,8 @@
     evaluate(model, "out/compare", [Variant("mlp_fp8", rules)], {0: params}, batches)
     report.write_report("out/compare")
 
-:func:`fp8jax.study.sweep.run` reads DeepSeek-MoE checkpoints and the training data;
-:func:`evaluate` takes a :class:`~fp8jax.study.model_api.StudyModel`, its params per step
+:func:`fp8jax.study.comparison.sweep.run` reads DeepSeek-MoE checkpoints and the training data;
+:func:`evaluate` takes a :class:`~fp8jax.study.comparison.model_api.StudyModel`, its params per step
 and the evaluation batches directly, and writes the same folder (``meta.json``,
 ``rows.jsonl``, ``details.jsonl``, ``baseline.jsonl``, ``weights.jsonl``), so the report
 reads it unchanged. It resumes like the sweep: finished rows are skipped. One process.
@@ -22,8 +22,9 @@ import jax
 import numpy as np
 
 from fp8jax import metrics
-from fp8jax.study import model_api, noise_floor, paired
-from fp8jax.study import sweep as sweep_lib
+from fp8jax.study.common import noise_floor
+from fp8jax.study.comparison import model_api, paired
+from fp8jax.study.comparison import sweep as sweep_lib
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import metrics_log
 
@@ -45,7 +46,7 @@ def evaluate(model: model_api.StudyModel, out, policies: Sequence[Any],
   """Writes (or completes) a sweep folder of ``model`` under ``policies``.
 
   Args:
-    model: the model (:mod:`fp8jax.study.model_api`).
+    model: the model (:mod:`fp8jax.study.comparison.model_api`).
     out: the results folder.
     policies: what ``model.apply`` takes (for a rules model, :class:`model_api.Variant` s),
       with distinct ``name`` s.
@@ -53,7 +54,7 @@ def evaluate(model: model_api.StudyModel, out, policies: Sequence[Any],
     batches: evaluation batches (each a pytree of arrays with the batch on axis 0, e.g.
       int32 tokens [B, S]): a list (offset 0) or ``{(offset, index): batch}``.
     devices: the data mesh's devices (default: all).
-    floor: also write the noise floor rows (:mod:`fp8jax.study.noise_floor`).
+    floor: also write the noise floor rows (:mod:`fp8jax.study.common.noise_floor`).
     telemetry: record the GEMM operand telemetry (DeepSeek-MoE only).
     data: the data's description in ``meta.json``.
 

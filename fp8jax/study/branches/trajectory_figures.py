@@ -3,7 +3,7 @@ is imported on use).
 
 :func:`scatter` draws each one-step predictor (x) against the K-step parameter divergence
 and relative loss gap (y, dimensionless) of the policy branches of
-:func:`fp8jax.study.trajectory.study`, colored by checkpoint, with each checkpoint's noise
+:func:`fp8jax.study.branches.trajectory.study`, colored by checkpoint, with each checkpoint's noise
 floor as a dashed line (parameter divergence) or a band +-floor (loss gap). Axes of positive
 values spanning a decade or more are logarithmic.
 """
@@ -14,8 +14,9 @@ import math
 import pathlib
 from typing import Any
 
-from fp8jax.study import figures, trajectory
-from fp8jax.study.stats import fmt
+from fp8jax.study.branches import trajectory
+from fp8jax.study.common.stats import fmt
+from fp8jax.study.comparison import figures
 
 NAME = "trajectory"
 """The file name of the figure (``<NAME>.png``)."""

@@ -3,7 +3,7 @@
 :func:`correlate` gives one pair's Spearman rho, a percentile bootstrap 95% CI over the
 pairs, a two-sided permutation p-value (fixed seeds) and the mean within-group rho;
 :func:`adjust` adds Holm-adjusted p-values over a family of them
-(:func:`fp8jax.study.intervals.holm`). A relation is stated only when its adjusted p-value
+(:func:`fp8jax.study.common.intervals.holm`). A relation is stated only when its adjusted p-value
 is below :data:`ALPHA`: over a family of m tests, Holm's step-down method keeps the chance of
 stating any false relation at ``ALPHA`` whatever the dependence between the tests (the
 predictors of the trajectory study are strongly correlated with each other), and it is
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics.ranking import spearman
-from fp8jax.study.intervals import holm, spearman_permutation, spearman_rows
+from fp8jax.study.common.intervals import holm, spearman_permutation, spearman_rows
 
 ALPHA = 0.05
 """The family-wise error rate of the stated relations."""

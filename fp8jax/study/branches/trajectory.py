@@ -20,12 +20,12 @@ Predictors per (checkpoint step, policy) come from the comparison sweep (:func:`
 means over the finite evaluation rows of ``rel_err``, ``share_direct`` and the routing
 divergence, :data:`PREDICTORS`; when the sweep has them, :data:`EXTRA_PREDICTORS`: the
 rel_err as a multiple of the noise floor, the checkpoint's conditioning signals
-(:mod:`fp8jax.study.conditioning`) and the block-scale telemetry of the GEMM recipes).
+(:mod:`fp8jax.study.comparison.conditioning`) and the block-scale telemetry of the GEMM recipes).
 :func:`study` joins both on (step == from_step, policy), and gives each predictor x outcome
 pair a Spearman correlation with a percentile bootstrap 95% CI over the pairs, a
 permutation p-value (fixed seeds), the mean within-checkpoint Spearman correlation and a
 verdict sentence; a relation is stated only when its Holm-adjusted p-value over all the
-pairs tested is below 0.05 (:mod:`fp8jax.study.correlation`). :func:`markdown` renders the
+pairs tested is below 0.05 (:mod:`fp8jax.study.common.correlation`). :func:`markdown` renders the
 report section.
 """
 
@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.study import conditioning, results, stats
-from fp8jax.study.correlation import adjust, correlate, fmt_p, related
-from fp8jax.study.results import Results
-from fp8jax.study.stats import fmt, table
+from fp8jax.study.common import results, stats
+from fp8jax.study.common.correlation import adjust, correlate, fmt_p, related
+from fp8jax.study.common.results import Results
+from fp8jax.study.common.stats import fmt, table
+from fp8jax.study.comparison import conditioning
 
 __all__ = ["Branches", "EXTRA_PREDICTORS", "OUTCOMES", "PREDICTORS", "TITLE", "above_floor",
            "correlate", "floor_summary", "load_branches", "markdown", "noise_floor", "outcome",
@@ -202,7 +203,7 @@ def predictors(res: Results) -> tuple[dict[tuple[int, str], dict[str, float]], i
   and the noise-matched controls (not the floor): means over the finite rows (routing: each
   row's mean over the MoE layers; NaN where absent), the geometric mean of rel_err / floor
   over the batches, and the checkpoint's conditioning signals (their centers,
-  :func:`fp8jax.study.conditioning.per_checkpoint`)."""
+  :func:`fp8jax.study.comparison.conditioning.per_checkpoint`)."""
   out, skipped = {}, 0
   signals = conditioning.per_checkpoint(res)
   tel = [k for k in EXTRA_PREDICTORS if k.startswith("tel/")]

@@ -5,13 +5,13 @@ most quantized layers per module and format; (3) format: E4M3 vs E5M2 per module
 (4) redistribution: how the top-k parameters by gradient difference norm move across
 checkpoints, and the share of the difference inside the directly quantized modules;
 (5) narrowing: how the perturbation grows from 8-bit to 4-bit GEMM recipes, per module
-(:mod:`fp8jax.study.narrowing`).
+(:mod:`fp8jax.study.comparison.format_width`).
 
-Comparisons are paired on the same batches (:func:`fp8jax.study.stats.compare`): the ratio
+Comparisons are paired on the same batches (:func:`fp8jax.study.common.stats.compare`): the ratio
 a / b per batch, its geometric mean per checkpoint and the median over the checkpoints with
 a bootstrap 95% interval. Each answer is a dict (numbers, Stats and Summaries, and a
 ``summary`` sentence derived from them); when a checkpoint is flagged for its conditioning
-(:func:`fp8jax.study.conditioning.flags`), the summaries of (1)-(4) say whether it drives
+(:func:`fp8jax.study.comparison.conditioning.flags`), the summaries of (1)-(4) say whether it drives
 the result. :func:`markdown` renders them. A grid that lacks the policies of a question
 gives ``available: False`` and says what is missing.
 """
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import ranking
-from fp8jax.study import conditioning, narrowing
-from fp8jax.study.results import Results, depth_layers, parse_seed_name
-from fp8jax.study.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
+from fp8jax.study.common.results import Results, depth_layers, parse_seed_name
+from fp8jax.study.common.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
+from fp8jax.study.comparison import conditioning, format_width
 
 _MOD = {"attn": "attention", "moe": "MoE"}
 _FMT = {"e4m3": "E4M3", "e5m2": "E5M2"}
@@ -261,7 +261,7 @@ def answers(res: Results, top_k: int = 10, flagged: Sequence[int] | None = None
           "depth": depth_answer(res, flagged=flagged),
           "format": format_answer(res, flagged=flagged),
           "redistribution": redistribution_answer(res, top_k, flagged),
-          "narrowing": narrowing.narrowing_answer(res)}
+          "narrowing": format_width.narrowing_answer(res)}
 
 
 
@@ -356,7 +356,7 @@ def markdown(ans: dict[str, dict], figures: dict[str, Any] | None = None) -> lis
                ("grad_error", "loss_vs_grad")),
               ("redistribution", "4. Perturbation redistribution", _redistribution_md,
                ("migration", "heatmaps", "routing")),
-              ("narrowing", "5. Format width: from FP8 to FP4 recipes", narrowing.markdown,
+              ("narrowing", "5. Format width: from FP8 to FP4 recipes", format_width.markdown,
                ("format_width",))]
   lines = []
   for key, title, render, figs in sections:

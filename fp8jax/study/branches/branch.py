@@ -11,13 +11,13 @@ from the checkpoint). The branches are
 
 - ``bf16``: the reference, BF16 (the policy the baseline is trained with);
 - ``noise`` (``noise_1``, ...): BF16 from weights perturbed at BF16 rounding level
-  (:func:`fp8jax.study.branch_metrics.perturb`): the noise floor, the divergence that any
+  (:func:`fp8jax.study.branches.branch_metrics.perturb`): the noise floor, the divergence that any
   perturbation of that size grows into. Precision matters only above it;
 - one per policy (names and grids as in the comparison sweep).
 
 All branches use the run's own training options (optimizer, moments, loss scaling, see
 :func:`fp8jax.train.loop.build_step`). After each step every branch is compared with the
-reference (:func:`fp8jax.study.branch_metrics.compare_step`): loss gap on the step's batch,
+reference (:func:`fp8jax.study.branches.branch_metrics.compare_step`): loss gap on the step's batch,
 parameter divergence (global, per module and per layer), update cosine and routing
 divergence; ``growth_rate`` is the per-step log-slope of the divergence.
 
@@ -54,7 +54,9 @@ import numpy as np
 
 from fp8jax.models import delayed_sites
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import branch_metrics, results_io, sweep
+from fp8jax.study.branches import branch_metrics
+from fp8jax.study.common import results_io
+from fp8jax.study.comparison import sweep
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import determinism, loop, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
