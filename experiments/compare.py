@@ -80,9 +80,8 @@ def _ints(flag) -> tuple[int, ...]:
 def main(argv):
   del argv
   from fp8jax.data import pipeline  # pylint: disable=import-outside-toplevel
-  from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
   from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
-  from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import checkpoint_digest, multihost  # pylint: disable=import-outside-toplevel
 
   try:
     windows = sweep.Windows(offsets=_ints(_OFFSETS), batches=_BATCHES.value,
@@ -97,7 +96,7 @@ def main(argv):
                         allow_other_data=_ALLOW_OTHER_DATA.value,
                         delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value,
                         telemetry=_TELEMETRY.value, deterministic=_DETERMINISTIC.value)
-  except integrity.CheckpointError as e:  # found when the checkpoint is read
+  except checkpoint_digest.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",
           file=sys.stderr)

@@ -14,6 +14,7 @@ from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import delayed_sites
 from fp8jax.models import policy as pl
+from fp8jax.study.comparison import policies as policies_lib
 from fp8jax.train import checkpoint, optim
 from fp8jax.train import step as step_lib
 from tests import reference as ref
@@ -165,7 +166,7 @@ def test_policy_expressions_grid_and_their_errors():
     assert (s.scaling, s.history_len, s.history_reduce, s.margin) == ("delayed", 1024, "max", 0)
   assert pl.parse_policy("moe_l1-2_e4m3_delayed").rules[0].spec == pl.parse_spec(
       "e4m3/delayed()")
-  grid = pl.GRIDS["delayed"](3)
+  grid = policies_lib.GRIDS["delayed"](3)
   assert len(grid) == 8 and grid["attn_l0-2_e4m3"] == "attn@0-2:e4m3"
   assert grid["moe_l0_e4m3_delayed"] == "moe@0:e4m3/delayed(h=1024,reduce=max,margin=0)"
   for text, error in [

@@ -31,7 +31,7 @@ def test_spec_round_trips(pol):
     assert policy_lib.parse_spec(to_expression(rule.spec)) == rule.spec
 
 
-@pytest.mark.parametrize("grid", sorted(policy_lib.GRIDS))
+@pytest.mark.parametrize("grid", sorted(sweep_policies.GRIDS))
 @pytest.mark.parametrize("noise", [False, True])
 def test_grids_round_trip_through_the_sweep_expression(grid, noise):
   pols = sweep_policies.expand_policies([f"noise({grid})" if noise else grid], num_layers=9)

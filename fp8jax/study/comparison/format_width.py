@@ -1,7 +1,7 @@
 """The fifth question: how the perturbation grows as the format narrows, per module.
 
-The policies of the ``formats`` grid (:func:`fp8jax.models.policy.formats_grid`) put every
-linear layer's GEMMs under one training-precision recipe (``gemm:<recipe>``, see
+The policies of the ``formats`` grid (:func:`fp8jax.study.comparison.policies.formats_grid`)
+put every linear layer's GEMMs under one training-precision recipe (``gemm:<recipe>``, see
 ``fp8jax.gemm.recipes``). They are ordered by element width (8-bit FP8/MXFP8, then 4-bit
 MXFP4/NVFP4) and compared per module on the relative gradient error: the median over the
 checkpoints of its geometric mean over the batches, with a bootstrap 95% interval

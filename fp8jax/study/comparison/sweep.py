@@ -24,7 +24,7 @@ is evaluated, at each (checkpoint, offset), with the amax histories left by
 evaluated with the same histories, so a row does not depend on which rows came before and
 the sweep resumes exactly. ``meta.json`` records the warm-up of each such policy.
 
-Every checkpoint is verified as it is restored (:mod:`fp8jax.models.integrity`): a corrupt
+Every checkpoint is verified as it is restored (:mod:`fp8jax.train.checkpoint_digest`): a corrupt
 or incomplete one stops the sweep with its error, or with ``skip_corrupt=True`` is
 skipped, reported in the summary and given no row.
 
@@ -47,12 +47,12 @@ import orbax.checkpoint as ocp
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
-from fp8jax.models import deepseek_moe, delayed_sites, integrity
+from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.study.common import noise_floor, results_io
 from fp8jax.study.comparison import paired
 from fp8jax.study.comparison.policies import expand_policies, expression, policy_meta  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import determinism, metrics_log, multihost, run_config
+from fp8jax.train import checkpoint_digest, determinism, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
 
 
@@ -218,7 +218,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
 
   Raises:
     ValueError: the evaluation data differs from the training data (see above).
-    fp8jax.models.integrity.CheckpointError: a checkpoint is corrupt or incomplete (unless
+    fp8jax.train.checkpoint_digest.CheckpointError: a checkpoint is corrupt or incomplete (unless
       ``skip_corrupt``); the rows of the checkpoints before it are kept.
   """
   mode = determinism.record(deterministic)  # its XLA flag, before any computation
@@ -290,7 +290,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
         if i == 0 or todo[i - 1][0] != step:
           try:
             params, _ = ckpt.restore_params(step, abstract)
-          except integrity.CheckpointError as e:
+          except checkpoint_digest.CheckpointError as e:
             if not skip_corrupt:
               raise
             skipped[step] = str(e)

@@ -8,7 +8,7 @@ unless asked.
 
 ``OUT/meta.json`` traces a conversion to its source and guards its result: the name,
 size and SHA-256 of every source file (``config.json`` and the ``*.safetensors``), and a
-digest of every converted array (:mod:`fp8jax.models.integrity`), which
+digest of every converted array (:mod:`fp8jax.train.checkpoint_digest`), which
 :func:`load_params` (and so the conversion back to HF) verifies.
 """
 
@@ -22,8 +22,9 @@ import shutil
 import ml_dtypes
 import orbax.checkpoint as ocp
 
-from fp8jax.models import deepseek_moe, hf_convert, integrity
+from fp8jax.models import deepseek_moe, hf_convert
 from fp8jax.models.config import ModelConfig
+from fp8jax.train import checkpoint_digest
 
 
 def _refuse_existing(path: pathlib.Path, overwrite: bool) -> None:
@@ -44,12 +45,12 @@ def hf_to_orbax(hf_dir, out, *, expert_pad_to=None, param_dtype="float32",
     shutil.rmtree(out)
   out.mkdir(parents=True, exist_ok=True)
   checkpointer = ocp.StandardCheckpointer()
-  group, tree, digests = None, {}, {"algorithm": integrity.ALGORITHM, "arrays": {},
+  group, tree, digests = None, {}, {"algorithm": checkpoint_digest.ALGORITHM, "arrays": {},
                                      "dtypes": {}}
 
   def flush():
     if tree:
-      recorded = integrity.record(tree)
+      recorded = checkpoint_digest.record(tree)
       digests["arrays"].update(recorded["arrays"])
       digests["dtypes"].update(recorded["dtypes"])
       checkpointer.save(out / "params" / group, tree)
@@ -70,7 +71,7 @@ def hf_to_orbax(hf_dir, out, *, expert_pad_to=None, param_dtype="float32",
   sources = [hf_dir / "config.json", *sorted(hf_dir.glob("*.safetensors"))]
   meta = {"source": {"hf_dir": str(hf_dir.resolve()),
                      "files": [{"name": f.name, "bytes": f.stat().st_size,
-                                "sha256": integrity.file_sha256(f)} for f in sources]},
+                                "sha256": checkpoint_digest.file_sha256(f)} for f in sources]},
           "digests": digests}
   tmp = out / "meta.json.tmp"
   tmp.write_text(json.dumps(meta, indent=1))
@@ -80,7 +81,7 @@ def hf_to_orbax(hf_dir, out, *, expert_pad_to=None, param_dtype="float32",
 
 def load_params(out) -> tuple[ModelConfig, dict]:
   """Restores (config, params) written by :func:`hf_to_orbax`, verified against the
-  digests of ``meta.json`` (:func:`fp8jax.models.integrity.check`: an error for a corrupt
+  digests of ``meta.json`` (:func:`fp8jax.train.checkpoint_digest.check`: an error for a corrupt
   or unreadable array, a warning for a conversion without ``meta.json``)."""
   out = pathlib.Path(out)
   cfg = ModelConfig(**json.loads((out / "config.json").read_text()))
@@ -97,9 +98,9 @@ def load_params(out) -> tuple[ModelConfig, dict]:
                                       {"layers": {i: layer}})
       params["layers"][i] = restored["layers"][i]
   except Exception as e:  # pylint: disable=broad-except
-    raise integrity.IncompleteCheckpointError(
-        integrity.Incomplete(str(out / "params"), integrity.short_error(e))) from e
-  integrity.check(integrity.verify_tree(str(out / "params"), params, recorded))
+    raise checkpoint_digest.IncompleteCheckpointError(
+        checkpoint_digest.Incomplete(str(out / "params"), checkpoint_digest.short_error(e))) from e
+  checkpoint_digest.check(checkpoint_digest.verify_tree(str(out / "params"), params, recorded))
   return cfg, params
 
 
