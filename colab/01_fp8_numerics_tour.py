@@ -391,7 +391,7 @@ RECIPES = {
     "per-tensor, tc, no promotion": fp8jax.GemmConfig(
         roles=PER_TENSOR_ROLES, accumulation=accumulate.HOPPER_NO_PROMOTION),
     "per-tensor, fp32 acc": fp8jax.GemmConfig(roles=PER_TENSOR_ROLES),
-    "deepseek-v3 blocks, tc, promote every 128": fp8jax.gemm.dense.DEEPSEEK_V3,
+    "deepseek-v3 blocks, tc, promote every 128": fp8jax.gemm.dense.HOPPER_BLOCKWISE,
     "deepseek-v3 blocks, fp32 acc": fp8jax.gemm.dense.FP32_BLOCKWISE,
 }
 recipe_rows = []

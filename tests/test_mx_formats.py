@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax.quant import fast_quant
+from fp8jax.quant import fused_round_trip
 from tests import reference_mx as ref
 
 FORMAT_NAMES = sorted(ref.FORMATS)
@@ -282,7 +282,7 @@ def _np(a):
 _quantize_jit = jax.jit(fp8jax.quantize, static_argnums=1)
 _dequantize_jit = jax.jit(fp8jax.dequantize, static_argnums=1)
 _QDQ_PATHS = {"quantize_dequantize": fp8jax.quantize_dequantize,
-              "fused": fast_quant.quantize_dequantize_fused, "fake_quant": fp8jax.fake_quant}
+              "fused": fused_round_trip.quantize_dequantize_fused, "fake_quant": fp8jax.fake_quant}
 _QDQ_JIT = {k: jax.jit(f, static_argnums=1) for k, f in _QDQ_PATHS.items()}
 
 

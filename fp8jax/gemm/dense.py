@@ -112,7 +112,11 @@ class GemmConfig:
 
 BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
 FP32_BLOCKWISE = GemmConfig()  # DeepSeek-V3 roles, FP32 accumulation
-DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)
+HOPPER_BLOCKWISE = GemmConfig(accumulation=accumulate.HOPPER)
+"""DeepSeek-V3's roles with the Hopper tensor-core accumulator model: the recipe
+``recipes.recipe("hopper_blockwise")``."""
+DEEPSEEK_V3 = HOPPER_BLOCKWISE
+"""Deprecated alias of :data:`HOPPER_BLOCKWISE` (the same recipe), kept for one release."""
 
 
 def check_config(config, fn: str) -> GemmConfig:
@@ -238,7 +242,7 @@ _gemm3.defvjp(_gemm3_fwd, _gemm3_bwd)
 
 
 def fp8_dot_general(lhs, rhs, dimension_numbers, precision=None,
-                    preferred_element_type=None, *, config: GemmConfig = DEEPSEEK_V3,
+                    preferred_element_type=None, *, config: GemmConfig = HOPPER_BLOCKWISE,
                     **unused_kwargs):
   """``lax.dot_general`` with simulated FP8 GEMMs in forward and backward.
 
@@ -277,7 +281,7 @@ def dot_general_fn(config: GemmConfig):
   return functools.partial(fp8_dot_general, config=check_config(config, "dot_general_fn"))
 
 
-def fp8_einsum(subscripts: str, lhs, rhs, *, config: GemmConfig = DEEPSEEK_V3,
+def fp8_einsum(subscripts: str, lhs, rhs, *, config: GemmConfig = HOPPER_BLOCKWISE,
                preferred_element_type=None):
   """Two-operand ``jnp.einsum`` through :func:`fp8_dot_general` (lhs = input role)."""
   config = check_config(config, "fp8_einsum")

@@ -20,7 +20,7 @@ blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled_pallas`) where the 
 float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3).
 
 With the tensor-core accumulation model (``config.accumulation.mode == "tensor_core"``) the
-three GEMMs run through :mod:`fp8jax.gemm.grouped_tc` instead: every expert's rows of Y and
+three GEMMs run through :mod:`fp8jax.gemm.grouped_tensor_core` instead: every expert's rows of Y and
 dX and every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit
 for bit, wherever the rows' scales are the same (tiles and blocks, not the per-tensor levels
 that all experts share, see below). This is always the XLA simulation: the Pallas grouped
@@ -43,7 +43,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_tc, hadamard, padding, transpose
+from fp8jax.gemm import grouped_tensor_core, hadamard, padding, transpose
 from fp8jax.kernels import grouped_scaled_pallas, placement
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
@@ -188,7 +188,7 @@ def _fprop(x, w, sizes, cfg):
   xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
   wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
   if _tensor_core(cfg):
-    return grouped_tc.rows_product(xq, wq, sizes, cfg.accumulation)
+    return grouped_tensor_core.rows_product(xq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, xq, wq):
     return _kernel_rows(xq, wq, sizes, interval, x.dtype)
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
@@ -292,7 +292,7 @@ def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with the tensor-core model: each group zero-padded to whole promotion
   intervals, scale tiles along the tokens and Hadamard blocks, then quantized."""
   xtq, dytq, padded = _wgrad_operands(x, dy, sizes, cfg, layout)
-  return grouped_tc.wgrad_product(xtq, dytq, padded, cfg.accumulation)
+  return grouped_tensor_core.wgrad_product(xtq, dytq, padded, cfg.accumulation)
 
 
 def _bwd(cfg, layout, res, dy):
@@ -306,7 +306,7 @@ def _bwd(cfg, layout, res, dy):
     wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
     dyq = qtensor.quantize(dy, r.grad, key=gemm_lib.operand_key(dy, r.grad, 4))
     if _tensor_core(cfg):
-      dx = grouped_tc.rows_product(dyq, wq, sizes, cfg.accumulation)
+      dx = grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
     elif interval := _kernel_interval(cfg, dyq, wq):
       dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype)
     else:
@@ -354,3 +354,4 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
     raise ValueError(f"group_multiple={group_multiple} must be 1 or a multiple of the "
                      f"{need} rows each group is padded to for this config's Wgrad")
   return _grouped(x, w, group_sizes.astype(jnp.int32), config, group_multiple)
+

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8jax.kernels import grouped_matmul_pallas as gmp
+from fp8jax.kernels import grouped_matmul_triton as gmp
 
 SMALL = gmp.Blocks(m=16, n=16, k=16)
 

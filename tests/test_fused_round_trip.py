@@ -20,7 +20,7 @@ import pytest
 
 import fp8jax
 from fp8jax.numerics import formats, scales
-from fp8jax.quant import fast_quant
+from fp8jax.quant import fused_round_trip
 from tests import reference as ref
 from tests import strategies as hs
 from tests.helpers import ref_for_spec
@@ -97,7 +97,7 @@ def test_round_to_format_equals_the_xla_cast(fmt, values):
 # --- the fused round trip ---------------------------------------------------------
 
 
-_fused_jit = jax.jit(fast_quant.quantize_dequantize_fused, static_argnums=1)
+_fused_jit = jax.jit(fused_round_trip.quantize_dequantize_fused, static_argnums=1)
 _payload_path_jit = jax.jit(fp8jax.quantize_dequantize, static_argnums=1)
 
 
@@ -110,7 +110,7 @@ def _check_fused(x: np.ndarray, spec: fp8jax.QuantSpec, eager: bool = False):
   assert ref.same_bits(fused, old), f"fused differs from quantize_dequantize ({spec.describe()})"
   assert ref.same_bits(fused, ref_for_spec(x, spec)[2]), "fused differs from the reference"
   if eager:
-    assert ref.same_bits(np.asarray(fast_quant.quantize_dequantize_fused(xj, spec)), fused)
+    assert ref.same_bits(np.asarray(fused_round_trip.quantize_dequantize_fused(xj, spec)), fused)
 
 
 @st.composite
@@ -151,7 +151,7 @@ def test_fused_with_outliers_zero_tiles_and_non_finite(spec, dtype):
 def test_fused_shapes_scalars_and_empty():
   spec = fp8jax.QuantSpec(granularity=fp8jax.per_tensor())
   _check_fused(np.array(3.3, np.float32), spec, eager=True)
-  empty = fast_quant.quantize_dequantize_fused(jnp.zeros((0, 5)), fp8jax.QuantSpec())
+  empty = fused_round_trip.quantize_dequantize_fused(jnp.zeros((0, 5)), fp8jax.QuantSpec())
   assert empty.shape == (0, 5)
   x = np.random.default_rng(3).standard_normal((2, 3, 129, 257)).astype(np.float32)
   _check_fused(x, fp8jax.QuantSpec(granularity=fp8jax.block((32, 128), (1, -1))), eager=True)
@@ -159,9 +159,9 @@ def test_fused_shapes_scalars_and_empty():
 
 def test_fused_refuses_delayed_scaling_and_int_inputs():
   with pytest.raises(ValueError, match="current scaling"):
-    fast_quant.quantize_dequantize_fused(jnp.ones((4,)), fp8jax.preset("te_hybrid"))
+    fused_round_trip.quantize_dequantize_fused(jnp.ones((4,)), fp8jax.preset("te_hybrid"))
   with pytest.raises(TypeError, match="float input"):
-    fast_quant.quantize_dequantize_fused(jnp.ones((4,), jnp.int32), fp8jax.QuantSpec())
+    fused_round_trip.quantize_dequantize_fused(jnp.ones((4,), jnp.int32), fp8jax.QuantSpec())
 
 
 def test_fake_quant_uses_the_fused_path_without_fp8_or_barrier():
@@ -209,7 +209,7 @@ def test_pallas_kernel_matches_fused_in_interpret_mode(spec, dtype, shape, tiles
   got = fqp.fake_quant_pallas(jnp.asarray(x), spec, block_rows=4,
                               tiles_per_block=tiles_per_block, split=split, interpret=True)
   assert got.dtype == x.dtype and got.shape == x.shape
-  want = fast_quant.quantize_dequantize_fused(jnp.asarray(x), spec)
+  want = fused_round_trip.quantize_dequantize_fused(jnp.asarray(x), spec)
   assert ref.same_bits(np.asarray(got), np.asarray(want))
   assert ref.same_bits(np.asarray(got), ref_for_spec(x, spec)[2])
 
@@ -390,7 +390,7 @@ def test_pallas_kernel_mx_and_nvfp4_match_fused(name, split):
   got = fqp.fake_quant_pallas(x, spec, block_rows=4, tiles_per_block=2, split=split,
                               **{k: v for k, v in fqp.auto_config(spec).items()
                                  if k == "rounding" and v == "integer"}, interpret=True)
-  want = fast_quant.quantize_dequantize_fused(x, spec)
+  want = fused_round_trip.quantize_dequantize_fused(x, spec)
   assert ref.same_bits(np.asarray(got), np.asarray(want))
   # The tile holding NaN and inf is NaN as a whole, in every format.
   assert np.isnan(np.asarray(got, np.float32)[0]).sum() == spec.granularity.sizes[0]

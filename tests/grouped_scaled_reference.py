@@ -1,4 +1,5 @@
-"""XLA references of the grouped blockwise-scaled GEMM (:mod:`grouped_scaled_pallas`).
+"""XLA references of the grouped blockwise-scaled GEMM kernels
+(:mod:`fp8jax.kernels.grouped_scaled_pallas`).
 
 The same arguments and the same arithmetic as the kernels, as plain XLA loops over the
 promotion intervals: each interval's payload products (bfloat16 operands, exact for 8-bit
