@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_tensor_core, hadamard, padding, transpose
-from fp8jax.kernels import grouped_scaled_pallas, placement
+from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas, placement
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
 
@@ -355,3 +355,18 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
                      f"{need} rows each group is padded to for this config's Wgrad")
   return _grouped(x, w, group_sizes.astype(jnp.int32), config, group_multiple)
 
+
+def matmul_for(impl: str, config: gemm_lib.GemmConfig | None):
+  """The MoE experts' grouped GEMM ``(x [N, d], w [E, d, f], group_sizes [E]) -> [N, f]``
+  and the row multiple its groups are laid out at: the FP8 GEMM simulation
+  (:func:`fp8_ragged_dot`) with ``config`` when there is one (groups padded to
+  :func:`group_multiple_of`), else XLA's tiled GEMM (``impl="dispatch"``,
+  :func:`tiled_matmul`) or the Pallas kernels (``impl="pallas"``, GPU: per direction the
+  faster of JAX's Mosaic GPU kernels and the Triton ones, see
+  :mod:`fp8jax.kernels.grouped_gpu`), on unpadded groups."""
+  if config is not None:
+    multiple = group_multiple_of(config)
+    return functools.partial(fp8_ragged_dot, config=config, group_multiple=multiple), multiple
+  if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
+    return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
+  return tiled_matmul, 1
