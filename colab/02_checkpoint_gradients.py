@@ -25,8 +25,8 @@
 #
 # 1. a tiny DeepSeek-MoE is trained for a few steps on the embedded English corpus (or an
 #    existing run is loaded), and one checkpoint is restored;
-# 2. `fp8jax.study.paired.PairedEvaluator`, the engine of the study's sweep, compares a few
-#    FP8 policies against BF16 on one batch;
+# 2. `fp8jax.study.comparison.paired.PairedEvaluator`, the engine of the study's sweep,
+#    compares a few FP8 policies against BF16 on one batch;
 # 3. `jax.grad` gives the full gradient trees, browsed with treescope;
 # 4. the difference is broken down per module, layer, module x layer cell and parameter,
 #    next to the routing divergence of every MoE layer.
@@ -69,7 +69,8 @@ from fp8jax.experiments.configs import train_tiny
 from fp8jax.metrics import ranking
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import notebook, paired, sweep
+from fp8jax.study import notebook
+from fp8jax.study.comparison import paired, sweep
 from fp8jax.study.notebook import show_table
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import loop, run_config

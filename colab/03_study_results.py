@@ -70,17 +70,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from fp8jax.experiments.configs import train_tiny
-from fp8jax.study import (
-  conditioning,
-  figures,
-  floor,
-  notebook,
-  questions,
-  report,
-  results,
-  stats,
-  sweep,
-)
+from fp8jax.study import notebook, report
+from fp8jax.study.common import results, stats
+from fp8jax.study.comparison import conditioning, figures, floor, questions, sweep
 from fp8jax.study.notebook import show_markdown
 from fp8jax.train import loop
 
@@ -97,7 +89,7 @@ NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's
 # `RESULTS_DIR` is either the output folder of `python -m fp8jax.experiments.study --out=...`
 # (which holds `train/` and `compare/`) or a sweep folder itself (`meta.json`, `rows.jsonl`,
 # `details.jsonl`, `baseline.jsonl`, `weights.jsonl`, as written by
-# `fp8jax.study.sweep.run`).
+# `fp8jax.study.comparison.sweep.run`).
 #
 # With `RESULTS_DIR = None` the cell runs a demo study through the three stages of
 # `fp8jax.study.pipeline.run_study`, the function behind that command: `loop.train` trains
@@ -143,7 +135,7 @@ print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}
 # %% [markdown]
 # ## 2. Grid and summary
 #
-# `results.load` reads the sweep into a `Results` object (`fp8jax.study.results`);
+# `results.load` reads the sweep into a `Results` object (`fp8jax.study.common.results`);
 # `report.grid_markdown` and `report.summary_markdown` are the first sections of `report.md`:
 # the model, the checkpoints, the evaluation windows, the policies with their directly
 # quantized modules (and the noise floor and controls, when the sweep has them), the rows that
@@ -162,7 +154,7 @@ print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}
 show_markdown(report.grid_markdown(res)[2:] + report.summary_markdown(res))
 
 # %% [markdown]
-# `stats.summary(res, metric)` (`fp8jax.study.stats`) gives the same statistics as data,
+# `stats.summary(res, metric)` (`fp8jax.study.common.stats`) gives the same statistics as data,
 # `{(policy, step): Stat}` with the center (the geometric mean for rel_err), the interval and
 # the number of batches, e.g. for the last checkpoint:
 
@@ -197,8 +189,8 @@ if res.floor:
 # %% [markdown]
 # ## 3. The five questions
 #
-# `questions.answers(res)` (`fp8jax.study.questions`) answers the study's questions from the
-# rows:
+# `questions.answers(res)` (`fp8jax.study.comparison.questions`) answers the study's
+# questions from the rows:
 #
 # 1. **module**: attention vs MoE output at the same depth and format, and the shape of each
 #    trajectory over the checkpoints (decaying, persistent or growing);
@@ -338,7 +330,7 @@ else:
 # ## 5. Further
 #
 # `report.write_report(folder)` writes `report.md` and its figures into a sweep folder (the
-# demo study above already did); `fp8jax.study.figures` draws each figure of the report
+# demo study above already did); `fp8jax.study.comparison.figures` draws each figure of the report
 # separately, and `stats.compare(res, a, b, metric)` compares any two policies on the batches
 # they share: the paired ratio a / b per batch, its geometric mean per checkpoint and the
 # median over the checkpoints with a bootstrap interval.

@@ -56,7 +56,8 @@ import jax
 from fp8jax.metrics.paths import Classifier
 from fp8jax.models import policy
 from fp8jax.rules import Rule, Rules, describe, quantize_model
-from fp8jax.study import model_api, model_sweep, report
+from fp8jax.study import report
+from fp8jax.study.comparison import model_api, model_sweep
 
 SMOKE = os.environ.get("FP8JAX_SMOKE") == "1"
 BLOCKS, DIM, BATCHES = (2, 32, 2) if SMOKE else (4, 64, 4)

@@ -7,7 +7,7 @@ floor and each precision policy, on identical batches.
 
 Writes ``<out>/branches.jsonl`` (per checkpoint and branch: loss gap, parameter divergence
 per module and layer, update cosine, routing divergence, growth rate) and ``meta.json``;
-rerunning continues where it stopped. The logic is :mod:`fp8jax.study.branch`. Exit
+rerunning continues where it stopped. The logic is :mod:`fp8jax.study.branches.branch`. Exit
 status: 0 done, 2 bad input (found before any training step). Library INFO logs show only
 with ``--verbosity=0``.
 """
@@ -40,7 +40,7 @@ _ALLOW = flags.DEFINE_bool("allow_policy_change", False, "Branch from checkpoint
 
 def main(argv):
   del argv
-  from fp8jax.study import branch  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.branches import branch  # pylint: disable=import-outside-toplevel
   from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
 
   try:

@@ -17,8 +17,8 @@ rerun with the same ``--out``. The evaluation batches come from the training run
 on is refused unless ``--allow_other_data``.
 Each checkpoint is verified as it is read: a corrupt or incomplete one stops the sweep
 (exit 2) unless ``--skip_corrupt_checkpoints``, which skips it without rows and names it. The
-logic is
-:func:`fp8jax.study.sweep.run`; ``python -m fp8jax.experiments.report`` writes the report.
+logic is :func:`fp8jax.study.comparison.sweep.run`; ``python -m fp8jax.experiments.report``
+writes the report.
 """
 
 import sys
@@ -79,9 +79,11 @@ def _ints(flag) -> tuple[int, ...]:
 def main(argv):
   del argv
   from fp8jax.data import pipeline  # pylint: disable=import-outside-toplevel
-  from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
-  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
-  from fp8jax.train import multihost  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import (
+    checkpoint_digest,  # pylint: disable=import-outside-toplevel
+    multihost,  # pylint: disable=import-outside-toplevel
+  )
 
   try:
     windows = sweep.Windows(offsets=_ints(_OFFSETS), batches=_BATCHES.value,
@@ -97,7 +99,7 @@ def main(argv):
                         delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value,
                         telemetry=_TELEMETRY.value, deterministic=_DETERMINISTIC.value,
                         scan_layers=_SCAN.value)
-  except integrity.CheckpointError as e:  # found when the checkpoint is read
+  except checkpoint_digest.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",
           file=sys.stderr)

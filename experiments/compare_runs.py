@@ -7,7 +7,7 @@ Each ``--runs`` entry is a folder of ``python -m fp8jax.experiments.train``. The
 aligned on their common logged steps; the final relative loss error against the
 ``--reference`` run is the mean over the last ``--tail`` fraction of those steps, with a
 95% CI, checked against DeepSeek-V3's 0.25%. Runs that differ in model or data are refused
-unless ``--allow_mismatch``. The logic is :func:`fp8jax.study.runs_report.write_report`.
+unless ``--allow_mismatch``. The logic is :func:`fp8jax.study.runs.overlay.write_report`.
 Exit status: 0 done, 2 bad input.
 """
 
@@ -32,10 +32,10 @@ _ALLOW_MISMATCH = flags.DEFINE_bool("allow_mismatch", False,
 
 def main(argv):
   del argv
-  from fp8jax.study import runs_report  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.runs import overlay  # pylint: disable=import-outside-toplevel
 
   try:
-    path = runs_report.write_report(_RUNS.value, _OUT.value, reference=_REFERENCE.value,
+    path = overlay.write_report(_RUNS.value, _OUT.value, reference=_REFERENCE.value,
                                     tail=_TAIL.value, allow_mismatch=_ALLOW_MISMATCH.value,
                                     metric=_METRIC.value)
   except (ValueError, FileNotFoundError) as e:

@@ -8,7 +8,7 @@ r"""Convert HF DeepSeek-MoE (v1) checkpoints to an fp8jax Orbax params checkpoin
   # back to HF safetensors (bf16)
   python -m fp8jax.experiments.convert_hf --reverse --out=/ckpt/16b --hf_dir=/tmp/hf_again
 
-Streams layer by layer (see ``fp8jax.models.params_io``). ``OUT/meta.json`` records the
+Streams layer by layer (see ``fp8jax.train.params_io``). ``OUT/meta.json`` records the
 name, size and SHA-256 of every source file and a digest of every converted array;
 ``--reverse`` verifies the arrays it reads against those digests.
 """
@@ -20,8 +20,8 @@ import sys
 from absl import flags
 
 from fp8jax.experiments import _cli
-from fp8jax.models.params_io import hf_to_orbax, orbax_to_hf
 from fp8jax.train import multihost
+from fp8jax.train.params_io import hf_to_orbax, orbax_to_hf
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory (input, or output "
                               "with --reverse).", required=True)

@@ -1,8 +1,8 @@
 r"""FP8 numerics study: accumulation, granularity, double quantization, delayed scaling;
 MX / NVFP4 formats under outliers, stochastic rounding, the random Hadamard transform.
 
-Flags and ``main`` only, over :mod:`fp8jax.study.numerics_study` and
-:mod:`fp8jax.study.numerics_formats` (the studies) and :mod:`fp8jax.study.numerics_report`
+Flags and ``main`` only, over :mod:`fp8jax.study.numerics.fp8_study` and
+:mod:`fp8jax.study.numerics.formats_study` (the studies) and :mod:`fp8jax.study.numerics.report`
 (figures, markdown, verdict). Writes ``numerics.json``, ``report.md`` and seven PNG figures
 to ``--out``::
 
@@ -19,7 +19,8 @@ import time
 from absl import flags
 
 from fp8jax.experiments import _cli
-from fp8jax.study import numerics_formats_report, numerics_report, numerics_study
+from fp8jax.study.numerics import formats_report, fp8_study
+from fp8jax.study.numerics import report as numerics_report
 from fp8jax.train import multihost
 
 _OUT = flags.DEFINE_string("out", "out/numerics", "Output folder.")
@@ -30,7 +31,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 def main(argv):
   del argv
   multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
-  sizes = numerics_study.StudySizes.quick() if _QUICK.value else numerics_study.StudySizes()
+  sizes = fp8_study.StudySizes.quick() if _QUICK.value else fp8_study.StudySizes()
   sizes = dataclasses.replace(sizes, seed=_SEED.value)
   start = time.time()
   out = pathlib.Path(_OUT.value)
@@ -40,7 +41,7 @@ def main(argv):
   print(f"no promotion, K={v['k']}: same-sign operands {100 * v['positive_norm']:.2f}%, "
         f"zero-mean operands {100 * v['gaussian_norm']:.3f}% (normwise); "
         f"{v['bits_for_2pct']} fraction bits give 2% for same-sign operands")
-  print(numerics_formats_report.headline(results))
+  print(formats_report.headline(results))
 
 
 if __name__ == "__main__":

@@ -42,11 +42,9 @@ _DISTRIBUTED = _cli.define_distributed()
 
 def main(argv):
   del argv
-  from fp8jax.study import (  # pylint: disable=import-outside-toplevel
-    branch,
-    pipeline,
-    sweep,
-  )
+  from fp8jax.study import pipeline  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.branches import branch  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import (  # pylint: disable=import-outside-toplevel
     multihost,
     preemption,

@@ -13,7 +13,7 @@ many seconds, and a running one saves a checkpoint and stops then (exit 75: run 
 again). Several copies of the command may share one ``--out`` (e.g. one GPU): each takes
 the runs no other holds. Writes ``<out>/summary.md``, ``summary.json`` and the figure
 ``validation.png`` (loss and gap to BF16 over training, seed bands). The logic is
-:mod:`fp8jax.study.validation`.
+:mod:`fp8jax.study.runs.validation`.
 """
 
 import pathlib
@@ -43,7 +43,7 @@ _CONTRAST = flags.DEFINE_multi_string(
 
 def main(argv):
   del argv
-  from fp8jax.study import validation  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.runs import validation  # pylint: disable=import-outside-toplevel
   from fp8jax.train import preemption  # pylint: disable=import-outside-toplevel
 
   start = time.monotonic()
@@ -59,7 +59,7 @@ def main(argv):
                for run_name in outcome["done"]):
       figure = None
     else:
-      from fp8jax.study import validation_figures  # pylint: disable=import-outside-toplevel
+      from fp8jax.study.runs import validation_figures  # pylint: disable=import-outside-toplevel
       figure = validation_figures.draw(_OUT.value, matrix)
   except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)

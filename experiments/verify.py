@@ -23,8 +23,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "out/train", "Training run folder.")
 def main(argv):
   del argv
   multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
-  from fp8jax.models import integrity  # pylint: disable=import-outside-toplevel
-  from fp8jax.train import verify  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import checkpoint_digest, verify  # pylint: disable=import-outside-toplevel
 
   try:
     statuses = verify.verify_run(_WORKDIR.value)
@@ -35,7 +34,7 @@ def main(argv):
     print(f"error: no checkpoints in {_WORKDIR.value}/checkpoints", file=sys.stderr)
     return 2
   for _, status in statuses:
-    print(f"{status.checkpoint}: {integrity.describe(status)}")
+    print(f"{status.checkpoint}: {checkpoint_digest.describe(status)}")
   bad = [step for step, status in statuses if not verify.is_usable(status)]
   print(f"{len(statuses)} checkpoints, {len(bad)} corrupt or incomplete"
         + (f" (steps {bad})" if bad else ""), file=sys.stderr)

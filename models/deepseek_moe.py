@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 import fp8jax
+from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import operand_telemetry
 from fp8jax.models import delayed_sites, embedding, layer_scan, moe, policy_rules
 from fp8jax.models import policy as policy_lib
@@ -173,7 +174,7 @@ class MoE(nnx.Module):
       if b % groups:
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
       kernel = impl == "pallas" and config is None
-      routed = moe.dispatch_groups(args, groups, moe.grouped_matmul_for(impl, config),
+      routed = moe.dispatch_groups(args, groups, grouped_gemm.matmul_for(impl, config),
                                    kernel).reshape(b * s, d)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")

@@ -14,8 +14,6 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import operand_telemetry, padding
-from fp8jax.gemm.dense import GemmConfig
-from fp8jax.kernels import grouped_gpu
 
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
@@ -147,24 +145,10 @@ def expert_counts(ids: jax.Array, num_experts: int) -> jax.Array:
   return jnp.bincount(ids.reshape(-1), length=num_experts).astype(jnp.int32)
 
 
-def grouped_matmul_for(impl: str, config: GemmConfig | None):
-  """The routed experts' grouped GEMM and the row multiple its groups are laid out at:
-  the FP8 GEMM simulation with ``config`` when there is one (groups padded to its Wgrad's token
-  tiles), else XLA's tiled GEMM ("dispatch") or the Pallas kernels ("pallas", GPU: per
-  direction the faster of JAX's Mosaic GPU kernels and the Triton ones, see
-  ``grouped_gpu``), on unpadded groups."""
-  if config is not None:
-    multiple = grouped_gemm.group_multiple_of(config)
-    return functools.partial(grouped_gemm.fp8_ragged_dot, config=config,
-                             group_multiple=multiple), multiple
-  if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
-    return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
-  return grouped_gemm.tiled_matmul, 1
-
-
 def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool):
   """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
-  ``grouped`` = (grouped GEMM, group row multiple) from :func:`grouped_matmul_for`.
+  ``grouped`` = (grouped GEMM, group row multiple) from
+  :func:`fp8jax.gemm.grouped.matmul_for`.
 
   With ``per_device`` (a Pallas GEMM) and ``groups`` > 1 under a context mesh
   (``jax.set_mesh``) whose ``data`` axis has ``groups`` devices, each device runs its own

@@ -311,8 +311,9 @@ def parse_delayed(text: str, context: str = "") -> dict:
 
 def parse_policy(expr: str) -> PrecisionPolicy:
   """A policy from an expression: ``bf16``, a grid name ``{attn,moe}_l<LAYERS>_{e4m3,e5m2}``
-  (:func:`seed_grid`, e.g. ``moe_l0-8_e4m3``; with the suffix ``_delayed``:
-  :func:`delayed_grid`'s delayed-scaling variant), or
+  (the seed grid's, :func:`fp8jax.study.comparison.policies.seed_grid`, e.g.
+  ``moe_l0-8_e4m3``; with the suffix ``_delayed``: the delayed-scaling variant of
+  :func:`~fp8jax.study.comparison.policies.delayed_grid`), or
   terms joined by ``+``: ``SITE@LAYERS:SPEC`` (SITE one of :data:`SITES` or an alias in
   :data:`SITE_ALIASES`; LAYERS as in :func:`parse_layers`; SPEC as in
   :func:`parse_spec`) and ``gemm:RECIPE[@LAYERS]`` (a recipe of ``fp8jax.gemm.recipes``,
@@ -349,51 +350,12 @@ def parse_policy(expr: str) -> PrecisionPolicy:
     if not (at and colon):
       raise ValueError(f"bad policy term {term!r} in {expr!r}: use SITE@LAYERS:SPEC, "
                        "gemm:NAME, 'bf16' or a seed-grid name "
-                       f"{sorted(SEED_GRID)}")
+                       "{attn,moe}_l<LAYERS>_{e4m3,e5m2}[_delayed] (e.g. moe_l0-8_e4m3)")
     rules.append(SiteRule(SITE_ALIASES.get(site, site), parse_layers(layers), parse_spec(spec)))
   if not rules and gemm is None:
     raise ValueError(f"empty policy expression {expr!r}")
   return PrecisionPolicy(tuple(rules), expr, gemm, gemm_layers, tail)
 
-
-def seed_grid(num_layers: int = 9) -> dict[str, str]:
-  """The seed study's grid: {attention, MoE} output x {layer 0, layers 0..L-1} x
-  {E4M3, E5M2}, activations only (per-tensor current scaling, straight-through
-  backward). For the 2B model (9 layers) the depths are "0" and "0-8"."""
-  return {f"{module}_l{layers}_{fmt}": f"{module}@{layers}:{fmt}"
-          for module in ("attn", "moe") for layers in ("0", f"0-{num_layers - 1}")
-          for fmt in ("e4m3", "e5m2")}
-
-
-def formats_grid(num_layers: int = 9) -> dict[str, str]:
-  """The formats grid: every linear layer's GEMMs under each training-precision recipe,
-  from FP8 per-tensor down to NVFP4 (BF16 is the reference of every comparison). The
-  depth does not change it."""
-  del num_layers
-  return {"fp8_tensor": "gemm:fp8_tensor", "fp8_blockwise": "gemm:fp32_blockwise",
-          "mxfp8": "gemm:mxfp8", "mxfp4": "gemm:mxfp4", "nvfp4": "gemm:nvfp4",
-          "nvfp4_recipe": "gemm:nvfp4_recipe"}
-
-
-def delayed_grid(num_layers: int = 9) -> dict[str, str]:
-  """Delayed vs current scaling on the seed grid's sites and depths: {attention, MoE}
-  output x {layer 0, layers 0..L-1} in E4M3, with per-tensor current scaling (the seed
-  grid's ``attn_l0_e4m3``, ...) and with Transformer Engine's per-tensor delayed scaling
-  (``attn_l0_e4m3_delayed``, ...: history 1024, max, margin 0), straight-through backward.
-  The sweep fills the histories by warm-up passes over each evaluation window."""
-  out = {}
-  for name, expr in seed_grid(num_layers).items():
-    if name.endswith("_e4m3"):
-      out[name] = expr
-      out[f"{name}_delayed"] = f"{expr}/{DELAYED_SYNTAX}"
-  return out
-
-
-SEED_GRID = seed_grid(9)
-
-GRIDS = {"seed": seed_grid, "formats": formats_grid, "delayed": delayed_grid}
-"""Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
-``--policies=NAME`` expands to the grid of the model's depth."""
 
 _NOISE = re.compile(r"^noise\((.+)\)$")
 _GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)(_delayed)?$")

@@ -40,7 +40,7 @@ def run_loop_and_sweep():
   """The training loop and the comparison sweep on 1 device, 4 devices, and 4 with FSDP."""
   import tempfile  # pylint: disable=import-outside-toplevel
 
-  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import loop, metrics_log, run_config  # pylint: disable=import-outside-toplevel
 
   c = run_config.defaults()

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 import fp8jax
-from fp8jax.quant import fast_quant
+from fp8jax.quant import fused_round_trip
 from tests import reference_mx as ref
 
 FORMAT_NAMES = sorted(ref.FORMATS)
@@ -77,7 +77,7 @@ def to_np(a):
 quantize_jit = jax.jit(fp8jax.quantize, static_argnums=1)
 dequantize_jit = jax.jit(fp8jax.dequantize, static_argnums=1)
 QDQ_PATHS = {"quantize_dequantize": fp8jax.quantize_dequantize,
-              "fused": fast_quant.quantize_dequantize_fused, "fake_quant": fp8jax.fake_quant}
+              "fused": fused_round_trip.quantize_dequantize_fused, "fake_quant": fp8jax.fake_quant}
 QDQ_JIT = {k: jax.jit(f, static_argnums=1) for k, f in QDQ_PATHS.items()}
 
 

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8jax.study import branch, branch_metrics, results_io
+from fp8jax.study.branches import branch, branch_metrics
+from fp8jax.study.common import results_io
 from fp8jax.train import metrics_log
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -229,7 +230,8 @@ def test_study_pipeline_report_answers_the_trajectory_question(train_run, tmp_pa
   the report relates the sweep to the branches."""
   import shutil  # pylint: disable=import-outside-toplevel
 
-  from fp8jax.study import pipeline, sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study import pipeline  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import run_config  # pylint: disable=import-outside-toplevel
   shutil.copytree(train_run, tmp_path / "train")
   path = pipeline.run_study(run_config.load_saved(train_run), tmp_path,

@@ -25,9 +25,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fp8jax.models import integrity
-from fp8jax.study import report, results, results_io, sweep
-from fp8jax.train import checkpoint, loop, optim, run_config, verify
+from fp8jax.study import report
+from fp8jax.study.common import results, results_io
+from fp8jax.study.comparison import sweep
+from fp8jax.train import checkpoint, checkpoint_digest, loop, optim, run_config, verify
 from fp8jax.train import mesh as mesh_lib
 from tests import helpers
 
@@ -86,9 +87,9 @@ arrays = st.builds(random_array, st.sampled_from(DTYPES),
 def test_digest_matches_the_numpy_reference(leaves):
   tree = {"a": {str(i): x for i, x in enumerate(leaves)}}
   want = {f"a/{i}": ref_digest(x) for i, x in enumerate(leaves)}
-  assert integrity.tree_digests(tree) == want
+  assert checkpoint_digest.tree_digests(tree) == want
   narrow = {k: x for k, x in tree["a"].items() if x.dtype.itemsize <= 4}  # JAX without x64
-  on_device = integrity.tree_digests({"a": jax.tree.map(jnp.asarray, narrow)})
+  on_device = checkpoint_digest.tree_digests({"a": jax.tree.map(jnp.asarray, narrow)})
   assert on_device == {f"a/{k}": want[f"a/{k}"] for k in narrow}
 
 
@@ -96,7 +97,7 @@ def test_digest_changes_with_one_bit_swapped_words_a_zeroed_block_or_the_size():
   x = random_array(np.float32, (64, 33), 1)
   x[0, 1], x[0, 2] = 1.5, -1.5  # words differing in the top bit only: lane A alone misses
   base = ref_digest(x)
-  assert integrity.tree_digests({"x": x})["x"] == base
+  assert checkpoint_digest.tree_digests({"x": x})["x"] == base
   changed = []
   for index, bit in [((0, 0), 0), ((31, 7), 31), ((63, 32), 16)]:
     y = x.copy()
@@ -112,7 +113,7 @@ def test_digest_changes_with_one_bit_swapped_words_a_zeroed_block_or_the_size():
   h = random_array(ml_dtypes.bfloat16, (7,), 2)  # 16-bit elements, odd count
   h2 = h.copy()
   h2.view(np.uint16)[3] ^= np.uint16(1)
-  got = integrity.tree_digests({"c": changed, "h": [h, h2]})
+  got = checkpoint_digest.tree_digests({"c": changed, "h": [h, h2]})
   assert all(got[f"c/{i}"] != base for i in range(len(changed)))
   assert got["h/0"] != got["h/1"]
 
@@ -122,10 +123,10 @@ def test_legacy_checkpoint_loads_with_a_warning_and_restores_cast_after_verifyin
   legacy = checkpoint.Checkpointer(tmp_path / "legacy", save_every=1, digests=False)
   legacy.save(0, state, {}, {}, force=True)
   legacy.wait()
-  with pytest.warns(integrity.UnverifiedCheckpointWarning, match="no digests"):
+  with pytest.warns(checkpoint_digest.UnverifiedCheckpointWarning, match="no digests"):
     got, _, meta = legacy.restore(0, checkpoint.abstract_like(state))
   assert "digests" not in meta and isinstance(legacy.verify(0, checkpoint.abstract_like(
-      state)), integrity.NoDigests)
+      state)), checkpoint_digest.NoDigests)
   legacy.close()
   ckpt = checkpoint.Checkpointer(tmp_path / "new", save_every=1)
   ckpt.save(0, state, {}, {}, force=True)
@@ -134,7 +135,7 @@ def test_legacy_checkpoint_loads_with_a_warning_and_restores_cast_after_verifyin
       (), jnp.int32)}
   got, _, meta = ckpt.restore(0, target)  # read as float32, verified, then cast
   assert got["w"].dtype == jnp.bfloat16 and meta["digests"]["dtypes"]["w"] == "float32"
-  assert ckpt.verify(0, target) == integrity.Ok(str(tmp_path / "new" / "0"), 2)
+  assert ckpt.verify(0, target) == checkpoint_digest.Ok(str(tmp_path / "new" / "0"), 2)
   ckpt.close()
 
 
@@ -205,13 +206,13 @@ def test_data_positions_are_verified_like_the_arrays(train_run, tmp_path):
   edit_position(four / "positions" / "process_0-of-1.json", step=5)
   edit_position(two / "data" / "metadata", step=1)
   statuses = dict(verify.verify_run(run))
-  assert isinstance(statuses[0], integrity.Ok)
-  said = {s: integrity.describe(statuses[s]) for s in (2, 4)}
+  assert isinstance(statuses[0], checkpoint_digest.Ok)
+  said = {s: checkpoint_digest.describe(statuses[s]) for s in (2, 4)}
   assert said[4].startswith(f"corrupt: data position {four}/positions/process_0-of-1.json "
                             "has digest "), said
   assert said[2].startswith(f"corrupt: data position {two}/data/metadata has digest "), said
   cfg = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
-  with pytest.raises(integrity.CorruptCheckpointError,
+  with pytest.raises(checkpoint_digest.CorruptCheckpointError,
                      match=f"checkpoint {four} is corrupt: data position {four}/positions/"):
     loop.train(cfg, run, resume=True, stream=io.StringIO())
   assert not list((run / "checkpoints").glob("*.corrupt"))  # both bad: nothing moved
@@ -231,11 +232,11 @@ def test_sweep_and_verify_refuse_damaged_checkpoints_and_skip_them_when_asked(tr
   truncate(run / "checkpoints" / "4", count=99)
   out = tmp_path / "cmp"
   kw = dict(policies=["bf16"], windows=WINDOWS)
-  with pytest.raises(integrity.CorruptCheckpointError,
+  with pytest.raises(checkpoint_digest.CorruptCheckpointError,
                      match=rf"checkpoint {run}/checkpoints/2 is corrupt: array params/\S+ has "
                            r"digest [0-9a-f]{16}, its save recorded [0-9a-f]{16}"):
     sweep.run(run, out, steps=[2], **kw)
-  with pytest.raises(integrity.IncompleteCheckpointError,
+  with pytest.raises(checkpoint_digest.IncompleteCheckpointError,
                      match=rf"checkpoint {run}/checkpoints/4 is incomplete"):
     sweep.run(run, out, steps=[4], **kw)
   assert results_io.read(out / "rows.jsonl") == []

@@ -67,7 +67,7 @@ def assert_one_line(out, *words):
 
 @pytest.fixture(scope="module")
 def sweep_out(train_run, tmp_path_factory):
-  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
 
   out = tmp_path_factory.mktemp("cmp")
   sweep.run(train_run, out, policies=["bf16"], steps=[4], floor=False, telemetry=False,
@@ -199,7 +199,7 @@ def test_a_second_writer_is_refused_in_one_line(train_run, tmp_path):
     ("--batches=0", ["--batches", ">= 1"]),
 ])
 def test_compare_refuses_nonsense_windows(flag, words, train_run, tmp_path):
-  from fp8jax.study import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
 
   got = run("fp8jax.experiments.compare", f"--train_workdir={train_run}",
             f"--out={tmp_path / 'cmp'}", "--policies=bf16", flag)

@@ -15,8 +15,10 @@ import sys
 import numpy as np
 import pytest
 
-from fp8jax.study import figures as figs
-from fp8jax.study import report, results_io, sweep
+from fp8jax.study import report
+from fp8jax.study.common import results_io
+from fp8jax.study.comparison import figures as figs
+from fp8jax.study.comparison import sweep
 from fp8jax.train import faults
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

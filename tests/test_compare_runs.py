@@ -12,7 +12,7 @@ import statistics
 from absl import flags
 import pytest
 
-from fp8jax.study import runs_report
+from fp8jax.study.runs import overlay
 
 MODULES = ("attn_q", "routed_experts")
 STEPS = list(range(10, 210, 10))  # 20 logged steps
@@ -70,7 +70,7 @@ def ci95(values: list[float], t: float) -> tuple[float, float, float]:
 
 
 def test_relative_error_and_tail_mean(three_runs):
-  res = runs_report.compare(three_runs)
+  res = overlay.compare(three_runs)
   assert res["reference"] == "bf16"
   common = [s for s in STEPS if s not in (50, 200)]
   assert res["steps"] == common and len(common) == 18
@@ -84,24 +84,24 @@ def test_relative_error_and_tail_mean(three_runs):
   assert b["final_loss"] == pytest.approx(ref_loss(190) * (1 + rel(190, 1e-3)))
   assert b["last_step"] == 200 and res["runs"]["attn@all:e5m2"]["last_step"] == 220
   assert res["runs"]["bf16"]["final_rel_err"].mean == 0.0
-  wide = runs_report.compare(three_runs, tail=0.25)["runs"]["attn@all:e5m2"]["final_rel_err"]
+  wide = overlay.compare(three_runs, tail=0.25)["runs"]["attn@all:e5m2"]["final_rel_err"]
   expect_c = [rel(s, 5e-3) for s in common[-5:]]  # ceil(4.5) = 5 steps, t(4) = 2.776
   assert (wide.mean, wide.lo, wide.hi) == pytest.approx(ci95(expect_c, 2.776), rel=1e-6)
-  one = runs_report.compare(three_runs, tail=0.01)["runs"]["attn@all:e5m2"]["final_rel_err"]
+  one = overlay.compare(three_runs, tail=0.01)["runs"]["attn@all:e5m2"]["final_rel_err"]
   assert one.n == 1 and not one.has_ci and one.mean == pytest.approx(rel(190, 5e-3), rel=1e-6)
 
 
 def test_other_reference_and_bad_arguments(three_runs):
-  res = runs_report.compare(three_runs, reference=1)
+  res = overlay.compare(three_runs, reference=1)
   s = res["steps"][-1]
   expect = (ref_loss(s) - ref_loss(s) * (1 + rel(s, 1e-3))) / (ref_loss(s) * (1 + rel(s, 1e-3)))
   assert res["runs"]["bf16"]["rel_err"][-1] == pytest.approx(expect, rel=1e-9)
   with pytest.raises(ValueError, match="reference must index"):
-    runs_report.compare(three_runs, reference=3)
+    overlay.compare(three_runs, reference=3)
   with pytest.raises(ValueError, match="tail must be"):
-    runs_report.compare(three_runs, tail=0)
+    overlay.compare(three_runs, tail=0)
   with pytest.raises(ValueError, match="at least two runs"):
-    runs_report.compare(three_runs[:1])
+    overlay.compare(three_runs[:1])
 
 
 def test_refuses_runs_of_other_data_or_model(tmp_path):
@@ -109,15 +109,15 @@ def test_refuses_runs_of_other_data_or_model(tmp_path):
   a = fake_run(tmp_path / "a", "bf16", losses)
   b = fake_run(tmp_path / "b", "fp8", losses, cfg=config("fp8", seq_len=256))
   with pytest.raises(ValueError, match=r"differ in data\.seq_len .*allow_mismatch"):
-    runs_report.compare([a, b])
+    overlay.compare([a, b])
   cfg = config("fp8")
   cfg["model_overrides"]["num_hidden_layers"] = 2
   c = fake_run(tmp_path / "c", "fp8", losses, cfg=cfg)
   with pytest.raises(ValueError, match=r"model_overrides\.num_hidden_layers"):
-    runs_report.compare([a, c])
-  res = runs_report.compare([a, b], allow_mismatch=True)
+    overlay.compare([a, c])
+  res = overlay.compare([a, b], allow_mismatch=True)
   assert list(res["mismatch"]) == ["data.seq_len"]
-  text = runs_report.write_report([a, b], tmp_path / "out", allow_mismatch=True).read_text()
+  text = overlay.write_report([a, b], tmp_path / "out", allow_mismatch=True).read_text()
   assert "differ in `data.seq_len`" in text
 
 
@@ -127,23 +127,23 @@ def test_corrupt_line_is_named_and_torn_last_line_skipped(tmp_path):
   lines = path.read_text().splitlines()
   path.write_text("\n".join([*lines[:2], '{"step": 30, "loss": 4.', *lines[3:]]) + "\n")
   with pytest.raises(ValueError, match=rf"{path}:3: corrupt metrics line"):
-    runs_report.load_run(run)
+    overlay.load_run(run)
   path.write_text(path.read_text().rstrip("\n"))  # only a last line may be torn
   with pytest.raises(ValueError, match=rf"{path}:3: corrupt metrics line"):
-    runs_report.load_run(run)
+    overlay.load_run(run)
   path.write_text("\n".join(lines) + '\n{"step": 50, "lo')  # killed mid-write
-  loaded = runs_report.load_run(run)
+  loaded = overlay.load_run(run)
   assert loaded.steps == STEPS[:4] and "torn last line 5" in loaded.notes[0]
   path.write_text("\n".join([*lines, '{"loss": 1.0}']) + "\n")
   with pytest.raises(ValueError, match=rf"{path}:5: .*integer 'step'"):
-    runs_report.load_run(run)
+    overlay.load_run(run)
 
 
 def test_resumed_log_keeps_the_last_rows(tmp_path):
   run = fake_run(tmp_path / "a", "bf16", {1: 5.0, 2: 4.9, 3: 4.8, 4: 4.7, 5: 4.6, 6: 4.5})
   with (run / "metrics.jsonl").open("a") as f:  # resumed from step 2, logged 3 and 4 again
     f.write(json.dumps(row(3, 4.81)) + "\n" + json.dumps(row(4, 4.71)) + "\n")
-  loaded = runs_report.load_run(run)
+  loaded = overlay.load_run(run)
   assert loaded.steps == [1, 2, 3, 4]
   assert [r["loss"] for r in loaded.rows] == [5.0, 4.9, 4.81, 4.71]
   assert "dropped 4 rows" in loaded.notes[0]
@@ -154,9 +154,9 @@ def test_not_a_run_folder(tmp_path):
   (tmp_path / "empty" / "config.json").write_text(json.dumps(config("bf16")))
   with pytest.raises(FileNotFoundError, match=r"empty is not a training run's folder \(no "
                      r"metrics\.jsonl"):
-    runs_report.load_run(tmp_path / "empty")
+    overlay.load_run(tmp_path / "empty")
   with pytest.raises(FileNotFoundError, match="no config.json or metrics.jsonl"):
-    runs_report.load_run(tmp_path / "nothing")
+    overlay.load_run(tmp_path / "nothing")
 
 
 def test_nonfinite_losses_are_reported_not_averaged(tmp_path):
@@ -164,13 +164,13 @@ def test_nonfinite_losses_are_reported_not_averaged(tmp_path):
   losses = {s: ref_loss(s) * 1.001 for s in STEPS}
   losses[40], losses[200] = math.nan, math.inf
   b = fake_run(tmp_path / "b", "fp8", losses)
-  res = runs_report.compare([a, b])
+  res = overlay.compare([a, b])
   assert res["nonfinite"] == [(40, "fp8"), (200, "fp8")]
   st = res["runs"]["fp8"]["final_rel_err"]
   assert st.n == 1 and st.n_nonfinite == 1  # tail steps 190, 200; 200 is inf
   assert st.mean == pytest.approx(0.001, rel=1e-9)
   assert math.isnan(res["runs"]["fp8"]["rel_err"][3])
-  text = runs_report.write_report([a, b], tmp_path / "out").read_text()
+  text = overlay.write_report([a, b], tmp_path / "out").read_text()
   section = text.split("## Non-finite losses", 1)[1].split("##", 1)[0]
   assert "| 40 | fp8 |" in section and "| 200 | fp8 |" in section
   assert "| fp8 | `fp8` | 200 | non-finite |" in text
@@ -189,7 +189,7 @@ def test_report_table_and_figures(three_runs, tmp_path):
                extra={s: {"loss_scale": 2.0 ** (15 - s // 100), "skipped_steps": s // 100}
                       for s in STEPS})
   out = tmp_path / "out"
-  path = runs_report.write_report([a, b, c, d], out)
+  path = overlay.write_report([a, b, c, d], out)
   text = path.read_text()
   assert path == out / "report.md"
   mean_b = statistics.fmean(rel(s, 1e-3) for s in (180, 190))
@@ -214,7 +214,7 @@ def test_same_policy_twice_gets_folder_names(tmp_path):
   cfg = config("bf16")
   cfg["seed"] = 1
   b = fake_run(tmp_path / "seed1", "bf16", {s: ref_loss(s) * 0.999 for s in STEPS}, cfg=cfg)
-  res = runs_report.compare([a, b])
+  res = overlay.compare([a, b])
   assert res["names"] == ["bf16 [seed0]", "bf16 [seed1]"]
   assert res["runs"]["bf16 [seed1]"]["final_rel_err"].mean == pytest.approx(-1e-3, rel=1e-9)
 
@@ -262,7 +262,7 @@ def test_two_real_tiny_runs(tmp_path, capsys):
   errs = [(losses["fp8"][s] - losses["bf16"][s]) / losses["bf16"][s] for s in (3, 4)]
   mean, lo, hi = ci95(errs, 12.706)
   assert 0 < abs(mean) < 0.01  # e4m3 MoE GEMMs perturb the loss, a little
-  res = runs_report.compare([tmp_path / "bf16", tmp_path / "fp8"], tail=0.5)
+  res = overlay.compare([tmp_path / "bf16", tmp_path / "fp8"], tail=0.5)
   st = res["runs"]["moe@all:e4m3"]["final_rel_err"]
   assert (st.mean, st.lo, st.hi) == pytest.approx((mean, lo, hi), rel=1e-6)
   cells = table_row((out / "report.md").read_text(), "moe@all:e4m3")
@@ -277,11 +277,11 @@ def test_lm_loss_metric_compares_the_lm_loss_alone(tmp_path):
                extra={s: {"lm_loss": 2.0} for s in steps})
   b = fake_run(tmp_path / "b", "gemm:fp32_blockwise", {s: 3.3 for s in steps},
                extra={s: {"lm_loss": 1.9} for s in steps})
-  lm = runs_report.compare([a, b], metric="lm_loss")["runs"]["gemm:fp32_blockwise"]
-  total = runs_report.compare([a, b])["runs"]["gemm:fp32_blockwise"]
+  lm = overlay.compare([a, b], metric="lm_loss")["runs"]["gemm:fp32_blockwise"]
+  total = overlay.compare([a, b])["runs"]["gemm:fp32_blockwise"]
   assert lm["final_rel_err"].mean == pytest.approx(-0.05) and lm["final_loss"] == 1.9
   assert total["final_rel_err"].mean == pytest.approx(0.1) and total["final_loss"] == 3.3
   with pytest.raises(ValueError, match="metric must be one of"):
-    runs_report.compare([a, b], metric="aux_loss")
-  text = runs_report.write_report([a, b], tmp_path / "out", metric="lm_loss").read_text()
+    overlay.compare([a, b], metric="aux_loss")
+  text = overlay.write_report([a, b], tmp_path / "out", metric="lm_loss").read_text()
   assert "the LM loss alone" in text and "| 1.9000 | -5% (n=1) | no |" in text

@@ -14,6 +14,7 @@ from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import delayed_sites
 from fp8jax.models import policy as pl
+from fp8jax.study.comparison import policies as policies_lib
 from fp8jax.train import checkpoint, optim
 from fp8jax.train import step as step_lib
 from tests import reference as ref
@@ -167,7 +168,7 @@ def test_policy_expressions_grid_and_their_errors():
     assert (s.scaling, s.history_len, s.history_reduce, s.margin) == ("delayed", 1024, "max", 0)
   assert pl.parse_policy("moe_l1-2_e4m3_delayed").rules[0].spec == pl.parse_spec(
       "e4m3/delayed()")
-  grid = pl.GRIDS["delayed"](3)
+  grid = policies_lib.GRIDS["delayed"](3)
   assert len(grid) == 8 and grid["attn_l0-2_e4m3"] == "attn@0-2:e4m3"
   assert grid["moe_l0_e4m3_delayed"] == "moe@0:e4m3/delayed(h=1024,reduce=max,margin=0)"
   for text, error in [
@@ -236,7 +237,7 @@ def test_train_state_round_trips_through_a_checkpoint_and_a_mismatch_is_named(tm
 def test_evaluator_warm_up_cycles_the_window_and_records_each_amax():
   """Three warm-up passes over a two-batch window: the history holds the site's amax on
   batches 0, 1, 0 (newest first), each read from current scaling's telemetry."""
-  from fp8jax.study import paired  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import paired  # pylint: disable=import-outside-toplevel
   from fp8jax.train import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   cfg, params, _ = _setup(2)
@@ -259,7 +260,8 @@ def test_sweep_evaluates_delayed_policies_after_warm_up(train_run, tmp_path):
   scaling's rows exactly; Transformer Engine's recipe (te_hybrid: delayed E4M3 forward and
   E5M2 cotangent) gives finite rows of its own; meta.json records the warm-up, and a
   rerun with another warm-up is refused."""
-  from fp8jax.study import results_io, sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.common import results_io  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
 
   out = tmp_path / "cmp"
   windows = sweep.Windows(offsets=(0,), batches=1, batch_size=4)

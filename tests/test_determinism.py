@@ -81,7 +81,8 @@ def test_the_mode_sets_its_xla_flag_before_the_first_computation(tmp_path):
 def test_sweep_in_the_deterministic_mode(train_run, tmp_path):
   """The sweep records the mode, and on a CPU its rows match the default mode's up to the
   embedding gradient's summation order."""
-  from fp8jax.study import results_io, sweep
+  from fp8jax.study.common import results_io
+  from fp8jax.study.comparison import sweep
   windows = sweep.Windows(offsets=(0,), batches=1, batch_size=4)
   rows = {}
   for det in (False, True):
@@ -100,7 +101,8 @@ def test_sweep_in_the_deterministic_mode(train_run, tmp_path):
 def test_branch_follows_the_run_or_its_own_flag(train_run, tmp_path):
   """Branches run in the training run's mode unless told otherwise; meta records the mode,
   and on a CPU the two modes' branch losses agree."""
-  from fp8jax.study import branch, results_io
+  from fp8jax.study.branches import branch
+  from fp8jax.study.common import results_io
   rows = {}
   for det in (None, True):
     out = tmp_path / f"det{det}"

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fp8jax.study import conditioning, figures, floor, questions, report, results, stats
+from fp8jax.study import report
+from fp8jax.study.common import results, stats
+from fp8jax.study.comparison import conditioning, figures, floor, questions
 from tests import test_study_report as synthetic
 from tests.test_study_report import SEED, STEPS, build, floor_rel_err, rel_err
 

@@ -106,7 +106,9 @@ def test_only_process_0_of_a_run_takes_the_lock(held, monkeypatch):
 
 @pytest.mark.slow
 def test_writers_take_the_lock(held, train_run, tmp_path):
-  from fp8jax.study import branch, pipeline, sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study import pipeline  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.branches import branch  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
   from fp8jax.train import loop, run_config  # pylint: disable=import-outside-toplevel
 
   folder, _ = held

@@ -66,7 +66,8 @@ def test_deepgemm_acceptance_against_bf16():
   x = jnp.asarray(rng.standard_normal((128, 1024)), jnp.bfloat16)
   w = jnp.asarray(rng.standard_normal((1024, 128)), jnp.bfloat16)
   dn = (((1,), (0,)), ((), ()))
-  y = gemm.fp8_dot_general(x, w, dn, config=gemm.DEEPSEEK_V3, preferred_element_type=jnp.float32)
+  y = gemm.fp8_dot_general(x, w, dn, config=gemm.HOPPER_BLOCKWISE,
+                           preferred_element_type=jnp.float32)
   ref = jnp.dot(x, w, preferred_element_type=jnp.float32)
   y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
   diff = 1 - 2 * np.sum(y * ref) / np.sum(y * y + ref * ref)
@@ -131,10 +132,11 @@ def test_expert_einsum_uses_lhs_as_input_role():
 
 @pytest.mark.slow
 def test_flax_nnx_linear_dot_general():
-  layer = nnx.Linear(256, 64, rngs=nnx.Rngs(0), dot_general=gemm.dot_general_fn(gemm.DEEPSEEK_V3))
+  layer = nnx.Linear(256, 64, rngs=nnx.Rngs(0),
+                     dot_general=gemm.dot_general_fn(gemm.HOPPER_BLOCKWISE))
   x = jnp.asarray(np.random.default_rng(5).standard_normal((4, 256)), jnp.float32)
   want = gemm.fp8_dot_general(x, layer.kernel[...], (((1,), (0,)), ((), ())),
-                              config=gemm.DEEPSEEK_V3) + layer.bias[...]
+                              config=gemm.HOPPER_BLOCKWISE) + layer.bias[...]
   np.testing.assert_array_equal(layer(x), want)
 
 
@@ -166,3 +168,8 @@ def test_accumulation_modes_plug_in():
   a, b = ys.values()
   assert not np.array_equal(a, b)
   np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-3)
+
+
+def test_hopper_blockwise_is_the_named_recipe_and_deepseek_v3_its_alias():
+  assert gemm.HOPPER_BLOCKWISE == fp8jax.recipes.recipe("hopper_blockwise")
+  assert gemm.DEEPSEEK_V3 is gemm.HOPPER_BLOCKWISE

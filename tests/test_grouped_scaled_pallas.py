@@ -24,7 +24,7 @@ import pytest
 import fp8jax
 from fp8jax.gemm import accumulate
 from fp8jax.kernels import grouped_scaled_pallas as gsp
-from fp8jax.kernels import grouped_scaled_reference as ref
+from tests import grouped_scaled_reference as ref
 
 U = 2.0**-24
 

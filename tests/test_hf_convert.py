@@ -71,7 +71,7 @@ def test_mismatched_checkpoints_name_their_keys(tmp_path):
 
 @pytest.mark.slow
 def test_convert_binary_functions_round_trip(tmp_path):
-  from fp8jax.models import params_io as convert_hf
+  from fp8jax.train import params_io as convert_hf
 
   cfg = mc.tiny(dtype="float32")
   params = dm.init(cfg, jax.random.key(3))
@@ -96,8 +96,8 @@ def test_convert_binary_functions_round_trip(tmp_path):
 
 @pytest.mark.slow
 def test_converted_checkpoint_carries_source_hashes_and_verifies_its_arrays(tmp_path):
-  from fp8jax.models import integrity
-  from fp8jax.models import params_io as convert_hf
+  from fp8jax.train import checkpoint_digest
+  from fp8jax.train import params_io as convert_hf
 
   cfg = mc.tiny(dtype="float32", num_hidden_layers=2)
   hf_convert.params_to_hf(cfg, dm.init(cfg, jax.random.key(4)), tmp_path / "hf",
@@ -109,16 +109,16 @@ def test_converted_checkpoint_carries_source_hashes_and_verifies_its_arrays(tmp_
   assert sorted(meta["source"]["files"], key=lambda f: f["name"]) == [
       {"name": f.name, "bytes": f.stat().st_size,
        "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in sources]
-  assert meta["digests"]["algorithm"] == integrity.ALGORITHM
+  assert meta["digests"]["algorithm"] == checkpoint_digest.ALGORITHM
   assert "layers/1/mlp/experts_up" in meta["digests"]["arrays"]
   convert_hf.load_params(tmp_path / "ours")  # verified
   layer = tmp_path / "ours" / "params" / "layer_001"
   helpers.flip_a_decodable_bit(layer, lambda: ocp.PyTreeCheckpointer().restore(layer))
-  with pytest.raises(integrity.CorruptCheckpointError,
+  with pytest.raises(checkpoint_digest.CorruptCheckpointError,
                      match=r"ours/params is corrupt: array layers/1/\S+ has digest"):
     convert_hf.orbax_to_hf(tmp_path / "ours", tmp_path / "hf2")
   (tmp_path / "ours" / "meta.json").unlink()  # a conversion made before meta.json existed
-  with pytest.warns(integrity.UnverifiedCheckpointWarning, match="no digests"):
+  with pytest.warns(checkpoint_digest.UnverifiedCheckpointWarning, match="no digests"):
     convert_hf.load_params(tmp_path / "ours")
 
 
@@ -139,7 +139,7 @@ def _hf_dir(path, hf_config, tensors=None):
 def test_grouped_query_attention_hf_round_trip(tmp_path):
   """HF layout (k/v projections [kv_heads * head_dim, d]) -> fp8jax Orbax -> HF layout,
   bit for bit, with the config's num_key_value_heads carried both ways."""
-  from fp8jax.models import params_io
+  from fp8jax.train import params_io
 
   cfg = mc.tiny(num_key_value_heads=2, num_hidden_layers=2)
   hf_config = {**hf_convert.config_to_hf(cfg), "_name_or_path": "gqa", "pretraining_tp": 1,
@@ -173,7 +173,7 @@ def test_grouped_query_attention_hf_round_trip(tmp_path):
     ("tie_word_embeddings", True), ("head_dim", 32), ("num_key_value_heads", 3),
     ("n_routed_experts", None)])
 def test_unsupported_hf_fields_are_refused_by_name_before_tensors(tmp_path, field, value):
-  from fp8jax.models import params_io
+  from fp8jax.train import params_io
 
   hf = _hf_dir(tmp_path / "hf", {**hf_convert.config_to_hf(mc.tiny()), field: value})
   with pytest.raises(ValueError, match=field) as e:  # not the corrupt safetensors file

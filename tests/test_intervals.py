@@ -1,4 +1,4 @@
-"""The report's statistics (fp8jax/study/intervals.py, correlation.py) against SciPy and
+"""The report's statistics (fp8jax/study/common/intervals.py, correlation.py) against SciPy and
 separate NumPy loops on fixed and generated data."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from fp8jax.metrics import ranking
-from fp8jax.study import correlation
-from fp8jax.study import intervals as iv
+from fp8jax.study.common import correlation
+from fp8jax.study.common import intervals as iv
 
 SAMPLES = st.lists(st.floats(0.01, 100.0), min_size=2, max_size=12).filter(
     lambda v: np.ptp(v) > 1e-6 * max(v))

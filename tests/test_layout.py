@@ -14,6 +14,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # Repository folder -> installed package (see [tool.setuptools.package-dir]).
 ROOTS = {"fp8jax": "fp8jax", "models": "fp8jax.models", "experiments": "fp8jax.experiments"}
 
+_BELOW_STUDY = {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
+                "metrics", "train"}
+_STUDY_ROOMS = ("study.common", "study.comparison", "study.branches", "study.runs",
+                "study.numerics")
 # Each layer may import itself and the layers it lists. "api" is fp8jax/__init__.py.
 ALLOWED = {
     "numerics": set(),
@@ -24,13 +28,17 @@ ALLOWED = {
     "rules": {"numerics", "kernels", "quant", "gemm"},
     "data": set(),
     "metrics": set(),
-    "models": {"numerics", "kernels", "quant", "gemm", "api", "rules"},
+    "models": {"numerics", "quant", "gemm", "api", "rules"},  # kernels: chosen in gemm
     "train": {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
               "metrics"},
-    "study": {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
-              "metrics", "train"},
-    "experiments": {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
-                    "metrics", "train", "study"},
+    # The study's rooms (fp8jax/study/<room>/); "study" is the package's own modules on top.
+    "study.common": _BELOW_STUDY,
+    "study.comparison": _BELOW_STUDY | {"study.common"},
+    "study.branches": _BELOW_STUDY | {"study.common", "study.comparison"},
+    "study.runs": _BELOW_STUDY | {"study.common", "study.comparison"},
+    "study.numerics": _BELOW_STUDY | {"study.common"},
+    "study": _BELOW_STUDY | set(_STUDY_ROOMS),
+    "experiments": _BELOW_STUDY | set(_STUDY_ROOMS) | {"study"},
 }
 
 PUBLIC_API = sorted([
@@ -82,8 +90,11 @@ def _graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> str:
-  """``fp8jax.quant.qtensor`` -> ``quant``; the top-level ``fp8jax`` -> ``api``."""
+  """``fp8jax.quant.qtensor`` -> ``quant``; the top-level ``fp8jax`` -> ``api``; a module of
+  a study room, ``fp8jax.study.comparison.sweep`` -> ``study.comparison``."""
   parts = module.split(".")
+  if len(parts) > 2 and ".".join(parts[1:3]) in _STUDY_ROOMS:
+    return ".".join(parts[1:3])
   return "api" if len(parts) == 1 else parts[1]
 
 
@@ -113,6 +124,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_find_cycle_finds_one():
   assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
   assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_layer_of_names_the_study_rooms():
+  assert layer_of("fp8jax.study.comparison.sweep") == "study.comparison"
+  assert layer_of("fp8jax.study.common") == "study.common"
+  assert layer_of("fp8jax.study.report") == "study"
+  assert layer_of("fp8jax.models.policy") == "models"
+  assert layer_of("fp8jax") == "api"
 
 
 def test_no_import_cycle():

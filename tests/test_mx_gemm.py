@@ -9,6 +9,7 @@ import pytest
 import fp8jax
 from fp8jax.gemm import grouped, hadamard, padding, recipes
 from fp8jax.quant import rounding_bits
+from fp8jax.study.comparison import policies as policies_lib
 from models import policy as policy_lib
 
 DN = (((2,), (0,)), ((), ()))
@@ -181,9 +182,9 @@ def test_policy_recipe_layers():
     policy_lib.parse_policy("gemm:mxfp8@5").check_layers(3)
   with pytest.raises(ValueError, match="two GEMM recipes"):
     policy_lib.parse_policy("gemm:mxfp8+gemm:nvfp4")
-  assert set(policy_lib.GRIDS["formats"](9)) == {
+  assert set(policies_lib.GRIDS["formats"](9)) == {
       "fp8_tensor", "fp8_blockwise", "mxfp8", "mxfp4", "nvfp4", "nvfp4_recipe"}
-  for expr in policy_lib.GRIDS["formats"](9).values():
+  for expr in policies_lib.GRIDS["formats"](9).values():
     policy_lib.parse_policy(expr)
 
 

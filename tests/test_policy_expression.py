@@ -8,7 +8,7 @@ import pytest
 import fp8jax
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.policy_expression import layers_expression, same_numerics, to_expression
-from fp8jax.study import policies as sweep_policies
+from fp8jax.study.comparison import policies as sweep_policies
 from tests import strategies
 
 
@@ -31,7 +31,7 @@ def test_spec_round_trips(pol):
     assert policy_lib.parse_spec(to_expression(rule.spec)) == rule.spec
 
 
-@pytest.mark.parametrize("grid", sorted(policy_lib.GRIDS))
+@pytest.mark.parametrize("grid", sorted(sweep_policies.GRIDS))
 @pytest.mark.parametrize("noise", [False, True])
 def test_grids_round_trip_through_the_sweep_expression(grid, noise):
   pols = sweep_policies.expand_policies([f"noise({grid})" if noise else grid], num_layers=9)

@@ -14,13 +14,14 @@ from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import delayed_sites, policy_rules
 from fp8jax.models import policy as pl
+from fp8jax.study.comparison import policies as policies_lib
 from tests.reference_policy import LegacyDecisions
 
 
 def _grid_policies(num_layers: int) -> dict[str, pl.PrecisionPolicy]:
   exprs = {}
   for grid in ("seed", "formats", "delayed"):
-    exprs.update(pl.GRIDS[grid](num_layers))
+    exprs.update(policies_lib.GRIDS[grid](num_layers))
   return {name: pl.parse_policy(expr) for name, expr in exprs.items()}
 
 
@@ -86,7 +87,7 @@ def _grid_cases():
   out = {}
   for grid in ("seed", "formats", "delayed"):
     cfg = mc.tiny() if grid == "formats" else mc.tiny(first_k_dense_replace=0)
-    for name, expr in pl.GRIDS[grid](cfg.num_hidden_layers).items():
+    for name, expr in policies_lib.GRIDS[grid](cfg.num_hidden_layers).items():
       out[name] = (cfg, pl.parse_policy(expr))
   return out
 

@@ -158,7 +158,7 @@ def test_prepared_batches_and_the_data_they_name(tmp_path):
 
 @pytest.mark.slow
 def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, train_run):
-  from fp8jax.study import sweep
+  from fp8jax.study.comparison import sweep
   from fp8jax.train import checkpoint, loop, run_config
 
   write_c4(tmp_path / "c4")

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from fp8jax.study import results_io, sweep
+from fp8jax.study.common import results_io
+from fp8jax.study.comparison import sweep
 from fp8jax.train import loop, metrics_log, run_config
 
 WINDOWS = sweep.Windows(offsets=(0,), batches=2, batch_size=4, seq_len=16)

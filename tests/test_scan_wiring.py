@@ -16,7 +16,7 @@ import pytest
 from fp8jax.models import config as config_lib
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
-from fp8jax.study import model_api
+from fp8jax.study.comparison import model_api
 from fp8jax.train import run_config
 from fp8jax.train import step as step_lib
 

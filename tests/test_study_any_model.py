@@ -15,7 +15,8 @@ import pytest
 from fp8jax import metrics, recipes
 from fp8jax.metrics import paths
 from fp8jax.rules import Rule, Rules
-from fp8jax.study import model_api, model_sweep, report
+from fp8jax.study import report
+from fp8jax.study.comparison import model_api, model_sweep
 
 
 class TinyLM(nnx.Module):

@@ -17,7 +17,9 @@ import pytest
 
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import ranking
-from fp8jax.study import figures, questions, report, results, stats
+from fp8jax.study import report
+from fp8jax.study.common import results, stats
+from fp8jax.study.comparison import figures, questions
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SEED = [f"{m}_{d}_{f}" for m in ("attn", "moe") for d in ("l0", "l0-8") for f in ("e4m3", "e5m2")]
@@ -286,7 +288,9 @@ def test_binary_writes_report(sweep, tmp_path):
                         capture_output=True, text=True, env=env, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (out / "report.md").exists() and "wrote" in proc.stdout
-  check = ("import sys; from fp8jax.study import figures, questions, report, results, stats; "
+  check = ("import sys; from fp8jax.study import report; "
+           "from fp8jax.study.comparison import figures, questions; "
+           "from fp8jax.study.common import results, stats; "
            "assert 'matplotlib' not in sys.modules")
   proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                         env=env, cwd=REPO, check=False)

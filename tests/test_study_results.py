@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fp8jax.study import results, stats
+from fp8jax.study.common import results, stats
 from tests.test_study_report import BAD_WHERE, SEED, STEPS, build, rel_err
 
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fp8jax.study import correlation, report, results, trajectory
+from fp8jax.study import report
+from fp8jax.study.branches import trajectory
+from fp8jax.study.common import correlation, results
 from tests.test_study_report import BAD, LAYERS, SEED, STEPS, build, floor_rel_err, rel_err
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

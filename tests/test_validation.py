@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from fp8jax.data import folder_lock
-from fp8jax.study import validation, validation_figures
+from fp8jax.study.runs import validation, validation_figures
 from fp8jax.train import preemption, run_config
 
 RECIPES = ("bf16", "attn@0-1:e5m2")

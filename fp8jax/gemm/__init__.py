@@ -7,7 +7,7 @@
 * :mod:`~fp8jax.gemm.transpose`: how the transposed operands of the backward GEMMs are
   produced (requantize, double quantization, scaling-aware);
 * :mod:`~fp8jax.gemm.grouped`: the grouped (per-expert) GEMM of the MoE layer;
-* :mod:`~fp8jax.gemm.grouped_tc`: its tensor-core accumulation, per expert;
+* :mod:`~fp8jax.gemm.grouped_tensor_core`: its tensor-core accumulation, per expert;
 * :mod:`~fp8jax.gemm.hadamard`: the random Hadamard transform of the NVFP4 recipe's Wgrad;
 * :mod:`~fp8jax.gemm.recipes`: named recipes (DeepSeek-V3 blockwise, FP8 per-tensor,
   MXFP8, MXFP4, NVFP4 and the NVFP4 training recipe).

@@ -127,7 +127,11 @@ class GemmConfig:
 
 BF16 = GemmConfig(fprop="bf16", dgrad="bf16", wgrad="bf16")
 FP32_BLOCKWISE = GemmConfig()  # DeepSeek-V3 roles, FP32 accumulation
-DEEPSEEK_V3 = GemmConfig(accumulation=accumulate.HOPPER)  # = recipe hopper_blockwise
+HOPPER_BLOCKWISE = GemmConfig(accumulation=accumulate.HOPPER)
+"""DeepSeek-V3's roles with the Hopper tensor-core accumulator model: the recipe
+``recipes.recipe("hopper_blockwise")``."""
+DEEPSEEK_V3 = HOPPER_BLOCKWISE
+"""Deprecated alias of :data:`HOPPER_BLOCKWISE` (the same recipe), kept for one release."""
 
 
 def check_config(config, fn: str) -> GemmConfig:

@@ -22,7 +22,7 @@ the kernel on one GPU, "xla" never, "pallas" wherever the scales suit it (interp
 GPU).
 
 With the tensor-core accumulation model (``config.accumulation.mode == "tensor_core"``) the
-three GEMMs run through :mod:`fp8jax.gemm.grouped_tc` instead: every expert's rows of Y and
+three GEMMs run through :mod:`fp8jax.gemm.grouped_tensor_core` instead: every expert's rows of Y and
 dX and every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit
 for bit, wherever the rows' scales are the same (tiles and blocks, not the per-tensor levels
 that all experts share, see below). This is always the XLA simulation: the Pallas grouped
@@ -45,8 +45,8 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_tc, hadamard, padding, transpose
-from fp8jax.kernels import grouped_scaled_pallas, placement
+from fp8jax.gemm import grouped_tensor_core, hadamard, padding, transpose
+from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas, placement
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
 
@@ -193,7 +193,7 @@ def _fprop(x, w, sizes, cfg):
   xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
   wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
   if _tensor_core(cfg):
-    return grouped_tc.rows_product(xq, wq, sizes, cfg.accumulation)
+    return grouped_tensor_core.rows_product(xq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, xq, wq):
     return _kernel_rows(xq, wq, sizes, interval, x.dtype)
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
@@ -297,7 +297,7 @@ def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with the tensor-core model: each group zero-padded to whole promotion
   intervals, scale tiles along the tokens and Hadamard blocks, then quantized."""
   xtq, dytq, padded = _wgrad_operands(x, dy, sizes, cfg, layout)
-  return grouped_tc.wgrad_product(xtq, dytq, padded, cfg.accumulation)
+  return grouped_tensor_core.wgrad_product(xtq, dytq, padded, cfg.accumulation)
 
 
 def _bwd(cfg, layout, res, dy):
@@ -311,7 +311,7 @@ def _bwd(cfg, layout, res, dy):
     wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
     dyq = qtensor.quantize(dy, r.grad, key=gemm_lib.operand_key(dy, r.grad, 4))
     if _tensor_core(cfg):
-      dx = grouped_tc.rows_product(dyq, wq, sizes, cfg.accumulation)
+      dx = grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
     elif interval := _kernel_interval(cfg, dyq, wq):
       dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype)
     else:
@@ -359,3 +359,19 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
     raise ValueError(f"group_multiple={group_multiple} must be 1 or a multiple of the "
                      f"{need} rows each group is padded to for this config's Wgrad")
   return _grouped(x, w, group_sizes.astype(jnp.int32), config, group_multiple)
+
+
+def matmul_for(impl: str, config: gemm_lib.GemmConfig | None):
+  """The MoE experts' grouped GEMM ``(x [N, d], w [E, d, f], group_sizes [E]) -> [N, f]``
+  and the row multiple its groups are laid out at: the FP8 GEMM simulation
+  (:func:`fp8_ragged_dot`) with ``config`` when there is one (groups padded to
+  :func:`group_multiple_of`), else XLA's tiled GEMM (``impl="dispatch"``,
+  :func:`tiled_matmul`) or the Pallas kernels (``impl="pallas"``, GPU: per direction the
+  faster of JAX's Mosaic GPU kernels and the Triton ones, see
+  :mod:`fp8jax.kernels.grouped_gpu`), on unpadded groups."""
+  if config is not None:
+    multiple = group_multiple_of(config)
+    return functools.partial(fp8_ragged_dot, config=config, group_multiple=multiple), multiple
+  if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
+    return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
+  return tiled_matmul, 1

@@ -5,7 +5,7 @@ One program per ``[block_rows, tiles_per_block * t]`` block of a ``[rows, K]`` v
 rows times ``tiles_per_block`` tiles), computes the scales with
 :func:`fp8jax.numerics.scales.compute_scale`, rounds to FP8 and stores ``x_hat`` in the dtype of
 ``x``: one read and one write of ``x``. The result equals
-:func:`fp8jax.quant.fast_quant.quantize_dequantize_fused` bit for bit wherever the backend's
+:func:`fp8jax.quant.fused_round_trip.quantize_dequantize_fused` bit for bit wherever the backend's
 float32 division does (always with power-of-two scales).
 
 Rounding (``rounding``):

@@ -5,7 +5,7 @@ with a custom VJP whose Fprop, Dgrad and Wgrad each run on
 
 * ``"mosaic"``: the Mosaic GPU (wgmma + TMA) kernels that JAX ships
   (:mod:`fp8jax.kernels.grouped_matmul_mosaic`; Hopper only, some shapes only), or
-* ``"triton"``: the project's Triton kernels (:mod:`fp8jax.kernels.grouped_matmul_pallas`;
+* ``"triton"``: the project's Triton kernels (:mod:`fp8jax.kernels.grouped_matmul_triton`;
   any shape, any CUDA GPU; JAX has deprecated its Pallas Triton backend).
 
 :data:`PREFERRED` holds the choice measured at the 2B and 16B shapes on an H100
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.kernels import grouped_matmul_mosaic as mosaic
-from fp8jax.kernels import grouped_matmul_pallas as triton
+from fp8jax.kernels import grouped_matmul_triton as triton
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 PREFERRED = {"fwd": "mosaic", "dgrad": "triton", "wgrad": "mosaic"}

@@ -2,7 +2,7 @@
 
 ``grouped_matmul(x, w, group_sizes)`` computes ``y[n] = x[n] @ w[g(n)]`` for rows ``x``
 [N, d] sorted by group (expert) and stacked weights ``w`` [E, d, f], like
-:func:`fp8jax.kernels.grouped_matmul_pallas.grouped_matmul`, with a custom VJP whose three
+:func:`fp8jax.kernels.grouped_matmul_triton.grouped_matmul`, with a custom VJP whose three
 GEMMs are the kernels that JAX ships in ``jax.experimental.pallas.ops.gpu``:
 
 * Fprop: ``ragged_dot_mgpu.ragged_dot(x, w)``;

@@ -9,7 +9,7 @@ XLA simulation, ``fp8jax.gemm.grouped.tiled_matmul``, gathers a float32 weight p
 * :func:`grouped_scaled_matmul` (Fprop ``Y = X W_g``, Dgrad ``dX = dY W_g^T``): rows
   ``a`` [N, K] sorted by group, ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j, :]) *
   sa[n, j] * sb[g(n), j, :]``. Row tiles never cross a group boundary
-  (:func:`grouped_matmul_pallas.row_tiles`); program ``(t, c)`` walks K in intervals.
+  (:func:`grouped_matmul_triton.row_tiles`); program ``(t, c)`` walks K in intervals.
 * :func:`grouped_scaled_wgrad` (Wgrad ``dW_g = X_g^T dY_g``): the contraction runs over
   the rows, both operands in contraction-last layout (X^T [K, N], dY^T [F, N]) with one
   scale per 128-row interval and per column. Program ``(c, i, g)`` walks the intervals
@@ -28,10 +28,10 @@ bfloat16 by XLA before the kernel (or in it: ``convert_in_kernel``). Two-level (
 per-tensor levels are not applied: multiply the output by them.
 
 JAX has deprecated its Pallas Triton backend, but the project's GEMM kernels use it
-(:mod:`scaled_matmul_pallas`, :mod:`grouped_matmul_pallas`), and the Mosaic GPU grouped
+(:mod:`scaled_matmul_pallas`, :mod:`grouped_matmul_triton`), and the Mosaic GPU grouped
 kernels that JAX ships (:mod:`grouped_matmul_mosaic`) take no scales. Pallas is imported
-when a kernel is called; on CPU pass ``interpret=True``. XLA references:
-:mod:`grouped_scaled_reference`.
+when a kernel is called; on CPU pass ``interpret=True``. XLA references, for the tests and
+the benchmark: ``tests/grouped_scaled_reference.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax.kernels import grouped_matmul_pallas as gmp
+from fp8jax.kernels import grouped_matmul_triton as gmp
 from fp8jax.kernels import scaled_matmul_pallas as smp
 
 Blocks = gmp.Blocks

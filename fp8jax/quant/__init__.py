@@ -4,7 +4,7 @@
   scales (:class:`QTensor`);
 * :mod:`~fp8jax.quant.fake_quant`: the differentiable round trip (``jax.custom_vjp``:
   straight-through or a cotangent spec), with telemetry;
-* :mod:`~fp8jax.quant.fast_quant`: the fused round trip without a payload;
+* :mod:`~fp8jax.quant.fused_round_trip`: the fused round trip without a payload;
 * :mod:`~fp8jax.quant.delayed`: delayed scaling (amax histories as explicit state);
 * :mod:`~fp8jax.quant.rounding_bits`: random bits for stochastic rounding (keyed, or
   derived from the tensor);

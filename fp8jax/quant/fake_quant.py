@@ -12,7 +12,7 @@ Delayed scaling takes a :class:`fp8jax.quant.delayed.DelayedState`; its updated 
 come back as the gradient with respect to that state (see ``fp8jax.quant.delayed``).
 
 Without telemetry, current-scaled round trips (forward and cotangent) use the fused
-path of ``fp8jax.quant.fast_quant``: no FP8 payload is materialized and the result is equal
+path of ``fp8jax.quant.fused_round_trip``: no FP8 payload is materialized and the result is equal
 bit for bit to ``fp8jax.quantize_dequantize``; on Hopper GPUs, 1 x t tiles in E4M3/E5M2
 run as one Pallas kernel with the same bits (``fp8jax.kernels.fake_quant_pallas``, not
 under a multi-device context mesh: see ``fp8jax.kernels.placement``). Telemetry and
@@ -29,7 +29,7 @@ from jax import lax
 from fp8jax.kernels import fake_quant_pallas as fqp
 from fp8jax.numerics import arguments
 from fp8jax.numerics import spec as spec_lib
-from fp8jax.quant import delayed, fast_quant, qtensor
+from fp8jax.quant import delayed, fused_round_trip, qtensor
 
 
 def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
@@ -91,11 +91,11 @@ def _fused(x, spec, key=None):
   ``fp8jax.kernels.fake_quant_pallas``), else the fused XLA path."""
   if fqp.auto_applies(x.shape, x.dtype, spec):
     return fqp.fake_quant_pallas(x, spec, **fqp.auto_config(spec))
-  return fast_quant.quantize_dequantize_fused(x, spec, key)
+  return fused_round_trip.quantize_dequantize_fused(x, spec, key)
 
 
 def _round_trip(x, spec, history, telemetry, key=None):
-  if not telemetry and history is None and fast_quant.supports(spec):
+  if not telemetry and history is None and fused_round_trip.supports(spec):
     return _fused(x, spec, key), None
   out = qtensor.quantize_dequantize(x, spec, history, key=key, telemetry=telemetry)
   return out if telemetry else (out, None)
@@ -106,7 +106,7 @@ def _quantize_cotangent(g, spec, key=None):
   if spec.backward is None:
     return g
   key = None if key is None else jax.random.fold_in(key, 1)
-  if fast_quant.supports(spec.backward):
+  if fused_round_trip.supports(spec.backward):
     return _fused(g, spec.backward, key)
   return qtensor.quantize_dequantize(g, spec.backward, key=key)
 

@@ -1,22 +1,24 @@
-"""The studies, as libraries that the binaries and notebooks call.
+"""The studies, as libraries that the binaries and notebooks call, in rooms.
 
-The precision comparison study, bottom to top:
+Each room imports only the rooms below it (``tests/test_layout.py`` checks it):
 
-* :mod:`~fp8jax.study.paired`: BF16 and low-precision gradients of one checkpoint and batch
-  (the BF16 gradient once, one compiled function per policy, metrics on device);
-* :mod:`~fp8jax.study.sweep`: the resumable, kill-safe sweep over checkpoints, windows and a
-  policy grid (``rows.jsonl``, ``details.jsonl``, ...), written through
-  :mod:`~fp8jax.study.results_io`;
-* :mod:`~fp8jax.study.results` (a sweep folder loaded), :mod:`~fp8jax.study.intervals` and
-  :mod:`~fp8jax.study.stats` (intervals per checkpoint, medians over checkpoints with
-  bootstrap intervals, paired ratios, trajectories), :mod:`~fp8jax.study.conditioning`
-  (conditioning per checkpoint, spike flags), :mod:`~fp8jax.study.floor` (policies against
-  the noise floor and noise-matched controls), :mod:`~fp8jax.study.questions` (the study's
-  answers), :mod:`~fp8jax.study.figures`, and :mod:`~fp8jax.study.report` (``report.md``);
-* :mod:`~fp8jax.study.pipeline`: baseline training, sweep and report end to end.
+* :mod:`fp8jax.study.common` (bottom): results I/O and statistics that every study
+  shares: append-only JSONL files (:mod:`~fp8jax.study.common.results_io`), a loaded sweep
+  (:mod:`~fp8jax.study.common.results`), intervals and tests
+  (:mod:`~fp8jax.study.common.intervals`, :mod:`~fp8jax.study.common.stats`,
+  :mod:`~fp8jax.study.common.correlation`) and the noise floor's perturbation
+  (:mod:`~fp8jax.study.common.noise_floor`);
+* :mod:`fp8jax.study.comparison`: the paired BF16 / low-precision comparison: the policies
+  and their grids, the paired evaluator, the resumable sweep, any model's interface, and
+  the analyses of a sweep (conditioning, floor, format width, the questions, figures);
+* :mod:`fp8jax.study.branches`: the branch-off runs (K more steps under each policy from
+  baseline checkpoints) and the trajectory analysis that joins them with a sweep;
+* :mod:`fp8jax.study.runs`: full training runs: their overlay and the validation matrix;
+* :mod:`fp8jax.study.numerics`: the FP8 / MX / NVFP4 numerics study (no model training).
 
-The numerics study: :mod:`~fp8jax.study.numerics_study` (the measurements) and
-:mod:`~fp8jax.study.numerics_report` (JSON, figures, ``report.md``).
+On top, this package holds the comparison study end to end: :mod:`~fp8jax.study.report`
+(``report.md``, with the trajectory section of the branch-off study) and
+:mod:`~fp8jax.study.pipeline` (baseline training, sweep, branch-off runs, report).
 
 Import the modules directly; nothing is imported here.
 """

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from fp8jax.metrics import flatten
-from fp8jax.study import stats
+from fp8jax.study.common import stats
 
 SMOKE_VARIABLE = "FP8JAX_SMOKE"
 

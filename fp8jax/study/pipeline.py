@@ -12,7 +12,9 @@ import pathlib
 import sys
 import time
 
-from fp8jax.study import branch, report, sweep
+from fp8jax.study import report
+from fp8jax.study.branches import branch
+from fp8jax.study.comparison import sweep
 from fp8jax.train import loop, multihost
 
 

@@ -1,19 +1,19 @@
 """The report of a precision comparison sweep: ``report.md`` and its figures.
 
-:func:`write_report` loads a sweep folder (:mod:`fp8jax.study.results`), computes the
-statistics (:mod:`fp8jax.study.stats`) and the answers to the study's four questions
-(:mod:`fp8jax.study.questions`), draws the figures (:mod:`fp8jax.study.figures`;
-matplotlib is imported only when drawing) and writes ``report.md``: the grid, the
-non-finite FP8 rows (listed, never averaged) and, apart from them, the non-finite BF16
-baselines (a data problem), the conditioning per checkpoint
-(:mod:`fp8jax.study.conditioning`), the per-policy summary, every policy against the noise
-floor and its noise-matched control (:mod:`fp8jax.study.floor`), the answers, the figures
-and the method. Per checkpoint, positive metrics are geometric means over the batches with
-the t-interval of the logs, signed ones arithmetic means with t-intervals; across
-checkpoints, medians with bootstrap intervals over the batches. Given the folder of the
-branch-off study (``branch=``, or found at
+:func:`write_report` loads a sweep folder (:mod:`fp8jax.study.common.results`), computes the
+statistics (:mod:`fp8jax.study.common.stats`) and the answers to the study's four questions
+(:mod:`fp8jax.study.comparison.questions`), draws the figures
+(:mod:`fp8jax.study.comparison.figures`; matplotlib is imported only when drawing) and
+writes ``report.md``: the grid, the non-finite FP8 rows (listed, never averaged) and, apart
+from them, the non-finite BF16 baselines (a data problem), the conditioning per checkpoint
+(:mod:`fp8jax.study.comparison.conditioning`), the per-policy summary, every policy against
+the noise floor and its noise-matched control (:mod:`fp8jax.study.comparison.floor`), the
+answers, the figures and the method. Per checkpoint, positive metrics are geometric means
+over the batches with the t-interval of the logs, signed ones arithmetic means with
+t-intervals; across checkpoints, medians with bootstrap intervals over the batches. Given
+the folder of the branch-off study (``branch=``, or found at
 ``<folder>/../branch/branches.jsonl``, the pipeline's layout), the report also answers "Does
-the one-step perturbation predict the trajectory?" (:mod:`fp8jax.study.trajectory`).
+the one-step perturbation predict the trajectory?" (:mod:`fp8jax.study.branches.trajectory`).
 Typical notebook use::
 
     res = results.load("out/compare")
@@ -32,9 +32,10 @@ import pathlib
 from typing import Any
 
 from fp8jax.data import folder_lock
-from fp8jax.study import conditioning, figures, floor, questions, trajectory, trajectory_figures
-from fp8jax.study.results import Results, load, parse_seed_name
-from fp8jax.study.stats import fmt_stat, overall, stat, table
+from fp8jax.study.branches import trajectory, trajectory_figures
+from fp8jax.study.common.results import Results, load, parse_seed_name
+from fp8jax.study.common.stats import fmt_stat, overall, stat, table
+from fp8jax.study.comparison import conditioning, figures, floor, questions
 
 SUMMARY_METRICS = ("rel_err", "diff_norm", "cosine", "loss_rel_err", "share_direct")
 """Metrics of the per-policy summary table."""

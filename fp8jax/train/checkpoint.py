@@ -3,7 +3,7 @@
 Saved at step 0 and every ``save_every`` steps, asynchronously, keeping every checkpoint
 by default (the precision studies evaluate each one). Orbax finalises a step atomically,
 so a killed run leaves no partial checkpoint behind. The ``meta`` item records a digest
-of every saved array (:func:`fp8jax.models.integrity.record`), and every restore verifies
+of every saved array (:func:`fp8jax.train.checkpoint_digest.record`), and every restore verifies
 the arrays it read against them: a file damaged later (a bad copy between machines, a
 disk error) that still decodes is caught as well as one that does not restore.
 
@@ -42,8 +42,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 import fp8jax
-from fp8jax.models import delayed_sites, integrity
-from fp8jax.train import data_positions, faults, multihost
+from fp8jax.models import delayed_sites
+from fp8jax.train import checkpoint_digest, data_positions, faults, multihost
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
@@ -76,9 +76,9 @@ class Checkpointer:
   """An Orbax CheckpointManager with the items a training run needs.
 
   Saves record a digest of every array (``digests=False`` only to measure their cost);
-  restores verify the arrays they read against them (see :mod:`fp8jax.models.integrity`)
-  and raise :class:`~fp8jax.models.integrity.CorruptCheckpointError` or
-  :class:`~fp8jax.models.integrity.IncompleteCheckpointError`, or warn for a checkpoint
+  restores verify the arrays they read against them (see :mod:`fp8jax.train.checkpoint_digest`)
+  and raise :class:`~fp8jax.train.checkpoint_digest.CorruptCheckpointError` or
+  :class:`~fp8jax.train.checkpoint_digest.IncompleteCheckpointError`, or warn for a checkpoint
   written before digests existed.
   """
 
@@ -105,7 +105,7 @@ class Checkpointer:
       return False
     meta = {**meta, "code_version": code_version()}
     if self.digests:
-      meta["digests"] = {**integrity.record(state),
+      meta["digests"] = {**checkpoint_digest.record(state),
                          "positions": data_positions.record(data_position)}
     if _has_delayed(state):
       meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
@@ -128,18 +128,18 @@ class Checkpointer:
     """(state, data position, meta) of ``step``, verified; ``abstract_state`` gives
     shapes, dtypes and (optionally) shardings."""
     out, status = self._restore(step, abstract_state, partial=False)
-    integrity.check(status)
+    checkpoint_digest.check(status)
     return out
 
   def restore_params(self, step: int, abstract_params):
     """(params, meta) of ``step`` without the optimizer state (a partial restore),
     verified; ``abstract_params`` gives shapes, dtypes and shardings."""
     out, status = self._restore(step, {"params": abstract_params}, partial=True)
-    integrity.check(status)
+    checkpoint_digest.check(status)
     return out[0]["params"], out[2]
 
-  def verify(self, step: int, abstract_state) -> integrity.Status:
-    """What a restore of ``step`` finds (:data:`~fp8jax.models.integrity.Status`), without
+  def verify(self, step: int, abstract_state) -> checkpoint_digest.Status:
+    """What a restore of ``step`` finds (:data:`~fp8jax.train.checkpoint_digest.Status`), without
     raising or warning (from any number of processes: the data positions are a resume's)."""
     return self._restore(step, abstract_state, partial=False, own_position=False)[1]
 
@@ -170,16 +170,16 @@ class Checkpointer:
     except (data_positions.ProcessCountError, DelayedStateMismatchError):
       raise  # a run resumed with another process count or policy: bad input, not damage
     except Exception as e:  # pylint: disable=broad-except
-      error = integrity.short_error(e)
+      error = checkpoint_digest.short_error(e)
     if multihost.any_process(error is not None):  # then every process skips the collectives
-      return None, integrity.Incomplete(str(self.step_path(step)),
+      return None, checkpoint_digest.Incomplete(str(self.step_path(step)),
                                         error or "does not restore on another process")
-    status = integrity.verify_tree(str(self.step_path(step)), out.state, recorded)
+    status = checkpoint_digest.verify_tree(str(self.step_path(step)), out.state, recorded)
     bad = None if partial else data_positions.check(
         self.step_path(step), (recorded or {}).get("positions"), out.data)
-    if multihost.any_process(bad is not None) and not isinstance(status, integrity.Corrupt):
+    if multihost.any_process(bad is not None) and not isinstance(status, checkpoint_digest.Corrupt):
       path, found, expected = bad or ("(on another process)", "?", "?")
-      status = integrity.Corrupt(str(self.step_path(step)), path, expected, found,
+      status = checkpoint_digest.Corrupt(str(self.step_path(step)), path, expected, found,
                                  what="data position")
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
                          out.state, _stored(abstract))
@@ -265,7 +265,7 @@ def _check_delayed(path, meta: dict, abstract) -> None:
 def _saved_dtypes(abstract, dtypes: dict):
   """``abstract`` with each leaf's dtype replaced by the dtype it was saved in."""
   def one(path, a):
-    saved = dtypes.get(integrity.leaf_path(path))
+    saved = dtypes.get(checkpoint_digest.leaf_path(path))
     if saved is None or saved == str(a.dtype):
       return a
     return jax.ShapeDtypeStruct(a.shape, jnp.dtype(saved), sharding=getattr(a, "sharding", None))

@@ -8,7 +8,7 @@ lookup. Points:
 * ``checkpoint_save/<step>``: a training checkpoint's save has started (the arrays are
   being written asynchronously) and is not finalised (:mod:`fp8jax.train.checkpoint`);
 * ``append/<file name>``: half of a results row has been written and flushed
-  (:mod:`fp8jax.study.results_io`), as a kill between two writes of the line leaves it.
+  (:mod:`fp8jax.study.common.results_io`), as a kill between two writes of the line leaves it.
 """
 
 from __future__ import annotations

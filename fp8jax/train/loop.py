@@ -58,7 +58,7 @@ import jax.numpy as jnp
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import deepseek_moe, delayed_sites, integrity
+from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
@@ -74,6 +74,7 @@ from fp8jax.train import (
 )
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
+from fp8jax.train.checkpoint_digest import CheckpointError, CorruptCheckpointError
 
 PolicyMismatchError = ckpt_lib.PolicyMismatchError
 
@@ -242,23 +243,22 @@ def _check_policy(ckpts, old_expr, expr: str, policy, allow: bool, stream) -> No
 
 
 def _restore_latest(ckpt, target, stream):
-  """(step, state, data position) of the newest checkpoint. If it does not restore (a
-  kill during the last save: ``<step>.incomplete``) or fails verification
-  (``<step>.corrupt``) but the one before restores, the newest is renamed with that
-  suffix (kept, out of the way) and the run resumes from the one before, saying so;
-  otherwise the newest one's error is raised."""
+  """(step, state, data position) of the newest checkpoint. If it does not restore (a kill
+  during the last save: ``<step>.incomplete``) or fails verification (``<step>.corrupt``)
+  but the one before restores, the newest is renamed with that suffix (kept, out of the
+  way) and the run resumes from the one before, saying so; else its error is raised."""
   steps = ckpt.all_steps()
   try:
     return (steps[-1], *ckpt.restore(steps[-1], target)[:2])
-  except integrity.CheckpointError as e:
+  except CheckpointError as e:
     if len(steps) < 2:
       raise
     try:
       state, position, _ = ckpt.restore(steps[-2], target)
-    except integrity.CheckpointError:
+    except CheckpointError:
       raise e from None
     path = ckpt.step_path(steps[-1])
-    kind = "corrupt" if isinstance(e, integrity.CorruptCheckpointError) else "incomplete"
+    kind = "corrupt" if isinstance(e, CorruptCheckpointError) else "incomplete"
     print(f"warning: {e}; moved it to {path}.{kind}, resuming from the previous checkpoint, "
           f"step {steps[-2]}", file=stream or sys.stderr)
     if multihost.is_main():

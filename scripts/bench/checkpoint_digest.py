@@ -7,7 +7,7 @@ Builds the training state of a run config (``experiments/configs/train_tiny.py``
 ``train_2b_c4.py``: params and AdamW state, float32) on the default device, then times
 ``Checkpointer.save`` + ``wait`` (the whole save, until the checkpoint is committed on
 disk) into a fresh folder under ``--dir``, alternating saves with and without digests
-after one warm-up save of each, and the digests alone (``integrity.record``, what a save
+after one warm-up save of each, and the digests alone (``checkpoint_digest.record``, what a save
 adds: the device pass, the transfer of the results to the host and the paths; its first
 call, which traces and compiles, is reported apart). The overhead is given as the ratio of
 the medians and as the median of the differences within each with/without pair. Each
@@ -32,8 +32,13 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fp8jax.experiments.configs import train_2b_c4, train_tiny  # noqa: E402
-from fp8jax.models import deepseek_moe, integrity  # noqa: E402
-from fp8jax.train import checkpoint, optim, run_config  # noqa: E402
+from fp8jax.models import deepseek_moe  # noqa: E402
+from fp8jax.train import (  # noqa: E402
+  checkpoint,
+  checkpoint_digest,  # noqa: E402
+  optim,
+  run_config,
+)
 from fp8jax.train import step as step_lib  # noqa: E402
 
 CONFIGS = {"tiny": train_tiny.get_config, "2b": train_2b_c4.get_config}
@@ -74,12 +79,12 @@ def main():
         f"{jax.devices()[0].device_kind}; saving under {base}", flush=True)
 
   t = time.perf_counter()
-  integrity.record(state)
+  checkpoint_digest.record(state)
   compile_s = time.perf_counter() - t  # first call: trace, compile and run
   digest = []
   for _ in range(max(args.reps, 5)):
     t = time.perf_counter()
-    integrity.record(state)
+    checkpoint_digest.record(state)
     digest.append(time.perf_counter() - t)
 
   times = {True: [], False: []}

@@ -56,7 +56,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import fp8jax  # noqa: E402
 from fp8jax.numerics import formats  # noqa: E402
-from fp8jax.quant import fast_quant  # noqa: E402
+from fp8jax.quant import fused_round_trip  # noqa: E402
 
 # Cast rounding first (loop, reshape and flat splits, 4 and 8 warps), then the integer
 # rounding's best shape of the last H100 run and two more integer ones for comparison.
@@ -179,9 +179,9 @@ def main():
       "payload path quantize_dequantize": (
           jax.jit(lambda x: fp8jax.quantize_dequantize(x, spec)), 4),
       "fused quantize_dequantize_fused": (
-          jax.jit(lambda x: fast_quant.quantize_dequantize_fused(x, spec)), 4),
+          jax.jit(lambda x: fused_round_trip.quantize_dequantize_fused(x, spec)), 4),
       "fused, pow2 scales": (
-          jax.jit(lambda x: fast_quant.quantize_dequantize_fused(x, spec_pow2)), 4),
+          jax.jit(lambda x: fused_round_trip.quantize_dequantize_fused(x, spec_pow2)), 4),
       "fake_quant forward": (jax.jit(lambda x: fp8jax.fake_quant(x, spec)), 4),
   }
 

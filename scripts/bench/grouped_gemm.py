@@ -40,7 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fp8jax.gemm import grouped as grouped_gemm  # noqa: E402
-from fp8jax.kernels import grouped_matmul_pallas as gmp  # noqa: E402
+from fp8jax.kernels import grouped_matmul_triton as gmp  # noqa: E402
 from fp8jax.models import moe  # noqa: E402
 
 _FWD_SWEEP = "128x128x64w8s3,128x256x64w8s3,128x256x64w8s4,256x128x64w8s3,128x256x32w8s4," \

@@ -15,7 +15,7 @@ the DeepSeek-V3 roles (E4M3; X and dY in 1x128 tiles, W in 128x128 blocks), thro
   ``wgrad_unpadded``: the same on the unpadded rows (tiles shared by two experts).
 
 1. Checks (default blocks): each kernel against the XLA reference
-   (``grouped_scaled_reference``) as ||out - ref|| / ||ref|| (float32 rounding: expect
+   (``tests/grouped_scaled_reference.py``) as ||out - ref|| / ||ref|| (float32 rounding: expect
    < 1e-5) and max |out - ref| / max |ref|, the output computed right after freeing a
    NaN-filled buffer of its size (NaNs: elements never written); and against the BF16
    grouped GEMM of the unquantized operands (the FP8 quantization error, ~3e-2).
@@ -50,9 +50,9 @@ import jax.numpy as jnp  # noqa: E402
 
 from fp8jax.kernels import grouped_gpu  # noqa: E402
 from fp8jax.kernels import grouped_scaled_pallas as gsp  # noqa: E402
-from fp8jax.kernels import grouped_scaled_reference as ref  # noqa: E402
 from fp8jax.numerics import roles as roles_lib  # noqa: E402
 from fp8jax.quant import qtensor  # noqa: E402
+from tests import grouped_scaled_reference as ref  # noqa: E402
 
 ROLES = roles_lib.deepseek_v3_roles()
 INTERVAL = 128

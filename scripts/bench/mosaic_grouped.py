@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 from fp8jax.gemm import grouped as grouped_gemm  # noqa: E402
 from fp8jax.kernels import grouped_gpu  # noqa: E402
 from fp8jax.kernels import grouped_matmul_mosaic as gmm  # noqa: E402
-from fp8jax.kernels import grouped_matmul_pallas as gmp  # noqa: E402
+from fp8jax.kernels import grouped_matmul_triton as gmp  # noqa: E402
 from fp8jax.models import moe  # noqa: E402
 
 SHAPES = {"2b": dict(d=1280, f=896, f_true=853, e=63, k=7, heads=10),

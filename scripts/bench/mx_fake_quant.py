@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 import fp8jax  # noqa: E402
 from fp8jax.kernels import fake_quant_pallas as fqp  # noqa: E402
-from fp8jax.quant import fast_quant, qtensor  # noqa: E402
+from fp8jax.quant import fused_round_trip, qtensor  # noqa: E402
 
 
 def _bits_equal(a, b) -> int:
@@ -65,17 +65,17 @@ def main():
       "amax_only": jax.jit(lambda x: jnp.max(jnp.abs(x.astype(jnp.float32)))),
       "fp8_1x128_kernel": jax.jit(lambda x: fp8jax.fake_quant(x, fp8jax.preset("deepseek_v3"))),
       "mxfp8_auto": jax.jit(lambda x: fp8jax.fake_quant(x, fp8jax.preset("mxfp8"))),
-      "mxfp8_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
+      "mxfp8_xla": jax.jit(lambda x: fused_round_trip.quantize_dequantize_fused(
           x, fp8jax.preset("mxfp8"))),
       "mxfp4_auto": jax.jit(lambda x: fp8jax.fake_quant(x, fp8jax.preset("mxfp4"))),
-      "mxfp4_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
+      "mxfp4_xla": jax.jit(lambda x: fused_round_trip.quantize_dequantize_fused(
           x, fp8jax.preset("mxfp4"))),
       # NVFP4 in the kernel, called directly: fake_quant leaves two-level scales to XLA.
       "nvfp4_kernel": jax.jit(lambda x: fqp.fake_quant_pallas(
           x, fp8jax.preset("nvfp4"), interpret=cpu, **fqp.auto_config(fp8jax.preset("nvfp4")))),
-      "nvfp4_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
+      "nvfp4_xla": jax.jit(lambda x: fused_round_trip.quantize_dequantize_fused(
           x, fp8jax.preset("nvfp4"))),
-      "nvfp4_sr_xla": jax.jit(lambda x: fast_quant.quantize_dequantize_fused(
+      "nvfp4_sr_xla": jax.jit(lambda x: fused_round_trip.quantize_dequantize_fused(
           x, fp8jax.preset("nvfp4_sr"), key)),
   }
   n = a.rows * a.cols

@@ -44,7 +44,7 @@ import optax  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study import paired  # noqa: E402
+from fp8jax.study.comparison import paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402

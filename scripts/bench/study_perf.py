@@ -39,12 +39,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fp8jax.gemm import grouped as grouped_gemm  # noqa: E402
-from fp8jax.kernels import grouped_matmul_pallas  # noqa: E402
+from fp8jax.kernels import grouped_matmul_triton  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import moe  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study import paired  # noqa: E402
+from fp8jax.study.comparison import paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
@@ -89,7 +89,7 @@ def moe_layer(tokens=16384):
       "tiled": grouped_gemm.tiled_matmul,
       "ragged_dot": lambda a, b, s: jax.lax.ragged_dot(a, b, s),
       "capacity_padded": lambda a, b, s: _capacity_matmul(a, b, s, capacity),
-      "pallas": grouped_matmul_pallas.grouped_matmul,
+      "pallas": grouped_matmul_triton.grouped_matmul,
   }
   for name, gm in impls.items():
     def loss(x, gate, up, down, gm=gm):

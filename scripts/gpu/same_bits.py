@@ -5,8 +5,8 @@
 Prints, for the steps both runs logged: how many losses (LM loss, training objective,
 gradient norm) are equal, the first step where they differ and the largest relative
 difference; for the checkpoints both saved: whether every array digest
-(``models/integrity.py``, recorded in each checkpoint's ``meta`` item) is equal, and the
-number of arrays that differ. Exit status 0 when everything is equal, else 1.
+(``fp8jax/train/checkpoint_digest.py``, recorded in each checkpoint's ``meta`` item) is
+equal, and the number of arrays that differ. Exit status 0 when everything is equal, else 1.
 """
 
 import json

@@ -1,0 +1,372 @@
+"""Branch-off runs: from baseline checkpoints, K more training steps under BF16, a noise
+floor and each precision policy, on identical batches.
+
+    summary = run(train_workdir, out, policies=["seed"], from_steps=[0, 500],
+                  branches=Branches(k=20))
+
+From each chosen checkpoint of a training run, every branch restores the same train state
+(params, optimizer state and so the schedule position) and trains ``k`` steps on the same
+``k`` batches, those the run itself would have read next (its data position is restored
+from the checkpoint). The branches are
+
+- ``bf16``: the reference, BF16 (the policy the baseline is trained with);
+- ``noise`` (``noise_1``, ...): BF16 from weights perturbed at BF16 rounding level
+  (:func:`fp8jax.study.branches.branch_metrics.perturb`): the noise floor, the divergence that any
+  perturbation of that size grows into. Precision matters only above it;
+- one per policy (names and grids as in the comparison sweep).
+
+All branches use the run's own training options (optimizer, moments, loss scaling, see
+:func:`fp8jax.train.loop.build_step`). After each step every branch is compared with the
+reference (:func:`fp8jax.study.branches.branch_metrics.compare_step`): loss gap on the step's batch,
+parameter divergence (global, per module and per layer), update cosine and routing
+divergence; ``growth_rate`` is the per-step log-slope of the divergence.
+
+``<out>/branches.jsonl`` holds one line per (checkpoint, branch) with these series (see
+:func:`_row`; ``null`` where a step was not finite, with ``nonfinite`` naming the step and
+the first non-finite tensor; a non-finite step changes nothing, as in training);
+``<out>/meta.json`` records the run, ``k``, the noise and the policies.
+
+The branches of a checkpoint are stepped together, one compiled step per policy (the BF16
+one shared by the reference and noise branches), so the reference is computed once. When
+they do not all fit in device memory they run in groups (``max_together``; by default from
+the device's memory), each group with its own pass of the reference.
+
+Kill-safe and resumable like the sweep: lines are whole-line appends, written when a
+checkpoint's group finishes; a rerun skips the lines present and recomputes the rest from
+the checkpoint, to the same numbers (every step is deterministic).
+
+The reference branch continues in BF16; a checkpoint trained under another policy is
+refused unless ``allow_policy_change`` (the policies it is branched into are the run's
+explicit choice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8jax.models import delayed_sites
+from fp8jax.models import policy as policy_lib
+from fp8jax.study.branches import branch_metrics
+from fp8jax.study.common import results_io
+from fp8jax.study.comparison import sweep
+from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import determinism, loop, metrics_log, multihost, run_config
+from fp8jax.train import mesh as mesh_lib
+
+REFERENCE = "bf16"
+"""The name of the reference branch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Branches:
+  """``k`` steps per branch; ``noise`` noise-floor branches whose weights are scaled by
+  ``1 + noise_scale * U(-1, 1)`` (default: BF16's unit roundoff) with keys from
+  ``noise_seed``."""
+  k: int = 20
+  noise: int = 1
+  noise_scale: float = branch_metrics.BF16_UNIT_ROUNDOFF
+  noise_seed: int = 0
+
+  def __post_init__(self):
+    if self.k < 1:
+      raise ValueError(f"branch steps k must be >= 1, got {self.k}")
+    if self.noise < 1:
+      raise ValueError(f"at least one noise-floor branch is needed, got {self.noise}")
+    if not 0 < self.noise_scale < 1:
+      raise ValueError(f"noise_scale must be in (0, 1), got {self.noise_scale}")
+
+  def noise_names(self) -> list[str]:
+    return ["noise" if i == 0 else f"noise_{i}" for i in range(self.noise)]
+
+
+def _reserved(branches: Branches) -> set[str]:
+  return {REFERENCE, *branches.noise_names()}
+
+
+def branch_policies(specs, num_layers: int, branches: Branches
+                    ) -> list[policy_lib.PrecisionPolicy]:
+  """The policies of ``specs`` (as the sweep expands them; none: only the reference and
+  noise branches); one named like a built-in branch (``bf16``, ``noise``) gets the suffix
+  ``_policy``."""
+  out = []
+  for p in sweep.expand_policies(specs, num_layers) if specs else []:
+    if p.name in _reserved(branches):
+      p = dataclasses.replace(p, name=f"{p.name}_policy")
+    out.append(p)
+  names = [p.name for p in out]
+  if len(set(names)) != len(names):
+    raise ValueError(f"policy names must be distinct, got {names}")
+  return out
+
+
+def trained_policy(meta: dict) -> tuple[str, bool]:
+  """(expression, whether it is BF16: no site rule, no GEMM recipe) of the policy a
+  checkpoint was trained with, from its meta: the policy record
+  (:data:`fp8jax.train.checkpoint.POLICY`), or the policy name of checkpoints written
+  before records existed (none: BF16)."""
+  record = meta.get(ckpt_lib.POLICY)
+  if isinstance(record, dict):
+    return str(record.get("expression")), not record.get("rules") and record.get("gemm") is None
+  name = str(meta.get("policy") or "bf16")
+  return name, name == "bf16"
+
+
+def check_trained_policies(ckpt, steps) -> None:
+  """Raises ValueError naming the first of ``steps`` trained under a policy other than BF16
+  (the reference branch continues in BF16)."""
+  for step in steps:
+    trained, is_bf16 = trained_policy(ckpt_lib.saved_meta(ckpt, step))
+    if not is_bf16:
+      raise ValueError(f"checkpoint {step} was trained under policy {trained!r}, but the "
+                       "reference branch continues in 'bf16'; pass allow_policy_change "
+                       "(--allow_policy_change) to branch from it anyway")
+
+
+class _Output:
+  """``<out>``: meta check and merge, done set, appends (no-ops unless ``write``)."""
+
+  KEYS = ("train_workdir", "model", "k", "noise", "data")
+
+  def __init__(self, out: pathlib.Path, meta: dict, write: bool):
+    self.path, self.write, self.done = out / "branches.jsonl", write, set()
+    if not write:
+      return
+    out.mkdir(parents=True, exist_ok=True)
+    old = results_io.resumed_meta(out, meta, self.KEYS, "branch runs")
+    if old is not None:
+      meta["from_steps"] = sorted(set(old["from_steps"]) | set(meta["from_steps"]))
+      meta["policies"] = {**old["policies"], **meta["policies"]}
+    results_io.write_json(out / "meta.json", meta)
+    self.done = {(r["from_step"], r["branch"]) for r in results_io.repair(self.path)}
+
+  def append(self, row: dict) -> None:
+    if self.write:
+      results_io.append(self.path, row)
+
+
+def _state_bytes(tree, devices: int, fsdp: bool) -> int:
+  total = sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
+              for a in jax.tree.leaves(tree))
+  return total // devices if fsdp else total
+
+
+def auto_together(abstract, mesh, fsdp: bool, headroom: float = 0.8) -> int | None:
+  """How many branches besides the reference fit at once on a device (None: no memory
+  figure, e.g. CPU: all). A branch holds a train state and, during its step, a copy of
+  its params; the reference holds as much again, and one more state is left for the
+  step's working memory. An estimate: ``max_together`` overrides it."""
+  stats = mesh.devices.flat[0].memory_stats() or {}
+  limit = stats.get("bytes_limit")
+  if not limit:
+    return None
+  n = mesh.devices.size
+  state = _state_bytes(abstract, n, fsdp)
+  params = _state_bytes(abstract.params, n, fsdp)
+  free = headroom * limit - 2 * (state + params) - state
+  return max(1, int(free // (state + params)))
+
+
+@dataclasses.dataclass
+class _Branch:
+  name: str
+  kind: str            # "reference", "noise" or "policy"
+  policy: policy_lib.PrecisionPolicy
+  expr: str
+
+
+def run(train_workdir, out, policies=("seed",), from_steps=None,
+        branches: Branches | None = None, devices=None, stream=None,
+        allow_policy_change: bool = False, max_together: int | None = None,
+        deterministic: bool | None = None) -> dict:
+  """Runs (or resumes) the branch-off runs; returns ``rows_written`` and ``out``.
+
+  Args:
+    train_workdir: a training run's folder (:func:`fp8jax.train.loop.train`).
+    out: the results folder.
+    policies: grid names or policy expressions (as the comparison sweep takes them).
+    from_steps: the checkpoints to branch from (default: all).
+    branches: ``k``, the noise branches (:class:`Branches`).
+    max_together: branches stepped together besides the reference (default: what fits).
+    deterministic: every step in the deterministic mode (:mod:`fp8jax.train.determinism`);
+      None: the training run's own mode. Recorded in ``meta.json``.
+
+  Raises:
+    ValueError: bad input (unknown checkpoint, policy, a results folder of another run, a
+      checkpoint trained under a policy other than BF16 without ``allow_policy_change``),
+      before any training step.
+  """
+  stream = multihost.main_stream(stream or sys.stderr)
+  branches = branches or Branches()
+  train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
+  train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
+  if deterministic is not None:
+    train_cfg.train.deterministic = bool(deterministic)
+  mode = determinism.record(train_cfg.train.deterministic)  # before any computation
+  model_cfg, trained = run_config.validate(train_cfg)  # the run's policy: its state layout
+  pols = branch_policies(policies, model_cfg.num_hidden_layers, branches)
+  for p in pols:
+    p.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
+  mesh = mesh_lib.data_mesh(devices)
+  ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
+  available = ckpt.all_steps()
+  steps = available if from_steps is None else sorted({int(s) for s in from_steps})
+  missing = sorted(set(steps) - set(available))
+  if missing or not steps:
+    raise ValueError(f"checkpoints {missing or steps} are not in {train_workdir}; available: "
+                     f"{available}")
+  if not allow_policy_change:
+    check_trained_policies(ckpt, steps)
+  expr = {p.name: sweep.expression(p) for p in pols}
+  all_branches = ([_Branch(REFERENCE, "reference", policy_lib.BF16, "bf16")]
+                  + [_Branch(n, "noise", policy_lib.BF16, "bf16") for n in branches.noise_names()]
+                  + [_Branch(p.name, "policy", p, expr[p.name]) for p in pols])
+  meta = {"train_workdir": str(train_workdir.resolve()),
+          "model": dataclasses.asdict(model_cfg), "k": branches.k,
+          "noise": {"branches": branches.noise, "scale": branches.noise_scale,
+                    "seed": branches.noise_seed},
+          "data": json.loads(json.dumps(sweep.data_config(train_cfg))),
+          "policies": {p.name: {"expr": expr[p.name]} for p in pols},
+          "from_steps": steps, "code_version": ckpt_lib.code_version(), **mode}
+  with multihost.lock_folder(out):  # one writer per results folder
+    try:
+      output, refused = _Output(out, meta, write=multihost.is_main()), None
+    except ValueError as e:
+      refused = e
+    if multihost.any_process(refused is not None):
+      raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
+    todo_mask = multihost.broadcast(np.array(
+        [[(s, b.name) not in output.done for b in all_branches] for s in steps], np.int32))
+    todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
+    todo = {s: bs for s, bs in todo.items() if bs}
+    engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
+    first = metrics_log.FirstCalls("branch", stream, total=len(engine.steps))
+    engine.steps = {k: first.wrap(f, k, f"the step of policy {k}") for k, f in engine.steps.items()}
+    together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
+    written = 0
+    try:
+      groups = {s: _groups([b for b in bs if b.kind != "reference"], together)
+                for s, bs in todo.items()}
+      total = sum(len(g) for g in groups.values()) * branches.k
+      progress = metrics_log.Progress(total, 0, stream, prefix="branch")
+      done = 0
+      for s, group_list in groups.items():
+        for group in group_list:
+          tick = functools.partial(_tick, progress, done, s, len(group) + 1, branches.k)
+          rows = engine.run_group(ckpt, s, group, tick)
+          done += branches.k
+          for row in rows:
+            if (s, row["branch"]) not in output.done:
+              output.append(row)
+              output.done.add((s, row["branch"]))
+              written += 1
+    finally:
+      ckpt.close()
+    return {"rows_written": written, "out": str(out)}
+
+
+def _tick(progress, done: int, step: int, n: int, k: int, t: int) -> None:
+  progress.message(done + t, f"checkpoint {step}: step {t}/{k}, {n} branches")
+
+
+def _groups(bs: list[_Branch], together: int | None) -> list[list[_Branch]]:
+  """``bs`` in groups of at most ``together`` (None: one group); at least one group, so a
+  checkpoint that misses only its reference line still runs."""
+  if not bs:
+    return [[]]
+  size = together or len(bs)
+  return [bs[i:i + size] for i in range(0, len(bs), size)]
+
+
+class _Engine:
+  """The compiled steps and the comparison of one run's branches."""
+
+  def __init__(self, train_cfg, model_cfg, mesh, all_branches, branches: Branches,
+               trained_policy=None):
+    self.cfg, self.model_cfg, self.mesh, self.branches = train_cfg, model_cfg, mesh, branches
+    self.tx = loop.optimizer_for(train_cfg)
+    _, self.abstract, self.sharding = loop.state_layout(train_cfg, model_cfg, self.tx, mesh,
+                                                        trained_policy)
+    rep = mesh_lib.replicated(mesh)
+    self.steps, self.layouts = {}, {}
+    for b in all_branches:
+      key = b.policy.name if b.kind == "policy" else REFERENCE
+      if key in self.steps:
+        continue
+      delayed = delayed_sites.init(model_cfg, b.policy)
+      sharding = self.sharding._replace(delayed=jax.tree.map(lambda _: rep, delayed))
+      self.layouts[key] = (delayed, sharding)
+      self.steps[key] = loop.build_step(train_cfg, model_cfg, self.tx, b.policy, mesh,
+                                        sharding, with_routing=True)
+    params_sharding = self.sharding.params
+    self.copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=params_sharding)
+    self.copy_state = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self.sharding)
+    self.compare = mesh_lib.under_mesh(jax.jit(branch_metrics.compare_step,
+                                               out_shardings=rep), mesh)
+    self.perturb = jax.jit(branch_metrics.perturb, static_argnums=2,
+                           out_shardings=params_sharding)
+
+  def _batches(self, position) -> list:
+    """The ``k`` batches the run reads after the data position ``position``."""
+    data = loop.make_data(self.cfg, self.mesh, self.model_cfg.vocab_size)
+    try:
+      data.set_state(position)
+      return [mesh_lib.global_batch(next(data), self.mesh) for _ in range(self.branches.k)]
+    finally:
+      getattr(data, "close", lambda: None)()
+
+  def _start(self, state, b: _Branch, noise_index: int):
+    key = b.policy.name if b.kind == "policy" else REFERENCE
+    delayed, sharding = self.layouts[key]
+    start = self.copy_state(state)  # every branch owns its buffers: the steps donate them
+    if b.kind == "noise":
+      start = start._replace(params=self.perturb(start.params, jax.random.fold_in(
+          jax.random.key(self.branches.noise_seed), noise_index), self.branches.noise_scale))
+    start = start._replace(delayed=delayed)
+    return jax.device_put(start, sharding), self.steps[key]
+
+  def run_group(self, ckpt, from_step: int, group: list[_Branch], tick) -> list[dict]:
+    """The reference and ``group`` trained ``k`` steps from checkpoint ``from_step``; their
+    branches.jsonl lines (the reference's first)."""
+    target = loop.restore_target(self.abstract, self.sharding)
+    state, position, meta = ckpt.restore(from_step, target)
+    del meta  # its policy was checked before any step (check_trained_policies)
+    batches = self._batches(position)
+    noise_names = self.branches.noise_names()
+    reference = _Branch(REFERENCE, "reference", policy_lib.BF16, "bf16")
+    live = [(reference, *self._start(state, reference, 0))]
+    for b in group:
+      idx = noise_names.index(b.name) if b.kind == "noise" else 0
+      live.append((b, *self._start(state, b, idx)))
+    del state
+    series = {b.name: [] for b, _, _ in live}
+    for t, tokens in enumerate(batches):
+      (ref_b, ref_state, ref_fn) = live[0]
+      ref_prev = self.copy(ref_state.params)
+      ref_state, m_ref = ref_fn(ref_state, tokens)
+      m_host = jax.device_get({k: v for k, v in m_ref.items() if k != "routing"})
+      rec = branch_metrics.record(t + 1, m_host, None, None)
+      series[REFERENCE].append(rec)
+      ref_loss = rec["loss"]
+      live[0] = (ref_b, ref_state, ref_fn)
+      for i in range(1, len(live)):
+        b, st, fn = live[i]
+        prev = self.copy(st.params)
+        st, m = fn(st, tokens)
+        cmp = self.compare(ref_state.params, ref_prev, st.params, prev, m_ref["routing"],
+                           m["routing"])
+        del prev
+        host = jax.device_get(({k: v for k, v in m.items() if k != "routing"}, cmp))
+        series[b.name].append(branch_metrics.record(t + 1, host[0], ref_loss, host[1]))
+        live[i] = (b, st, fn)
+      del ref_prev
+      tick(t + 1)
+    return [branch_metrics.row(from_step, b.name, b.kind, b.expr, series[b.name])
+            for b, _, _ in live]

@@ -1,0 +1,226 @@
+"""The data model of a precision comparison sweep folder (:mod:`fp8jax.study.comparison.sweep`).
+
+A sweep folder holds ``meta.json`` (model, policies with their directly quantized modules,
+checkpoint steps, evaluation windows), ``rows.jsonl`` (metrics per checkpoint step,
+evaluation batch and FP8 policy), ``details.jsonl`` (per-parameter and module x layer
+gradient difference norms), ``baseline.jsonl`` (BF16 losses per batch) and ``weights.jsonl``
+(baseline weight norms per step). Norms are L2 norms of gradients (loss units per parameter
+unit), ``rel_err`` = ||g_fp8 - g_bf16|| / ||g_bf16|| and ``loss_rel_err`` are
+dimensionless, losses are in nats per token; steps are optimizer steps, offsets are in
+batches.
+
+:func:`load` reads a folder into :class:`Results` (a torn last JSONL line, left by a killed
+writer, is dropped; later duplicates of a row replace earlier ones). A (checkpoint, batch)
+whose BF16 baseline is non-finite is a data problem, not an FP8 result: it is listed by
+:meth:`Results.baseline_nonfinite`, and FP8 rows compared against it (written by sweeps of
+earlier versions) are left out. The statistics over it are in :mod:`fp8jax.study.common.stats`.
+
+``meta.json`` gives every entry of ``policies`` a ``kind``: ``"policy"`` (a precision policy
+compared with BF16), ``"floor"`` (the noise floor: a BF16 gradient at weights perturbed at
+BF16 rounding level, ``w * (1 + 2^-8 U(-1, 1))``, against the BF16 one; its rows also hold
+``perturbation_norm`` and ``curvature`` = diff_norm / perturbation_norm) or ``"control"``
+(a noise-matched control ``noise(<policy>)``: each quantization error of the policy
+``control_of`` replaced by unbiased noise of the same energy per block). Folders written
+before kinds existed have none: every entry is a policy and there is no floor.
+:attr:`Results.policies` lists the policies only (the questions, grids and rankings are
+over them); :attr:`Results.floor` and :attr:`Results.controls` name the others.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+import dataclasses
+import json
+import pathlib
+import re
+
+from fp8jax.train import metrics_log
+
+FILES = ("meta.json", "rows.jsonl", "details.jsonl", "baseline.jsonl", "weights.jsonl")
+"""The files of a sweep folder."""
+
+_SEED_NAME = re.compile(r"^(attn|moe)_(l\d+(?:-\d+)?)_(e4m3|e5m2)$")
+
+
+def parse_seed_name(name: str) -> tuple[str, str, str] | None:
+  """``(module, depth, fmt)`` of a seed-grid policy name, e.g. ``"moe_l0-8_e5m2"`` ->
+  ``("moe", "l0-8", "e5m2")``; None for other names."""
+  m = _SEED_NAME.match(name)
+  return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+def depth_layers(depth: str) -> int:
+  """How many layers a depth label covers: ``"l0"`` -> 1, ``"l0-8"`` -> 9."""
+  lo, _, hi = depth[1:].partition("-")
+  return int(hi or lo) - int(lo) + 1
+
+
+# --- loading -----------------------------------------------------------------------------
+
+def numbered_jsonl(path: str | pathlib.Path) -> list[tuple[int, dict]]:
+  """``(line number, object)`` of each line of a JSONL file; a torn (unparsable) last line
+  is dropped.
+
+  Raises:
+    FileNotFoundError: the file does not exist.
+    ValueError: a line other than the last is not a JSON object (``file:line`` named).
+  """
+  path = pathlib.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f"file {path.name} not found in {path.parent}")
+  return metrics_log.numbered_lines(path)
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict]:
+  """The objects of a JSONL file (:func:`numbered_jsonl` without the line numbers)."""
+  return [obj for _, obj in numbered_jsonl(path)]
+
+
+def row_key(row: dict) -> tuple:
+  """``(step, offset, batch, policy)``: what identifies a row or details line."""
+  return (int(row["step"]), int(row["offset"]), int(row["batch"]), row["policy"])
+
+
+@dataclasses.dataclass
+class Results:
+  """A loaded sweep: ``meta`` and the lines of each JSONL file (dicts; later duplicates of
+  one (step, offset, batch, policy) replace earlier ones)."""
+
+  folder: pathlib.Path
+  meta: dict
+  rows: list[dict]
+  details: list[dict]
+  baseline: list[dict]
+  weights: list[dict]
+
+  def __post_init__(self):
+    bad = {row_key({**b, "policy": None})[:3] for b in self.baseline_nonfinite()}
+    if bad:  # FP8 rows against a non-finite baseline compare with garbage: not results
+      self.rows = [r for r in self.rows if row_key(r)[:3] not in bad]
+      self.details = [d for d in self.details if row_key(d)[:3] not in bad]
+    self._by = defaultdict(list)
+    for r in self.rows:
+      self._by[(r["policy"], int(r["step"]))].append(r)
+    finite = {row_key(r) for r in self.rows if r["finite"]}
+    self._details = defaultdict(list)
+    for d in self.details:
+      if row_key(d) in finite:
+        self._details[(d["policy"], int(d["step"]))].append(d)
+
+  def kind(self, name: str) -> str:
+    """The kind of an entry of ``meta["policies"]``: "policy" (the default), "floor" or
+    "control"."""
+    return self.meta["policies"][name].get("kind", "policy")
+
+  @property
+  def names(self) -> list[str]:
+    """Every entry of ``meta["policies"]`` (policies, floor, controls), in its order."""
+    return list(self.meta["policies"])
+
+  @property
+  def policies(self) -> list[str]:
+    """The precision policies (kind "policy"), in the order of ``meta.json``."""
+    return [n for n in self.names if self.kind(n) not in ("floor", "control")]
+
+  @property
+  def floor(self) -> str | None:
+    """The name of the noise floor's entry, or None (a sweep without one)."""
+    return next((n for n in self.names if self.kind(n) == "floor"), None)
+
+  @property
+  def controls(self) -> dict[str, str]:
+    """``{control name: the policy it controls}`` of the noise-matched controls."""
+    return {n: self.meta["policies"][n].get("control_of", "") for n in self.names
+            if self.kind(n) == "control"}
+
+  def control_for(self, policy: str) -> str | None:
+    """The noise-matched control of a policy, or None."""
+    return next((c for c, b in self.controls.items() if b == policy), None)
+
+  @property
+  def steps(self) -> list[int]:
+    """Checkpoint steps, ascending."""
+    return sorted(int(s) for s in self.meta["steps"])
+
+  def rows_of(self, policy: str, steps: Iterable[int] | None = None) -> list[dict]:
+    """The rows (finite or not) of one policy at ``steps`` (default: all)."""
+    return [r for s in (self.steps if steps is None else steps) for r in self._by[(policy, s)]]
+
+  def details_of(self, policy: str, step: int) -> list[dict]:
+    """The details lines of one policy and step whose row is finite."""
+    return self._details[(policy, int(step))]
+
+  def nonfinite(self) -> list[dict]:
+    """The FP8 rows with ``finite: false``, in (step, policy, offset, batch) order."""
+    return sorted((r for r in self.rows if not r["finite"]),
+                  key=lambda r: (r["step"], r["policy"], r["offset"], r["batch"]))
+
+  def baseline_nonfinite(self) -> list[dict]:
+    """The baseline lines with ``finite: false`` (a bad checkpoint or batch), in (step,
+    offset, batch) order."""
+    return sorted((b for b in self.baseline if not b.get("finite", True)),
+                  key=lambda b: (b["step"], b["offset"], b["batch"]))
+
+  def direct(self, policy: str) -> list[tuple[str, int | None]]:
+    """The directly quantized ``(module, layer)`` pairs of a policy."""
+    return [(m, None if lay is None else int(lay))
+            for m, lay in self.meta["policies"][policy].get("direct", [])]
+
+
+def _dedup(items: list[dict], key) -> list[dict]:
+  return list({key(x): x for x in items}.values())
+
+
+KINDS = ("policy", "floor", "control")
+"""The kinds of the entries of ``meta["policies"]``."""
+
+
+def _check_kinds(path: pathlib.Path, entries: dict) -> None:
+  kinds = {n: e.get("kind", "policy") for n, e in entries.items()}
+  for n, k in kinds.items():
+    if k not in KINDS:
+      raise ValueError(f"{path}: policies[{n!r}] has kind {k!r}, not one of {KINDS}")
+    base = entries[n].get("control_of")
+    if k == "control" and kinds.get(base) != "policy":
+      raise ValueError(f"{path}: control {n!r} has control_of {base!r}, not a policy of the "
+                       "sweep")
+  floors = [n for n, k in kinds.items() if k == "floor"]
+  if len(floors) > 1:
+    raise ValueError(f"{path}: more than one floor: {floors}")
+
+
+def load(folder: str | pathlib.Path) -> Results:
+  """Reads a sweep folder.
+
+  Raises:
+    FileNotFoundError: a file of :data:`FILES` is missing (named in the message).
+    ValueError: a line names a policy or step that ``meta.json`` does not list, or lacks
+      an identifying key; a ``meta.json`` entry has an unknown kind, a control names no
+      policy of the sweep, or there is more than one floor.
+  """
+  folder = pathlib.Path(folder)
+  meta_path = folder / "meta.json"
+  if not meta_path.exists():
+    raise FileNotFoundError(f"sweep file meta.json not found in {folder}")
+  meta = json.loads(meta_path.read_text())
+  data = {name: read_jsonl(folder / f"{name}.jsonl")
+          for name in ("rows", "details", "baseline", "weights")}
+  _check_kinds(meta_path, meta["policies"])
+  policies, steps = set(meta["policies"]), {int(s) for s in meta["steps"]}
+  need = {"rows": ("step", "offset", "batch", "policy", "finite"),
+          "details": ("step", "offset", "batch", "policy"),
+          "baseline": ("step", "offset", "batch"), "weights": ("step",)}
+  for name, items in data.items():
+    for x in items:
+      missing = [k for k in need[name] if k not in x]
+      if missing:
+        raise ValueError(f"{name}.jsonl: a line lacks {missing}: {str(x)[:200]}")
+      if int(x["step"]) not in steps:
+        raise ValueError(f"{name}.jsonl: step {x['step']} is not in meta.json {sorted(steps)}")
+      if "policy" in need[name] and x["policy"] not in policies:
+        raise ValueError(f"{name}.jsonl: policy {x['policy']!r} is not in meta.json "
+                         f"{sorted(policies)}")
+  return Results(folder, meta, _dedup(data["rows"], row_key), _dedup(data["details"], row_key),
+                 _dedup(data["baseline"], lambda x: row_key({**x, "policy": None})),
+                 _dedup(data["weights"], lambda x: int(x["step"])))

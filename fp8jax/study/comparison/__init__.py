@@ -1,0 +1,16 @@
+"""The paired comparison: BF16 and low-precision gradients of the same checkpoints and
+batches, policy by policy.
+
+* :mod:`~fp8jax.study.comparison.policies`: policy grids and expressions expanded;
+* :mod:`~fp8jax.study.comparison.model_api` and :mod:`~fp8jax.study.comparison.model_sweep`:
+  the interface that lets any model be compared, and the sweep on it from memory;
+* :mod:`~fp8jax.study.comparison.paired`: one batch (the BF16 gradient once, one compiled
+  function per policy, metrics on device);
+* :mod:`~fp8jax.study.comparison.sweep`: the resumable, kill-safe sweep over checkpoints,
+  windows and a policy grid;
+* the analyses of a sweep folder: :mod:`~fp8jax.study.comparison.conditioning`,
+  :mod:`~fp8jax.study.comparison.floor`, :mod:`~fp8jax.study.comparison.format_width`,
+  :mod:`~fp8jax.study.comparison.questions` and :mod:`~fp8jax.study.comparison.figures`.
+
+Import the modules directly; nothing is imported here.
+"""

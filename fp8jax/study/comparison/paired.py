@@ -1,0 +1,245 @@
+"""Paired BF16/FP8 evaluation of one batch: the BF16 gradient once, then each policy.
+
+    ev = PairedEvaluator(cfg, policies, mesh)
+    base = ev.baseline(params, tokens)             # loss, grads, routing (on device)
+    result = ev.variant("moe_l0_e4m3", params, tokens, base)   # small arrays only
+
+Both passes use the training objective (LM loss + balance loss) on the same tokens with
+the same params. The model is DeepSeek-MoE given its config, or any
+:class:`~fp8jax.study.comparison.model_api.StudyModel` (its loss plus its ``aux_loss`` if
+any; routing metrics only when its aux has ``routing``). Each policy's function is jitted once and
+stays compiled; the BF16 gradients stay on the devices and are reused across the whole
+grid. Only the comparison (``fp8jax.metrics.compare_grads``), the routing divergence and
+the finiteness flags leave the jitted function, so a policy costs one forward + backward
+plus the metrics.
+
+A policy with delayed-scaled sites (:mod:`fp8jax.models.delayed_sites`) is evaluated with
+amax histories from warm-up passes: :meth:`PairedEvaluator.warm_state` runs its forward and
+backward ``steps`` times over the batches of an evaluation window in turn (params fixed),
+starting from empty histories, and :meth:`~PairedEvaluator.variant` takes the result::
+
+    state = ev.warm_state("attn_l0_e4m3_delayed", params, window_batches, steps=4)
+    result = ev.variant("attn_l0_e4m3_delayed", params, tokens, base, state)
+
+The noise floor of a batch (:mod:`fp8jax.study.common.noise_floor`) is the same comparison for the
+BF16 gradient at weights perturbed at BF16 rounding level::
+
+    floor = ev.floor(params, tokens, base, noise_floor.floor_key(0, step, offset, b))
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fp8jax import metrics
+from fp8jax.gemm import operand_telemetry
+from fp8jax.models.config import ModelConfig
+from fp8jax.study.common import noise_floor
+from fp8jax.study.comparison import model_api
+from fp8jax.train import mesh as mesh_lib
+
+
+class Baseline(NamedTuple):
+  """The BF16 reference of one batch (device arrays)."""
+  loss: jax.Array       # LM + balance loss, scalar
+  lm_loss: jax.Array
+  aux_loss: jax.Array
+  grads: Any            # params-shaped float32
+  grad_norm: jax.Array  # global L2 norm of grads
+  routing: Any          # per MoE layer: topk_ids, topk_weights, expert_counts
+  finite: jax.Array     # loss and every gradient finite
+  nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
+
+
+def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
+               telemetry: bool = False, deterministic: bool = False):
+  """The training objective; its aux: LM loss, balance loss (0 without one), routing
+  (``{}`` without) and, with ``telemetry``, the GEMM recipe's operand telemetry sums
+  (``{}`` without a recipe)."""
+  def loss_fn(params, tokens, delayed=None):
+    logits, aux = model.apply(params, tokens, policy, moe_impl=moe_impl,
+                              moe_groups=moe_groups, delayed=delayed, telemetry=telemetry,
+                              deterministic=deterministic)
+    lm = model.loss(logits, tokens)
+    if "aux_loss" not in aux:
+      return lm, (lm, jnp.zeros((), lm.dtype), aux.get("routing", {}),
+                  aux.get("gemm_telemetry", {}))
+    return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux.get("routing", {}),
+                                  aux.get("gemm_telemetry", {}))
+  return loss_fn
+
+
+def _result(base: Baseline, loss, lm, aux, routing, grads, direct,
+            classifier=None) -> dict:
+  """The comparison of one gradient pass against the baseline (small arrays)."""
+  finite, first = _finiteness(loss, grads)
+  result = metrics.compare_grads(base.grads, grads, base.routing or None, routing or None,
+                                 direct=direct, loss_bf16=base.loss, loss_fp8=loss,
+                                 classifier=classifier)
+  return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
+          "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
+
+
+def _telemetry(tel: dict) -> dict:
+  """``{"global": stats, "<operand path>/<role>": stats}`` of the operand telemetry sums
+  ``{path: {role: sums}}`` (:mod:`fp8jax.gemm.operand_telemetry`); global over every
+  recorded operand."""
+  parts = {f"{path}/{role}": sums for path, roles in tel.items()
+           for role, sums in roles.items()}
+  out = {k: operand_telemetry.summarize(v) for k, v in parts.items()}
+  out["global"] = operand_telemetry.summarize(operand_telemetry.add(*parts.values()))
+  return out
+
+
+def _finiteness(loss, grads):
+  """(all finite, index of the first non-finite gradient leaf or -1)."""
+  leaf_ok = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+  first = jnp.where(jnp.all(leaf_ok), -1, jnp.argmin(leaf_ok)).astype(jnp.int32)
+  return jnp.isfinite(loss) & jnp.all(leaf_ok), first
+
+
+class PairedEvaluator:
+  """Jitted BF16 and per-policy gradient passes over a data mesh.
+
+  Args:
+    cfg: the DeepSeek-MoE config, or a :class:`~fp8jax.study.comparison.model_api.StudyModel`.
+    policies: the FP8 policies to compare (distinct names).
+    mesh: a ``data`` mesh (params replicated, batch sharded); the MoE dispatches per
+      device (``moe_groups`` = the mesh size).
+    moe_impl: the MoE implementation of both passes.
+    floor_scale: the relative size of the noise floor's weight perturbation.
+    telemetry: record the block-scale telemetry of the GEMM recipes' forward operands
+      (:mod:`fp8jax.gemm.operand_telemetry`) in the results of policies with a recipe. It
+      adds a few reductions per operand and compile time (on a CPU, about half again of
+      the policy's compilation).
+    deterministic: every pass in the deterministic mode (:mod:`fp8jax.train.determinism`:
+      the same bits on every GPU run).
+  """
+
+  def __init__(self, cfg: ModelConfig | model_api.StudyModel, policies, mesh,
+               moe_impl: str = "dispatch",
+               floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True,
+               deterministic: bool = False):
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+      raise ValueError(f"policy names must be distinct, got {names}")
+    if noise_floor.FLOOR in names:
+      raise ValueError(f"the policy name {noise_floor.FLOOR!r} is reserved for the noise "
+                       "floor; name the policy otherwise")
+    model = cfg if isinstance(cfg, model_api.StudyModel) else model_api.deepseek(cfg)
+    for p in policies:
+      model.check(p)
+    self.cfg, self.model, self.mesh, self.telemetry = cfg, model, mesh, telemetry
+    self.objective = objective = functools.partial(_objective, deterministic=deterministic)
+    self.policies = {p.name: p for p in policies}
+    rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
+    self.moe_groups = mesh.devices.size
+    grad_bf16 = jax.value_and_grad(objective(model, model.baseline, moe_impl,
+                                             self.moe_groups), has_aux=True)
+
+    def baseline(params, tokens):
+      (loss, (lm, aux, routing, _)), grads = grad_bf16(params, tokens)
+      return Baseline(loss, lm, aux, grads, optax.tree.norm(grads), routing,
+                      *_finiteness(loss, grads))
+
+    # The jitted functions (``.lower`` them under ``jax.set_mesh(mesh)``); the methods
+    # below call them under the mesh (see ``mesh_lib.under_mesh``).
+    # The BF16 gradients stay split over the devices (fsdp_sharding: a reduce-scatter
+    # instead of an all-reduce of 4 bytes per parameter); the metrics reduce them in place.
+    grads = mesh_lib.fsdp_sharding(model.abstract_params(), mesh)
+    base = Baseline(rep, rep, rep, grads, rep, rep, rep, rep)
+    self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
+    self.variant_jits, self.warmup_jits = {}, {}
+    self.empty_state = {name: model.delayed_init(p) for name, p in self.policies.items()}
+    for name, policy in self.policies.items():
+      direct = model.direct(policy)
+      self.variant_jits[name] = jax.jit(
+          self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, base, rep),
+          out_shardings=rep)
+      if self.empty_state[name]:
+        loss_fn = objective(model, policy, moe_impl, self.moe_groups)
+
+        def warm(delayed, params, tokens, f=loss_fn):  # the updated histories: the gradient
+          return jax.grad(lambda d: f(params, tokens, d)[0])(delayed)
+
+        self.warmup_jits[name] = jax.jit(warm, in_shardings=(rep, rep, data),
+                                         out_shardings=rep)
+    self.floor_scale = floor_scale
+    self.floor_jit = jax.jit(self._floor_fn(moe_impl), in_shardings=(rep, data, base, rep),
+                             out_shardings=rep)
+
+  def _variant_fn(self, policy, direct, moe_impl):
+    grad_fp8 = jax.value_and_grad(self.objective(self.model, policy, moe_impl,
+                                                 self.moe_groups, self.telemetry),
+                                  has_aux=True)
+
+    def variant(params, tokens, base: Baseline, delayed):
+      (loss, (lm, aux, routing, tel)), grads = grad_fp8(params, tokens, delayed)
+      out = _result(base, loss, lm, aux, routing, grads, direct, self.model.classifier)
+      if tel:
+        out["telemetry"] = _telemetry(tel)
+      return out
+
+    return variant
+
+  def _floor_fn(self, moe_impl):
+    grad_bf16 = jax.value_and_grad(self.objective(self.model, self.model.baseline, moe_impl,
+                                                  self.moe_groups), has_aux=True)
+
+    def floor(params, tokens, base: Baseline, key):
+      moved = noise_floor.perturb(params, key, self.floor_scale)
+      (loss, (lm, aux, routing, _)), grads = grad_bf16(moved, tokens)
+      out = _result(base, loss, lm, aux, routing, grads, None, self.model.classifier)
+      out["perturbation_norm"] = optax.tree.norm(jax.tree.map(
+          lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), moved, params))
+      return out
+
+    return floor
+
+  def baseline(self, params, tokens) -> Baseline:
+    return mesh_lib.under_mesh(self.baseline_jit, self.mesh)(params, tokens)
+
+  def variant(self, name: str, params, tokens, base: Baseline, delayed=None) -> dict:
+    """The comparison of policy ``name`` against ``base`` (small device arrays); ``delayed``:
+    its amax histories (:meth:`warm_state`; None: empty, as after no warm-up)."""
+    self._check_name(name)
+    delayed = self.empty_state[name] if delayed is None else delayed
+    return mesh_lib.under_mesh(self.variant_jits[name], self.mesh)(params, tokens, base,
+                                                                   delayed)
+
+  def floor(self, params, tokens, base: Baseline, key) -> dict:
+    """The noise floor against ``base``: the BF16 gradient at weights perturbed at BF16
+    rounding level with ``key`` (:mod:`fp8jax.study.common.noise_floor`), compared like a policy
+    (:meth:`variant`'s result, plus ``perturbation_norm``, the perturbation's L2 norm)."""
+    return mesh_lib.under_mesh(self.floor_jit, self.mesh)(params, tokens, base, key)
+
+  def warm_state(self, name: str, params, window, steps: int):
+    """The amax histories of policy ``name`` after ``steps`` warm-up passes (forward and
+    backward, params unchanged) over the batches of ``window`` (a list of token arrays, as
+    :meth:`variant` takes them) in turn, from empty histories; ``{}`` for a policy without
+    delayed-scaled sites."""
+    self._check_name(name)
+    if steps < 0:
+      raise ValueError(f"delayed-scaling warm-up steps must be >= 0, got {steps}")
+    state = self.empty_state[name]
+    if state and steps and not window:
+      raise ValueError(f"policy {name!r}: warm-up needs at least one batch")
+    for i in range(steps if state else 0):
+      state = mesh_lib.under_mesh(self.warmup_jits[name], self.mesh)(
+          state, params, window[i % len(window)])
+    return state
+
+  def _check_name(self, name: str) -> None:
+    if name not in self.variant_jits:
+      raise ValueError(f"unknown policy {name!r}; this evaluator has "
+                       f"{sorted(self.variant_jits)}")
+
+
+def leaf_path(params, index: int) -> str:
+  """The path of the ``index``-th leaf of ``params`` (for naming a non-finite gradient)."""
+  return list(metrics.flatten(params))[index]

@@ -1,0 +1,89 @@
+"""The policies of a sweep: the named grids (:data:`GRIDS`), grids and expressions
+expanded, and their ``meta.json`` records.
+
+    expand_policies(["seed", "noise(formats)"], num_layers=9)   # 8 + 6 policies
+    expression(policy)                                           # "attn_out@0-8:e4m3/tensor"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fp8jax import metrics
+from fp8jax.models import policy as policy_lib
+from fp8jax.models import policy_expression
+
+
+def seed_grid(num_layers: int = 9) -> dict[str, str]:
+  """The seed study's grid: {attention, MoE} output x {layer 0, layers 0..L-1} x
+  {E4M3, E5M2}, activations only (per-tensor current scaling, straight-through
+  backward). For the 2B model (9 layers) the depths are "0" and "0-8"."""
+  return {f"{module}_l{layers}_{fmt}": f"{module}@{layers}:{fmt}"
+          for module in ("attn", "moe") for layers in ("0", f"0-{num_layers - 1}")
+          for fmt in ("e4m3", "e5m2")}
+
+
+def formats_grid(num_layers: int = 9) -> dict[str, str]:
+  """The formats grid: every linear layer's GEMMs under each training-precision recipe,
+  from FP8 per-tensor down to NVFP4 (BF16 is the reference of every comparison). The
+  depth does not change it."""
+  del num_layers
+  return {"fp8_tensor": "gemm:fp8_tensor", "fp8_blockwise": "gemm:fp32_blockwise",
+          "mxfp8": "gemm:mxfp8", "mxfp4": "gemm:mxfp4", "nvfp4": "gemm:nvfp4",
+          "nvfp4_recipe": "gemm:nvfp4_recipe"}
+
+
+def delayed_grid(num_layers: int = 9) -> dict[str, str]:
+  """Delayed vs current scaling on the seed grid's sites and depths: {attention, MoE}
+  output x {layer 0, layers 0..L-1} in E4M3, with per-tensor current scaling (the seed
+  grid's ``attn_l0_e4m3``, ...) and with Transformer Engine's per-tensor delayed scaling
+  (``attn_l0_e4m3_delayed``, ...: history 1024, max, margin 0), straight-through backward.
+  The sweep fills the histories by warm-up passes over each evaluation window."""
+  out = {}
+  for name, expr in seed_grid(num_layers).items():
+    if name.endswith("_e4m3"):
+      out[name] = expr
+      out[f"{name}_delayed"] = f"{expr}/{policy_lib.DELAYED_SYNTAX}"
+  return out
+
+
+GRIDS = {"seed": seed_grid, "formats": formats_grid, "delayed": delayed_grid}
+"""Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
+``--policies=NAME`` expands to the grid of the model's depth."""
+
+
+def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
+  """Policies from names/expressions; a grid name of :data:`GRIDS`
+  (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth, and
+  ``noise(GRID)`` to the noise-matched control of each of its policies
+  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`)."""
+  out = []
+  for spec in specs:
+    spec = spec.strip()
+    inner = spec[len("noise("):-1] if spec.startswith("noise(") and spec.endswith(")") else ""
+    grid = GRIDS.get(inner or spec)
+    if grid is None:
+      out.append(policy_lib.parse_policy(spec))
+      continue
+    for name, expr in grid(num_layers).items():
+      pol = dataclasses.replace(policy_lib.parse_policy(expr), name=name)
+      out.append(policy_lib.noise_policy(pol) if inner else pol)
+  if not out:
+    raise ValueError("no policies to compare")
+  return out
+
+
+def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
+  """A policy's ``meta.json`` entry: its expression, directly quantized modules and kind
+  (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it controls)."""
+  entry = {"expr": expression(policy),
+           "direct": sorted(metrics.direct_modules(policy, num_layers)), "kind": "policy"}
+  if policy_lib.is_noise_control(policy):
+    entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
+  return entry
+
+
+def expression(policy: policy_lib.PrecisionPolicy) -> str:
+  """The policy's canonical expression, which ``parse_policy`` reads back as the same
+  rules and GEMM recipe (:func:`fp8jax.models.policy_expression.to_expression`)."""
+  return policy_expression.to_expression(policy)

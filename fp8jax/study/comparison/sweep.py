@@ -1,0 +1,382 @@
+"""The comparison sweep: checkpoints x evaluation batches x precision policies.
+
+    summary = run(train_workdir, out, policies=["seed"], windows=Windows(...))
+
+For every checkpoint of a training run, the same evaluation batches (``windows``: N
+batches at each of several data offsets) are fed to the BF16 model once and to every
+policy; each (checkpoint, batch, policy) gives one row of ``rows.jsonl`` plus one line of
+per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the BF16 losses and
+``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the sweep. The
+sweep resumes: finished work is skipped, and a killed run leaves no partial row (rows
+are whole-line appends; the details line goes first and is dropped on resume if its row
+never landed; a row whose details line is missing is recomputed). A torn last line is
+repaired; a damaged line elsewhere stops the sweep with ValueError naming ``file:line``.
+Non-finite FP8 results are kept as rows with ``finite: false`` and the name
+of the first non-finite gradient, never averaged (the report lists them). A BF16 baseline
+that is itself non-finite is a data problem (a bad checkpoint or batch), not an FP8 one:
+its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
+(checkpoint, batch).
+
+A policy with delayed-scaled sites (``attn@0:e4m3/delayed(h=1024)``, the ``delayed`` grid)
+is evaluated, at each (checkpoint, offset), with the amax histories left by
+``delayed_warmup`` warm-up passes of that policy over the window's batches in turn
+(:meth:`fp8jax.study.comparison.paired.PairedEvaluator.warm_state`); every batch of the window is
+evaluated with the same histories, so a row does not depend on which rows came before and
+the sweep resumes exactly. ``meta.json`` records the warm-up of each such policy.
+
+Every checkpoint is verified as it is restored (:mod:`fp8jax.train.checkpoint_digest`): a corrupt
+or incomplete one stops the sweep with its error, or with ``skip_corrupt=True`` is
+skipped, reported in the summary and given no row.
+
+In a multi-process run (:mod:`fp8jax.train.multihost`) every process computes, on its
+share of each batch; process 0 alone reads and writes the results folder and prints
+progress, and tells the others which results are missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from fp8jax import metrics
+from fp8jax.data import pipeline, tokenizers
+from fp8jax.models import deepseek_moe, delayed_sites
+from fp8jax.study.common import noise_floor, results_io
+from fp8jax.study.comparison import model_api, paired
+from fp8jax.study.comparison.policies import expand_policies, expression, policy_meta  # noqa: F401
+from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import checkpoint_digest, determinism, metrics_log, multihost, run_config
+from fp8jax.train import mesh as mesh_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+  """Evaluation batches: ``batches`` consecutive batches at each data ``offset`` (in
+  batches) of the training data source, shuffled with ``seed``.
+
+  Raises:
+    ValueError: an offset is negative or repeated, or ``batches``, ``batch_size`` is below
+      1 or ``seq_len`` below 0 (the message names the field and its flag).
+  """
+  offsets: tuple[int, ...] = (0,)
+  batches: int = 2
+  batch_size: int = 8
+  seq_len: int = 0        # 0: the training run's
+  seed: int = 1234
+  split: str = ""         # "": the training run's
+
+  def __post_init__(self):
+    offsets = list(self.offsets)
+    if not offsets or any(o < 0 for o in offsets):
+      raise ValueError(f"offsets (--offsets) must be one or more data offsets >= 0, in "
+                       f"batches; got {offsets}")
+    if len(set(offsets)) != len(offsets):
+      raise ValueError(f"offsets (--offsets) must not repeat an offset; got {offsets}")
+    for name, low in (("batches", 1), ("batch_size", 1), ("seq_len", 0)):
+      if getattr(self, name) < low:
+        raise ValueError(f"{name} (--{name}) must be >= {low}; got {getattr(self, name)}")
+
+
+def data_config(train_cfg, data: dict | None = None) -> dict:
+  """The training run's data settings, with ``data`` (e.g. from
+  :func:`fp8jax.data.pipeline.override`: a prepared folder or shards) put over them."""
+  d = {"skip_bad_records": False, **dict(train_cfg.data), **(data or {})}
+  d["paths"], d["data_dir"] = tuple(d["paths"]), d["data_dir"] or None
+  return d
+
+
+def _trained_on(ckpt, step: int) -> str | None:
+  """The data id in checkpoint ``step``'s data position (None: not recorded)."""
+  try:
+    position = ckpt.manager.restore(step, args=ocp.args.Composite(
+        data=ocp.args.JsonRestore())).data
+  except Exception:  # pylint: disable=broad-except  # a damaged one is reported when read
+    return None
+  return position.get("data") if isinstance(position, dict) else None
+
+
+def check_data(ckpt, steps, data_id: str, allow_other_data: bool = False) -> None:
+  """Raises ValueError if a checkpoint was trained on data other than ``data_id``."""
+  other = {s: d for s in steps if (d := _trained_on(ckpt, s)) not in (None, data_id)}
+  if other and not allow_other_data:
+    step, trained = next(iter(other.items()))
+    raise ValueError(f"checkpoints {sorted(other)} were trained on data {trained}, but the "
+                     f"evaluation reads {data_id} (checkpoint {step}); compare on the "
+                     "training data, or pass allow_other_data (--allow_other_data) to "
+                     "compare anyway")
+
+
+def eval_batches(train_cfg, windows: Windows,
+                 data: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
+  """{(offset, batch index): this process's int32 [batch_size / processes, S] tokens}."""
+  d = data_config(train_cfg, data)
+  tok = tokenizers.get_tokenizer(d["tokenizer"])
+  out = {}
+  for offset in windows.offsets:
+    it = pipeline.make_batches(
+        d["source"], tok, seq_len=windows.seq_len or d["seq_len"],
+        global_batch=windows.batch_size, seed=windows.seed, process_index=jax.process_index(),
+        process_count=jax.process_count(), data_dir=d["data_dir"], paths=d["paths"],
+        split=windows.split or d["split"], field=d["field"],
+        skip_bad_records=d["skip_bad_records"])
+    for _ in range(offset):
+      next(it)
+    for b in range(windows.batches):
+      out[(offset, b)] = next(it)
+    it.close()  # stops a streaming source's reading thread
+  return out
+
+
+def _key(row) -> tuple:
+  return (row["step"], row["offset"], row["batch"], row.get("policy"))
+
+
+class _Output:
+  """The results folder: meta check, done sets, appends (all empty and no-ops unless
+  ``write``: processes other than 0 leave the folder alone)."""
+
+  def __init__(self, out: pathlib.Path, meta: dict, write: bool = True):
+    self.dir, self.write = out, write
+    self.rows, self.base, self.base_nonfinite, self.weights = set(), set(), set(), set()
+    if not write:
+      return
+    out.mkdir(parents=True, exist_ok=True)
+    old = results_io.resumed_meta(out, meta, ("model", "windows", "train_workdir", "data"),
+                                  "a sweep", optional=("data",))
+    if old is not None:
+      for name in set(old["policies"]) & set(meta["policies"]):
+        was, now = (m["policies"][name].get("delayed_warmup") for m in (old, meta))
+        if was != now:
+          raise ValueError(f"{out} holds policy {name!r} evaluated after {was} "
+                           f"delayed-scaling warm-up steps, not {now}; use another "
+                           "output folder")
+      meta["steps"] = sorted(set(old["steps"]) | set(meta["steps"]))
+      meta["policies"] = {**old["policies"], **meta["policies"]}
+    results_io.write_json(out / "meta.json", meta)
+    for name in ("rows", "details", "baseline", "weights"):  # a readable folder, even empty
+      (out / f"{name}.jsonl").touch()
+    # A row counts as done only with its details line: a row whose details line is
+    # missing (or was torn) is dropped and recomputed, and details without a row go.
+    detailed = {_key(d) for d in results_io.read(out / "details.jsonl")}
+    rows = results_io.read(out / "rows.jsonl")
+    redo = [r for r in rows if _key(r) not in detailed]
+    if redo:
+      print(f"warning: {out / 'rows.jsonl'}: {len(redo)} rows have no line in details.jsonl "
+            f"(first: {_key(redo[0])}); recomputing them", file=sys.stderr)
+    self.rows = {_key(r) for r in results_io.repair(out / "rows.jsonl",
+                                                     lambda r: _key(r) in detailed)}
+    results_io.repair(out / "details.jsonl", lambda r: _key(r) in self.rows)
+    base = results_io.repair(out / "baseline.jsonl")
+    self.base = {_key(r)[:3] for r in base}
+    self.base_nonfinite = {_key(r)[:3] for r in base if not r.get("finite", True)}
+    self.weights = {r["step"] for r in results_io.repair(out / "weights.jsonl")}
+
+  def append(self, name: str, row: dict) -> None:
+    if self.write:
+      results_io.append(self.dir / name, row)
+
+
+DELAYED_WARMUP = 4
+"""Default warm-up passes of a delayed-scaling policy over an evaluation window."""
+
+
+def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
+        devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
+        stream=None, data: dict | None = None, allow_other_data: bool = False,
+        delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
+        floor_seed: int = 0, telemetry: bool = True, deterministic: bool = False,
+        scan_layers: bool = False) -> dict:
+  """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
+  (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
+
+  ``floor``: also write the noise floor of every (checkpoint, batch) as rows of the
+  reserved policy ``floor`` (:mod:`fp8jax.study.common.noise_floor`; perturbation keys from
+  ``floor_seed`` and the batch's step, offset and index): one more BF16 gradient per
+  (checkpoint, batch). ``telemetry``: record the block-scale telemetry of the GEMM
+  recipes' forward operands (``tel/*`` fields of their rows, per operand in the details;
+  :mod:`fp8jax.gemm.operand_telemetry`). ``deterministic``: every pass in the deterministic
+  mode (:mod:`fp8jax.train.determinism`; recorded in ``meta.json``). ``scan_layers``:
+  alike consecutive layers as one ``lax.scan`` (less to trace and compile).
+
+  ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
+  histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
+  scaling takes each tensor's own amax).
+
+  The evaluation batches come from the training run's data, or from ``data`` (settings
+  over it, e.g. ``{"source": "prepared", "data_dir": ...}``). Their data id
+  (:func:`fp8jax.data.pipeline.data_id`) must be the one the checkpoints recorded, unless
+  ``allow_other_data``; ``meta.json`` records it.
+
+  Raises:
+    ValueError: the evaluation data differs from the training data (see above).
+    fp8jax.train.checkpoint_digest.CheckpointError: a checkpoint is corrupt or incomplete (unless
+      ``skip_corrupt``); the rows of the checkpoints before it are kept.
+  """
+  mode = determinism.record(deterministic)  # its XLA flag, before any computation
+  stream = multihost.main_stream(stream or sys.stderr)
+  windows = windows or Windows()
+  train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
+  train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
+  cfg = run_config.model_config(train_cfg)
+  pols = expand_policies(policies, cfg.num_hidden_layers)
+  if delayed_warmup < 0:
+    raise ValueError(f"delayed_warmup must be >= 0, got {delayed_warmup}")
+  mesh = mesh_lib.data_mesh(devices)
+  mesh_lib.check_global_batch(windows.batch_size, mesh)
+  ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
+  available = ckpt.all_steps()
+  steps = available if steps is None else sorted(set(int(s) for s in steps))
+  missing = sorted(set(steps) - set(available))
+  if missing or not steps:
+    raise ValueError(f"checkpoints {missing or steps} are not in {train_workdir}; available: "
+                     f"{available}")
+  d = data_config(train_cfg, data)
+  data_id = pipeline.describe(d["source"], tokenizers.get_tokenizer(d["tokenizer"]),
+                              d["paths"], d["data_dir"], windows.split or d["split"],
+                              d["field"])
+  check_data(ckpt, steps, data_id, allow_other_data)
+  batches = eval_batches(train_cfg, windows, data)
+  meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
+          "policies": {p.name: {**policy_meta(p, cfg.num_hidden_layers),
+                                **({"delayed_warmup": delayed_warmup}
+                                   if delayed_sites.sites(cfg, p) else {})} for p in pols},
+          "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
+          "code_version": ckpt_lib.code_version(), **mode}
+  if floor:
+    meta["policies"][noise_floor.FLOOR] = {
+        "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
+        "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
+  model = model_api.deepseek(cfg, scan_layers) if scan_layers else cfg
+  evaluator = paired.PairedEvaluator(model, pols, mesh, moe_impl,  # checks the policies
+                                     telemetry=telemetry, deterministic=deterministic)
+  names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
+  with multihost.lock_folder(out):  # one writer per results folder
+    try:
+      output, refused = _Output(out, meta, write=multihost.is_main()), None
+    except ValueError as e:  # process 0 checks the folder: every process stops with it
+      refused = e
+    if multihost.any_process(refused is not None):
+      raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
+        deepseek_moe.abstract_params(cfg))
+    weight_norms = jax.jit(metrics.weights.norms_by_module)
+    # Process 0's view of the missing rows, so that every process runs the same computations.
+    cells = [(s, k) for s in steps for k in batches]
+    missing = multihost.broadcast(np.array(
+        [[(s, *k) not in output.base_nonfinite and (s, *k, n) not in output.rows
+          for n in names] for s, k in cells], np.int32).reshape(len(cells), len(names)))
+    todo = [(s, k) for (s, k), row in zip(cells, missing) if row.any()]
+    todo_pols = {(s, k): [n for n, m in zip(names, row) if m]
+                 for (s, k), row in zip(cells, missing)}
+    progress = metrics_log.Progress(len(todo), 0, stream, prefix="compare")
+    first = metrics_log.FirstCalls("compare", stream, total=1 + len(names) + sum(
+        bool(evaluator.empty_state.get(n)) for n in names))  # baseline, policies, warm-ups
+    written, skipped, warm = 0, {}, {}
+    window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
+                             for b in range(windows.batches)]
+    try:
+      for i, (step, key) in enumerate(todo):
+        if step in skipped:
+          continue
+        if i == 0 or todo[i - 1][0] != step:
+          try:
+            params, _ = ckpt.restore_params(step, abstract)
+          except checkpoint_digest.CheckpointError as e:
+            if not skip_corrupt:
+              raise
+            skipped[step] = str(e)
+            print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
+            continue
+          norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
+          if step not in output.weights:
+            output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
+                                                             for k, v in norms.items()}})
+          warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
+        for n in todo_pols[(step, key)]:
+          if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
+            with first.timed(("warm", n), f"the warm-up of policy {n}"):
+              warm[(key[0], n)] = jax.block_until_ready(evaluator.warm_state(
+                  n, params, window(key[0]), delayed_warmup))
+        written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
+                             mesh_lib.global_batch(batches[key], mesh),
+                             {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
+                             floor_seed, first)
+        done_here = todo_pols[(step, key)]
+        n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
+        progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
+                         f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
+    finally:
+      ckpt.close()
+    return {"rows_written": written, "out": str(out), "skipped": skipped}
+
+
+def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
+              delayed: dict, floor_seed: int, first: metrics_log.FirstCalls) -> int:
+  """The baseline and the rows of the policies ``names`` (those missing; the floor
+  included) of one (checkpoint, batch), with each policy's amax histories
+  ``delayed[name]`` (None: none); returns the number of rows written (none when the BF16
+  baseline is non-finite)."""
+  ids = {"step": step, "offset": key[0], "batch": key[1]}
+  with first.timed("baseline", "the BF16 baseline"):
+    base = jax.block_until_ready(evaluator.baseline(params, tokens))
+  if (step, *key) not in output.base:
+    output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
+  if not bool(jax.device_get(base.finite)):
+    return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
+  written = 0
+  for name in names:
+    with first.timed(name, f"policy {name}"):
+      if name == noise_floor.FLOOR:
+        res = jax.device_get(evaluator.floor(params, tokens, base, noise_floor.floor_key(
+            floor_seed, step, *key)))
+      else:
+        res = jax.device_get(evaluator.variant(name, params, tokens, base, delayed[name]))
+    row, details = _result_rows(res, params, {**ids, "policy": name})
+    output.append("details.jsonl", details)
+    output.append("rows.jsonl", row)
+    written += 1
+  return written
+
+
+def _baseline_row(base: paired.Baseline, params) -> dict:
+  b = jax.device_get(base._replace(grads=None, routing=None))
+  first = int(b.nonfinite)
+  return {"loss": float(b.loss), "lm_loss": float(b.lm_loss), "aux_loss": float(b.aux_loss),
+          "grad_norm": float(b.grad_norm),
+          "finite": bool(b.finite),
+          "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
+
+
+def _result_rows(res: dict, params, ids: dict) -> tuple[dict, dict]:
+  """(rows.jsonl row, details.jsonl line) of one variant result (host arrays) against a
+  finite baseline."""
+  finite = bool(res["finite"])
+  where = None
+  if not finite:
+    first = int(res["nonfinite"])
+    where = "fp8 " + ("loss" if first < 0 else "grads/" + paired.leaf_path(params, first))
+  row = metrics.flat_row(res["compare"], {**ids, "finite": finite, "nonfinite": where})
+  row["lm_loss_fp8"] = float(res["lm_loss_fp8"])
+  row["aux_loss_fp8"] = float(res["aux_loss_fp8"])
+  if "perturbation_norm" in res:  # the noise floor: its curvature signal
+    delta = float(res["perturbation_norm"])
+    row["perturbation_norm"] = delta
+    row["curvature"] = float(row["diff_norm"]) / delta if delta > 0 else math.nan
+  for layer, div in res["routing"].items():
+    for k in ("topk_set_diff_frac", "n_only_a", "n_only_b"):
+      row[f"routing/{layer}/{k}"] = float(div[k])
+  details = {**ids, "per_param": metrics.per_param(res["compare"]),
+             "module_layer": {k: float(v) for k, v in
+                              res["compare"]["by_module_layer"].column("diff_norm").items()}}
+  if "telemetry" in res:  # a GEMM recipe: its operands' block-scale telemetry
+    tel = {k: {m: float(v) for m, v in st.items()} for k, st in res["telemetry"].items()}
+    row.update({f"tel/{m}": v for m, v in tel.pop("global").items()})
+    details["telemetry"] = tel
+  return row, details

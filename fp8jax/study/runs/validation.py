@@ -1,0 +1,375 @@
+"""The validation matrix: full training runs of several recipes x seeds, resumable across
+sessions, and their gaps to BF16 against BF16's own seed-to-seed spread.
+
+    m = Matrix(recipes=("bf16", "gemm:fp32_blockwise", "gemm:nvfp4_recipe"), seeds=(0, 1, 2))
+    run_matrix(base_cfg, "out/validation", m, deadline=time.monotonic() + 540)
+    table = summarize("out/validation", m)          # also summary.json and summary.md
+
+Each (recipe, seed) trains in ``<out>/runs/<recipe>_s<seed>`` with ``base_cfg`` (an
+``ml_collections`` run config, :mod:`fp8jax.train.run_config`), its ``policy`` set to the
+recipe and its init ``seed`` to the seed; the data order is the same for every run. A run
+that finished has ``done.json`` and is skipped; one with checkpoints resumes. Runs go seed
+by seed, so an interrupted matrix has whole seeds first. With a ``deadline``
+(``time.monotonic()`` seconds) no run starts after it, and a running one is stopped at it as
+by a preemption notice (it saves a checkpoint and the next call resumes it; runs without
+checkpoints, ``train.checkpoints=False``, run to their end, and one stopped otherwise
+starts again). Several processes may work on one matrix at once (e.g. on one GPU): each
+run's folder is locked while it trains, and a process skips the runs another holds.
+
+The summary: per run the mean ``metric`` over the last ``tail`` share of its logged steps
+(the overlay's tail mean; nats per token); per recipe the relative gap to BF16 of the same
+seed, ``(loss - loss_bf16) / loss_bf16``, with its mean and 95% t-interval over seeds, next
+to BF16's own seed-to-seed spread (the relative standard deviation of the BF16 tail means):
+the yardstick a gap must exceed to mean anything. A verdict against a bound (e.g. DeepSeek-V3's
+0.25%) is "within" only when the whole interval lies inside it, "outside" when it lies
+outside, and "cannot tell" otherwise. Non-finite runs are listed, never averaged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+import dataclasses
+import math
+import os
+import pathlib
+import re
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from fp8jax.data import folder_lock
+from fp8jax.models import policy as policy_lib
+from fp8jax.study.common import results_io
+from fp8jax.study.common.intervals import Stat, mean_ci
+from fp8jax.study.runs.overlay import load_run, tail_count
+from fp8jax.train import determinism, noise_probe, preemption
+
+REFERENCE = "bf16"
+DONE = "done.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+  """``recipes`` (policy expressions; :data:`REFERENCE` among them) x init ``seeds``."""
+
+  recipes: tuple[str, ...]
+  seeds: tuple[int, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "recipes", tuple(str(r).strip() for r in self.recipes))
+    object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+    if REFERENCE not in self.recipes:
+      raise ValueError(f"the recipes must include the reference {REFERENCE!r}, got "
+                       f"{list(self.recipes)}")
+    if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"repeated recipes or seeds: {list(self.recipes)}, {list(self.seeds)}")
+    if not self.seeds or min(self.seeds) < 0:
+      raise ValueError(f"seeds must be >= 0 and at least one, got {list(self.seeds)}")
+    for r in self.recipes:
+      policy_lib.parse_policy(r)  # an unknown recipe fails here, before any run
+
+  def runs(self) -> list[tuple[str, int]]:
+    """(recipe, seed) in the order they train: seed by seed, the reference first."""
+    order = [REFERENCE] + [r for r in self.recipes if r != REFERENCE]
+    return [(r, s) for s in self.seeds for r in order]
+
+
+def run_name(recipe: str, seed: int) -> str:
+  """The run folder's name: the recipe with characters other than ``[A-Za-z0-9.-]`` as
+  ``_``, then ``_s<seed>`` (``gemm:fp32_blockwise``, 0 -> ``gemm_fp32_blockwise_s0``)."""
+  return f"{re.sub(r'[^A-Za-z0-9.-]+', '_', recipe)}_s{seed}"
+
+
+def _ignore_term(signum, frame) -> None:
+  """The matrix's own SIGTERM handler between runs: a late deadline signal is harmless."""
+  del signum, frame
+
+
+def _stop_at(deadline: float | None) -> threading.Event | None:
+  """From ``deadline`` on, sends this process SIGTERM once a run's preemption watch has its
+  handler installed (it saves a checkpoint and stops; before, e.g. while the run compiles,
+  there is nothing to save). Set the returned event to cancel."""
+  if deadline is None:
+    return None
+  cancel = threading.Event()
+
+  def watch():
+    if cancel.wait(max(0.0, deadline - time.monotonic())):
+      return
+    while not cancel.is_set():
+      handler = signal.getsignal(signal.SIGTERM)
+      if callable(handler) and handler is not _ignore_term:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      cancel.wait(0.5)
+
+  threading.Thread(target=watch, daemon=True).start()
+  return cancel
+
+
+def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, stream=None,
+               train_fn: Callable | None = None) -> dict[str, list[str]]:
+  """Trains every run of ``matrix`` not finished yet; returns the run names by outcome
+  (``done``: finished now or before, ``stopped``: saved at the deadline, ``pending``: not
+  started, ``busy``: held by another process). ``train_fn``:
+  :func:`fp8jax.train.loop.train` (replaceable in tests)."""
+  if train_fn is None:
+    from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
+    train_fn = loop.train
+  stream = stream or sys.stderr
+  out = pathlib.Path(out)
+  outcome = {"done": [], "stopped": [], "pending": [], "busy": []}
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _ignore_term) if deadline and main else None
+  try:
+    for recipe, seed in matrix.runs():
+      _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome)
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+  return outcome
+
+
+def _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome) -> None:
+  """Trains one run of the matrix unless done or held by another process (``busy``);
+  records its outcome. The run's folder stays locked from the check to ``done.json``."""
+  name = run_name(recipe, seed)
+  workdir = out / "runs" / name
+  if (workdir / DONE).exists():
+    outcome["done"].append(name)
+    return
+  if deadline is not None and time.monotonic() >= deadline:
+    outcome["pending"].append(name)
+    return
+  try:
+    with folder_lock.hold(workdir):
+      if (workdir / DONE).exists():  # finished by another process since the check above
+        outcome["done"].append(name)
+        return
+      _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
+                 outcome)
+  except folder_lock.FolderLockedError:
+    print(f"[validate] {name}: another process trains it, skipped", file=stream, flush=True)
+    outcome["busy"].append(name)
+
+
+def _has_checkpoint(workdir: pathlib.Path) -> bool:
+  ckpts = workdir / "checkpoints"
+  return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+
+
+def _set_aside(workdir: pathlib.Path, stream) -> None:
+  """A run stopped without a checkpoint restarts from step 0: its metrics are kept as
+  ``metrics.jsonl.stopped-<n>``, out of the new run's way."""
+  metrics = workdir / "metrics.jsonl"
+  if not metrics.exists():
+    return
+  n = 0
+  while (aside := workdir / f"metrics.jsonl.stopped-{n}").exists():
+    n += 1
+  metrics.rename(aside)
+  print(f"[validate] {workdir.name}: stopped earlier without a checkpoint; starts again "
+        f"(its metrics kept as {aside.name})", file=stream, flush=True)
+
+
+def _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
+               outcome) -> None:
+  name = workdir.name
+  cfg = base_cfg.copy_and_resolve_references()
+  cfg.policy, cfg.seed = recipe, seed
+  resume = _has_checkpoint(workdir)
+  if not resume:
+    _set_aside(workdir, stream)
+  print(f"[validate] {name}: {'resuming' if resume else 'start'} "
+        f"({len(outcome['done'])} of {len(matrix.runs())} done here)", file=stream, flush=True)
+  cancel = _stop_at(deadline)
+  try:
+    summary = train_fn(cfg, workdir, resume=resume, stream=stream)
+  except preemption.Preempted:
+    outcome["stopped"].append(name)
+    return
+  finally:
+    if cancel is not None:
+      cancel.set()
+  results_io.write_json(workdir / DONE, {"recipe": recipe, "seed": seed,
+                                         "final_step": summary.get("final_step")})
+  outcome["done"].append(name)
+
+
+def tail_value(workdir, metric: str = "lm_loss", tail: float = 0.1) -> float:
+  """The mean of ``metric`` over the last ``tail`` share of a run's logged steps (NaN when a
+  value there is not finite)."""
+  run = load_run(workdir)
+  values = run.series(metric)
+  values = values[-tail_count(len(values), tail):]
+  return float(values.mean()) if np.all(np.isfinite(values)) else math.nan
+
+
+def _probe_summary(rows) -> dict[str, Any]:
+  """A run's gradient-to-noise ratios (``train.noise_probe_every``): the first and last,
+  and the first step below sqrt(3) (arXiv 2505.19115) with the LM loss's drop after it."""
+  probed = [r for r in rows if "probe/ratio" in r]
+  step = noise_probe.crossing(probed)
+  lm = {r["step"]: r.get("lm_loss", math.nan) for r in rows}
+  after = (lm[step] - lm[max(lm)]) if step is not None else math.nan
+  return {"first": probed[0]["probe/ratio"], "last": probed[-1]["probe/ratio"],
+          "cross_step": step, "lm_drop_after": after}
+
+
+def verdict(gap: Stat, bound: float) -> str:
+  """"within" the relative ``bound`` (the whole interval in [-bound, bound]), "outside" (the
+  interval clear of it) or "cannot tell"."""
+  if not gap.has_ci:
+    return "cannot tell"
+  if -bound <= gap.lo and gap.hi <= bound:
+    return "within"
+  if gap.lo > bound or gap.hi < -bound:
+    return "outside"
+  return "cannot tell"
+
+
+def parse_contrast(text: str, matrix: Matrix | None = None) -> tuple[str, str]:
+  """``"gemm:mxfp4 vs gemm:nvfp4"`` -> ("gemm:mxfp4", "gemm:nvfp4"), both recipes of
+  ``matrix`` when given (checked before any run)."""
+  parts = [p.strip() for p in str(text).split(" vs ")]
+  if len(parts) != 2 or not all(parts):
+    raise ValueError(f"contrast {text!r}: expected 'RECIPE_A vs RECIPE_B'")
+  for r in parts:
+    if matrix is not None and r not in matrix.recipes:
+      raise ValueError(f"contrast {text!r}: {r!r} is not among the recipes "
+                       f"{list(matrix.recipes)}")
+  return parts[0], parts[1]
+
+
+def contrast(recipes: dict[str, Any], a: str, b: str) -> dict[str, Any]:
+  """``gap(a) - gap(b)`` per seed (both finished and finite), mean and t-interval: does
+  recipe ``a`` lose more than ``b``? Paired by seed, so the shared BF16 run cancels."""
+  for r in (a, b):
+    if r not in recipes:
+      raise ValueError(f"contrast {a!r} vs {b!r}: {r!r} is not a recipe of the matrix "
+                       f"({', '.join(recipes)})")
+  ga, gb = (dict(zip(recipes[r]["gap_seeds"], recipes[r]["gaps"])) for r in (a, b))
+  diffs = [ga[s] - gb[s] for s in ga if s in gb]
+  stat = mean_ci(diffs)
+  sign = ("a > b" if stat.has_ci and stat.lo > 0 else "a < b" if stat.has_ci and stat.hi < 0
+          else "cannot tell")
+  return {"a": a, "b": b, "diffs": diffs, "diff": dataclasses.asdict(stat), "verdict": sign}
+
+
+def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
+              bound: float = 0.0025, contrasts: Sequence[tuple[str, str]] = ()
+              ) -> dict[str, Any]:
+  """Tail values per run, gaps to BF16 per recipe over seeds, the BF16 spread, and the
+  ``contrasts`` (recipe pairs, :func:`contrast`); writes ``<out>/summary.json`` and
+  ``<out>/summary.md``. Unfinished runs are left out and listed."""
+  out = pathlib.Path(out)
+  value, missing, nonfinite, modes, probes = {}, [], [], {}, {}
+  for recipe, seed in matrix.runs():
+    workdir = out / "runs" / run_name(recipe, seed)
+    if not (workdir / DONE).exists():
+      missing.append(run_name(recipe, seed))
+      continue
+    run = load_run(workdir)
+    mode = determinism.mode_of(run.config)
+    modes[mode] = modes.get(mode, 0) + 1
+    if any("probe/ratio" in r for r in run.rows):
+      probes.setdefault(recipe, {})[seed] = _probe_summary(run.rows)
+    value[(recipe, seed)] = v = tail_value(workdir, metric, tail)
+    if math.isnan(v):
+      nonfinite.append(run_name(recipe, seed))
+  ref = {s: value.get((REFERENCE, s), math.nan) for s in matrix.seeds}
+  ref_ok = [v for v in ref.values() if math.isfinite(v)]
+  spread = (float(np.std(ref_ok, ddof=1) / np.mean(ref_ok)) if len(ref_ok) >= 2 else math.nan)
+  recipes = {}
+  for recipe in matrix.recipes:
+    finals = {s: value[(recipe, s)] for s in matrix.seeds if (recipe, s) in value}
+    seeds = [s for s in finals if math.isfinite(finals[s]) and math.isfinite(ref[s])]
+    gaps = [(finals[s] - ref[s]) / ref[s] for s in seeds]
+    gap = mean_ci(gaps)
+    recipes[recipe] = {"tail": finals, "gaps": gaps, "gap_seeds": seeds,
+                       "gap": dataclasses.asdict(gap),
+                       "verdict": "reference" if recipe == REFERENCE else verdict(gap, bound),
+                       "gap_over_spread": (abs(gap.mean) / spread
+                                           if spread and math.isfinite(spread) else math.nan)}
+  summary = {"metric": metric, "tail": tail, "bound": bound, "seeds": list(matrix.seeds),
+             "bf16_spread": spread, "recipes": recipes, "missing": missing,
+             "nonfinite": nonfinite, "modes": modes, "probes": probes,
+             "contrasts": [contrast(recipes, a, b) for a, b in contrasts]}
+  results_io.write_json(out / "summary.json", _json_safe(summary))
+  (out / "summary.md").write_text(render(summary))
+  return summary
+
+
+def _json_safe(obj):
+  """``obj`` with non-finite floats as None and int dict keys as strings (strict JSON)."""
+  if isinstance(obj, dict):
+    return {str(k): _json_safe(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_json_safe(v) for v in obj]
+  if isinstance(obj, float) and not math.isfinite(obj):
+    return None
+  return obj
+
+
+def _pct(v: float) -> str:
+  return "n/a" if not math.isfinite(v) else f"{100 * v:+.2f}%"
+
+
+def render(summary: dict[str, Any]) -> str:
+  """The summary as markdown: one row per recipe."""
+  lines = [f"Tail mean of {summary['metric']} over the last {summary['tail']:.0%} of the "
+           f"logged steps; gap = (loss - loss_bf16) / loss_bf16 of the same seed, mean "
+           f"[95% t-interval] over seeds {summary['seeds']}. BF16's seed-to-seed spread "
+           f"(relative sd of its tail means): {_pct(summary['bf16_spread'])}. Verdict "
+           f"against +-{summary['bound']:.2%}. GPU mode of the runs: "
+           + (", ".join(f"{m} ({n})" for m, n in sorted(summary.get("modes", {}).items()))
+              or "none finished")
+           + " (docs/determinism.md: a default-mode run differs from itself by about 0.1% "
+           "at the validation size).", "",
+           "| recipe | seeds | tail mean | gap to BF16 | gap / BF16 spread | verdict |",
+           "|---|---|---|---|---|---|"]
+  for recipe, r in summary["recipes"].items():
+    gap = Stat(**r["gap"])
+    tails = [v for v in r["tail"].values() if math.isfinite(v)]
+    ci = f"[{_pct(gap.lo)}, {_pct(gap.hi)}]" if gap.has_ci else "(no interval)"
+    lines.append(f"| {recipe} | {len(r['tail'])} | "
+                 f"{np.mean(tails) if tails else math.nan:.4f} | "
+                 f"{'-' if recipe == REFERENCE else _pct(gap.mean) + ' ' + ci} | "
+                 f"{'-' if recipe == REFERENCE else format(r['gap_over_spread'], '.2g')} | "
+                 f"{r['verdict']} |")
+  if summary.get("contrasts"):
+    lines += ["", "Contrasts: gap(a) - gap(b) per seed, mean [95% t-interval] over seeds.", "",
+              "| a | b | seeds | gap(a) - gap(b) | verdict |", "|---|---|---|---|---|"]
+    for c in summary["contrasts"]:
+      d = Stat(**c["diff"])
+      ci = f"[{_pct(d.lo)}, {_pct(d.hi)}]" if d.has_ci else "(no interval)"
+      lines.append(f"| {c['a']} | {c['b']} | {d.n} | {_pct(d.mean)} {ci} | {c['verdict']} |")
+  if summary.get("probes"):
+    lines += ["", "Gradient-to-quantization-noise ratio ||g_bf16|| / ||g - g_bf16|| along the "
+              "runs (train.noise_probe_every); arXiv 2505.19115: FP4 training stops improving "
+              "below sqrt(3) = 1.73.", "",
+              "| recipe | seed | first | last | first step below sqrt(3) | LM loss drop after |",
+              "|---|---|---|---|---|---|"]
+    for recipe, seeds in summary["probes"].items():
+      for seed, p in seeds.items():
+        cross = "never" if p["cross_step"] is None else str(p["cross_step"])
+        drop = "-" if p["cross_step"] is None else f"{p['lm_drop_after']:.4f}"
+        lines.append(f"| {recipe} | {seed} | {p['first']:.2f} | {p['last']:.2f} | {cross} | "
+                     f"{drop} |")
+  for key, text in (("missing", "not finished"), ("nonfinite", "non-finite, left out")):
+    if summary[key]:
+      lines += ["", f"Runs {text}: {', '.join(summary[key])}."]
+  return "\n".join(lines) + "\n"
+
+
+def parse_seeds(text: Sequence[str]) -> tuple[int, ...]:
+  """``["0", "1", "2"]`` or ``["0-2"]`` -> (0, 1, 2)."""
+  seeds = []
+  for part in text:
+    lo, _, hi = str(part).partition("-")
+    seeds.extend(range(int(lo), int(hi or lo) + 1))
+  return tuple(seeds)
