@@ -67,7 +67,7 @@ import numpy as np
 from fp8jax import metrics
 from fp8jax.experiments.configs import train_tiny
 from fp8jax.metrics import ranking
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, param_paths
 from fp8jax.models import policy as policy_lib
 from fp8jax.study import notebook
 from fp8jax.study.comparison import paired, sweep
@@ -160,7 +160,7 @@ print("evaluation batch:", tokens.shape, tokens.dtype)
 evaluator = paired.PairedEvaluator(model_cfg, policies, mesh, moe_impl=MOE_IMPL)
 base = evaluator.baseline(params, tokens)
 results = {p: jax.device_get(evaluator.variant(p, params, tokens, base)) for p in POLICIES}
-direct = {p.name: metrics.direct_modules(p, NUM_LAYERS) for p in policies}
+direct = {p.name: param_paths.direct_modules(p, NUM_LAYERS) for p in policies}
 
 GLOBAL = {"‖g_fp8 − g_bf16‖": "diff_norm", "‖g_bf16‖": "norm_bf16", "rel_err": "rel_err",
           "cosine": "cosine"}
@@ -234,7 +234,7 @@ def group_rows(result, grouping, key_name, policy):
   """One row per group: its metrics, its share of ‖g_fp8 − g_bf16‖² and 1 − cosine."""
   table = result["compare"][grouping]
   total_sq = float(result["compare"]["global"]["diff_norm"]) ** 2
-  order = (metrics.MODULES.index if grouping == "by_module"  # else layers, then "none"
+  order = (param_paths.MODULES.index if grouping == "by_module"  # else layers, then "none"
            else lambda k: (k == "none", int(k) if k.isdigit() else 0))
   rows = [{key_name: key, **{k: float(v) for k, v in table[key].items()}}
           for key in sorted(table, key=order)]
@@ -261,7 +261,7 @@ fig, axes = plt.subplots(2, len(results), figsize=(5.5 * len(results), 7), squee
 for col, (p, r) in enumerate(results.items()):
   for row, metric in enumerate(("diff_norm", "rel_err")):
     ax = axes[row, col]
-    modules, layers, table = metrics.heatmap(r["compare"], metric)
+    modules, layers, table = metrics.heatmap(r["compare"], metric, classifier=param_paths.DEEPSEEK)
     ok = table[np.isfinite(table) & (table > 0)]
     norm = colors.LogNorm(ok.min(), ok.max()) if ok.size else None
     im = ax.imshow(np.ma.masked_invalid(table), aspect="auto", cmap="viridis", norm=norm)
@@ -283,8 +283,8 @@ TOP_K = 10
 for p, r in results.items():
   values = metrics.per_param(r["compare"])
   rel = metrics.per_param(r["compare"], "rel_err")
-  is_direct = metrics.as_predicate(direct[p])
-  show_table([{"rank": i + 1, "parameter": f"`{path}`", "module": metrics.module_of(path),
+  is_direct = metrics.as_predicate(direct[p], param_paths.DEEPSEEK)
+  show_table([{"rank": i + 1, "parameter": f"`{path}`", "module": param_paths.module_of(path),
                "diff_norm": values[path], "rel_err": rel[path], "direct": is_direct(path)}
               for i, path in enumerate(ranking.top_k(values, TOP_K))],
              title=f"{p}: top-{TOP_K} parameters by ‖g_fp8 − g_bf16‖")

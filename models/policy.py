@@ -53,8 +53,8 @@ SITE_MODULES = {
     "attn_out": ("attn_o",), "mlp_out": ("dense_mlp",),
     "moe_out": ("routed_experts", "shared_experts"), "moe_routed_out": ("routed_experts",),
     "moe_shared_out": ("shared_experts",), "expert_in": ("routed_experts",)}
-"""The sites (module docstring), each with the modules (``fp8jax.metrics.MODULES``) whose
-parameters see its quantized tensor directly: the one list of the model's sites."""
+"""The sites (module docstring), each with the modules (:data:`fp8jax.models.param_paths.MODULES`)
+whose parameters see its quantized tensor directly: the one list of the model's sites."""
 SITES = tuple(SITE_MODULES)
 MOE_SITES = tuple(s for s in SITES if s not in ("attn_out", "mlp_out"))
 """The sites of MoE layers (``attn_out`` runs in every layer, ``mlp_out`` in dense ones)."""
@@ -99,7 +99,7 @@ class PrecisionPolicy:
   """A static, hashable set of site rules (later rules override earlier ones)."""
 
   site_modules: ClassVar[Mapping[str, tuple[str, ...]]] = SITE_MODULES
-  """What ``fp8jax.metrics.direct_modules`` reads: the modules each site quantizes."""
+  """What ``fp8jax.models.param_paths.direct_modules`` reads: the modules each site quantizes."""
 
   rules: tuple[SiteRule, ...] = ()
   name: str = "bf16"

@@ -28,7 +28,8 @@ ALLOWED = {
     "rules": {"numerics", "kernels", "quant", "gemm"},
     "data": set(),
     "metrics": set(),
-    "models": {"numerics", "quant", "gemm", "api", "rules"},  # kernels: chosen in gemm
+    # kernels: chosen in gemm; metrics: the Classifier of models/param_paths.py
+    "models": {"numerics", "quant", "gemm", "api", "rules", "metrics"},
     "train": {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
               "metrics"},
     # The study's rooms (fp8jax/study/<room>/); "study" is the package's own modules on top.
@@ -170,3 +171,19 @@ def test_source_files_are_small():
                if (n := len(p.read_text().splitlines())) > MAX_LINES)
   assert not big, f"source files over {MAX_LINES} lines (split them by concern):\n" + \
       "\n".join(big)
+
+
+# Names of DeepSeek-MoE's params tree and modules (models/param_paths.py), which the
+# model-agnostic metrics take from a classifier instead of knowing them.
+DEEPSEEK_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "self_attn", "embed_tokens",
+                  "lm_head", "layernorm", "gate_proj", "experts_", "attn_q", "attn_o",
+                  "routed_experts", "shared_experts", "dense_mlp")
+
+
+def test_metrics_know_no_deepseek_names():
+  sources = sorted((REPO / "fp8jax" / "metrics").rglob("*.py"))
+  assert len(sources) > 5
+  found = sorted(f"{p.relative_to(REPO)}: {name!r}" for p in sources
+                 for name in DEEPSEEK_NAMES if name in p.read_text())
+  assert not found, ("fp8jax/metrics names DeepSeek-MoE's modules (they belong in "
+                     "models/param_paths.py):\n" + "\n".join(found))

@@ -7,6 +7,7 @@ Routing divergence and rankings: ``tests/test_metrics_routing.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 
@@ -22,6 +23,7 @@ import fp8jax
 from fp8jax import metrics
 from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
+from fp8jax.models import param_paths
 from fp8jax.models import policy as pl
 
 D, V, E, F, H = 3, 5, 4, 2, 4
@@ -144,7 +146,9 @@ def _assert_stats(got, want, keys=("diff_norm", "diff_norm_intersection", "norm_
     np.testing.assert_allclose(float(got[k]), want[k], rtol=2e-5, atol=1e-30, err_msg=k)
 
 
-_COMPARE = jax.jit(metrics.compare_grads, static_argnames="direct")
+DS = param_paths.DEEPSEEK
+_COMPARE = jax.jit(functools.partial(metrics.compare_grads, classifier=DS),
+                   static_argnames="direct")
 
 
 def _masks(bits):
@@ -160,35 +164,37 @@ def test_paths_of_the_tiny_model_tree():
   cfg = mc.tiny()
   flat = metrics.flatten(dm.abstract_params(cfg))
   assert "layers/1/mlp/experts_gate" in flat and "lm_head/kernel" in flat
-  modules = {p: metrics.module_of(p) for p in flat}
+  modules = {p: param_paths.module_of(p) for p in flat}
   assert "other" not in modules.values()
-  assert set(modules.values()) == set(metrics.MODULES) - {"other"}
+  assert set(modules.values()) == set(param_paths.MODULES) - {"other"}
   assert modules["layers/0/mlp/gate_proj/kernel"] == "dense_mlp"
   assert modules["layers/2/mlp/gate"] == "router"
   assert modules["layers/2/mlp/shared_experts/up_proj/kernel"] == "shared_experts"
   assert modules["layers/1/self_attn/o_proj/kernel"] == "attn_o"
   assert modules["layers/1/post_attention_layernorm/weight"] == "norms"
   assert modules["norm/weight"] == "norms" and modules["embed_tokens/embedding"] == "embedding"
-  assert metrics.layer_of("layers/2/mlp/experts_up") == 2
-  assert metrics.layer_of("lm_head/kernel") is None
-  assert metrics.group_of("attn_v") == "attention" and metrics.group_of("router") == "moe"
+  assert param_paths.layer_of("layers/2/mlp/experts_up") == 2
+  assert param_paths.layer_of("lm_head/kernel") is None
+  assert param_paths.group_of("attn_v") == "attention"
+  assert param_paths.group_of("router") == "moe"
   for keys, _, module, layer in SPEC:
-    assert metrics.module_of(PATH[keys]) == module and metrics.layer_of(PATH[keys]) == layer
+    assert param_paths.module_of(PATH[keys]) == module
+    assert param_paths.layer_of(PATH[keys]) == layer
 
 
 def test_direct_predicates_and_policy_modules():
-  by_pair = metrics.as_predicate({("attn_o", None), ("routed_experts", 2)})
+  by_pair = metrics.as_predicate({("attn_o", None), ("routed_experts", 2)}, DS)
   assert by_pair("layers/7/self_attn/o_proj/kernel")
   assert by_pair("layers/2/mlp/experts_down") and not by_pair("layers/1/mlp/experts_down")
-  by_prefix = metrics.as_predicate(("layers/1/mlp",))
+  by_prefix = metrics.as_predicate(("layers/1/mlp",), DS)
   assert by_prefix("layers/1/mlp/gate") and not by_prefix("layers/1/mlp_x/gate")
   assert not by_prefix("layers/11/mlp/gate")
   spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.per_tensor())
-  assert metrics.direct_modules(pl.site_policy("attn_out", "0-1", spec), 3) == {
+  assert param_paths.direct_modules(pl.site_policy("attn_out", "0-1", spec), 3) == {
       ("attn_o", 0), ("attn_o", 1)}
-  moe = metrics.direct_modules(pl.site_policy("moe_out", "all", spec), 2)
+  moe = param_paths.direct_modules(pl.site_policy("moe_out", "all", spec), 2)
   assert moe == {(m, i) for m in ("routed_experts", "shared_experts") for i in (0, 1)}
-  gemm = metrics.direct_modules(types.SimpleNamespace(rules=(), gemm=object()), 1)
+  gemm = param_paths.direct_modules(types.SimpleNamespace(rules=(), gemm=object()), 1)
   assert ("attn_q", 0) in gemm and ("router", 0) not in gemm
 
 
@@ -243,7 +249,7 @@ def test_union_and_intersection_exact_numbers():
 def test_routing_dicts_work_as_masks():
   gb, gf, mask_b, mask_f = _hand_case()
   as_routing = lambda m: {k: {"expert_counts": v.astype(np.int32) * 3} for k, v in m.items()}
-  got = metrics.compare_grads(gb, gf, as_routing(mask_b), as_routing(mask_f))
+  got = metrics.compare_grads(gb, gf, as_routing(mask_b), as_routing(mask_f), classifier=DS)
   want = _COMPARE(gb, gf, mask_b, mask_f)
   np.testing.assert_array_equal(got["global"]["diff_norm"], want["global"]["diff_norm"])
   masks = metrics.expert_masks(as_routing(mask_b))
@@ -283,7 +289,7 @@ def test_identical_gradients_give_zero_difference_and_cosine_one(dtype):
   copy = {k: v.copy() for k, v in values.items()}
   masks = _masks([1, 0, 1, 1, 1, 1, 0, 1])
   res = metrics.compare_grads(_tree(values), _tree(copy), masks, masks,
-                              loss_bf16=2.5, loss_fp8=2.5)
+                              loss_bf16=2.5, loss_fp8=2.5, classifier=DS)
   for group in [res["global"], *res["per_param"].values(), *res["by_module"].values()]:
     assert float(group["diff_norm"]) == 0.0 and float(group["diff_norm_intersection"]) == 0.0
     assert float(group["rel_err"]) == 0.0
@@ -299,11 +305,11 @@ def test_loss_errors():
 def test_bad_inputs_raise():
   gb, gf, mask_b, _ = _hand_case()
   with pytest.raises(ValueError, match="structure"):
-    metrics.compare_grads(gb, {"lm_head": gf["lm_head"]})
+    metrics.compare_grads(gb, {"lm_head": gf["lm_head"]}, classifier=DS)
   with pytest.raises(ValueError, match="no entry for layer 2"):
-    metrics.compare_grads(gb, gf, {1: mask_b[1]})
+    metrics.compare_grads(gb, gf, {1: mask_b[1]}, classifier=DS)
   with pytest.raises(ValueError, match="both losses"):
-    metrics.compare_grads(gb, gf, loss_bf16=1.0)
+    metrics.compare_grads(gb, gf, loss_bf16=1.0, classifier=DS)
 
 
 @given(seed=st.integers(0, 2**32 - 1), bits=st.lists(st.booleans(), min_size=4 * E,
@@ -337,7 +343,7 @@ def test_runs_under_jit_and_matches_eager():
   gb, gf = _tree(vb), _tree(_random_values(rng))
   mask_b, mask_f = _masks([1] * 8), _masks([0, 1] * 4)
   jitted = _COMPARE(gb, gf, mask_b, mask_f)
-  eager = metrics.compare_grads(gb, gf, mask_b, mask_f)
+  eager = metrics.compare_grads(gb, gf, mask_b, mask_f, classifier=DS)
   assert jax.tree.structure(jitted) == jax.tree.structure(eager)
   for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -345,7 +351,7 @@ def test_runs_under_jit_and_matches_eager():
   assert isinstance(jitted["per_param"], metrics.Table)
   assert jitted["by_module"].column("diff_norm")["attn_o"] == jitted["by_module"]["attn_o"][
       "diff_norm"]
-  weights = jax.jit(metrics.weight_norms)(gb)
+  weights = jax.jit(lambda p: metrics.weight_norms(p, DS))(gb)
   ref = {m: math.sqrt(sum(np.sum(np.float64(vb[k]) ** 2) for k, _, mod, _ in SPEC if mod == m))
          for m in ("router", "norms")}
   for module, want in ref.items():
@@ -361,7 +367,7 @@ def test_runs_under_jit_and_matches_eager():
 def test_rows_heatmap_and_per_param():
   gb, gf, mask_b, mask_f = _hand_case()
   res = _COMPARE(gb, gf, mask_b, mask_f)
-  rows = metrics.to_rows(res, {"step": 3})
+  rows = metrics.to_rows(res, {"step": 3}, classifier=DS)
   assert rows[0]["scope"] == "global" and rows[0]["step"] == 3
   assert all(isinstance(v, (float, int, str, type(None))) for r in rows for v in r.values())
   layers = [r["layer"] for r in rows if r["scope"] == "layer"]
@@ -372,7 +378,7 @@ def test_rows_heatmap_and_per_param():
   flat = metrics.flat_row(res, {"step": 3})
   assert flat["module/attn_o/diff_norm"] == pytest.approx(1.5, rel=1e-6)
   assert flat["diff_norm"] == pytest.approx(math.sqrt(104.25), rel=1e-6)
-  modules, layer_ids, table = metrics.heatmap(res)
+  modules, layer_ids, table = metrics.heatmap(res, classifier=DS)
   assert layer_ids == [0, 1, 2] and "embedding" not in modules
   assert table[modules.index("attn_o"), 0] == pytest.approx(1.5, rel=1e-6)
   assert math.isnan(table[modules.index("router"), 0])  # layer 0 is dense

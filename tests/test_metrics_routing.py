@@ -7,6 +7,7 @@ tested against float64 NumPy in ``tests/test_metrics.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -17,6 +18,7 @@ import pytest
 from fp8jax import metrics
 from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
+from fp8jax.models import param_paths
 from fp8jax.models import policy as pl
 
 # ------------------------------------------------------------------------------- routing
@@ -78,14 +80,17 @@ def test_topk_overlap_jaccard_and_ties():
   assert metrics.topk_overlap([A, B, C], [B, DD, A], k=2) == 0.5
   assert metrics.topk_overlap([A, B, C], [B, DD, A]) == 2 / 3
   assert metrics.jaccard([A, B], [B, C]) == pytest.approx(1 / 3)
-  assert metrics.direct_share_topk({A: 4, B: 3, C: 2}, 2, {("attn_o", None)}) == 0.5
-  assert metrics.module_counts([A, B, C]) == {"attn_o": 1, "routed_experts": 1, "attn_q": 1}
+  ds = param_paths.DEEPSEEK
+  assert metrics.direct_share_topk({A: 4, B: 3, C: 2}, 2, {("attn_o", None)}, ds) == 0.5
+  assert metrics.module_counts([A, B, C], ds) == {
+      "attn_o": 1, "routed_experts": 1, "attn_q": 1}
 
 
 def test_migration_across_checkpoints():
   series = [(0, {A: 4, B: 3, C: 2, DD: 1}), (100, {A: 1, B: 3, C: 4, DD: 2}),
             (200, {A: 1, B: 2, C: 3, DD: 4})]
-  rows = metrics.migration(series, k=2, direct=frozenset({("attn_o", None)}))
+  rows = metrics.migration(series, k=2, direct=frozenset({("attn_o", None)}),
+                           classifier=param_paths.DEEPSEEK)
   assert [r["top"] for r in rows] == [[A, B], [C, B], [DD, C]]
   assert rows[0]["overlap_prev"] is None and rows[0]["direct_share"] == 0.5
   assert rows[1]["overlap_prev"] == 0.5 and rows[1]["jaccard_prev"] == pytest.approx(1 / 3)
@@ -116,8 +121,9 @@ def test_tiny_model_bf16_against_itself_is_exactly_zero():
   grad_fn = jax.jit(jax.value_and_grad(objective, has_aux=True))
   (loss_a, routing_a), grads_a = grad_fn(params)
   (loss_b, routing_b), grads_b = grad_fn(params)
-  res = jax.jit(metrics.compare_grads)(grads_a, grads_b, routing_a, routing_b,
-                                       loss_bf16=loss_a, loss_fp8=loss_b)
+  compare = functools.partial(metrics.compare_grads, classifier=param_paths.DEEPSEEK)
+  res = jax.jit(compare)(grads_a, grads_b, routing_a, routing_b,
+                         loss_bf16=loss_a, loss_fp8=loss_b)
   assert float(res["global"]["norm_bf16"]) > 0
   for leaf_group in [res["global"], *res["per_param"].values()]:
     assert float(leaf_group["diff_norm"]) == 0.0

@@ -17,6 +17,7 @@ import pytest
 
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import ranking
+from fp8jax.models import param_paths as deepseek_paths
 from fp8jax.study import report
 from fp8jax.study.common import results, stats
 from fp8jax.study.comparison import figures, questions
@@ -65,7 +66,8 @@ def rel_err(policy: str, i: int, j: int, flip: bool) -> float:
 
 def per_param(policy: str, i: int, j: int) -> dict[str, float]:
   """Direct parameters dominate at the first checkpoint and fade later."""
-  pred = paths_lib.as_predicate([tuple(p) for p in direct_pairs(policy)])
+  pred = paths_lib.as_predicate([tuple(p) for p in direct_pairs(policy)],
+                                deepseek_paths.DEEPSEEK)
   u = np.random.default_rng(0).uniform(0.1, 1.0, len(param_paths()))
   return {p: float(u[n] * NOISE[j] * (10 * 0.2 ** i if pred(p) else 1.0))
           for n, p in enumerate(param_paths())}
@@ -74,8 +76,8 @@ def per_param(policy: str, i: int, j: int) -> dict[str, float]:
 def module_layer(values: dict[str, float]) -> dict[str, float]:
   cells: dict[str, float] = {}
   for p, v in values.items():
-    if paths_lib.layer_of(p) is not None:
-      key = f"{paths_lib.module_of(p)}/{paths_lib.layer_of(p)}"
+    if deepseek_paths.layer_of(p) is not None:
+      key = f"{deepseek_paths.module_of(p)}/{deepseek_paths.layer_of(p)}"
       cells[key] = cells.get(key, 0.0) + v * v
   return {k: math.sqrt(v) for k, v in cells.items()}
 
@@ -227,7 +229,7 @@ def test_redistribution_uses_migration_and_skips_nonfinite(res):
   got = questions.redistribution(res, policy, k=3)
   series = [(s, {p: float(np.mean([per_param(policy, i, j)[p] for j in range(4)]))
                  for p in param_paths()}) for i, s in enumerate(STEPS)]
-  want = ranking.migration(series, 3, [("attn_o", 0)])
+  want = ranking.migration(series, 3, [("attn_o", 0)], classifier=deepseek_paths.DEEPSEEK)
   assert [m["top"] for m in got["migration"]] == [m["top"] for m in want]
   for key in ("overlap_prev", "overlap_first", "spearman_first", "direct_share"):
     assert [m[key] for m in got["migration"]] == pytest.approx([m[key] for m in want])

@@ -3,15 +3,19 @@
 Device side (pure JAX, jittable; small results)::
 
     from fp8jax import metrics
-    res = jax.jit(metrics.compare_grads, static_argnames="direct")(
+    from fp8jax.models import param_paths  # the model's classifier (DeepSeek-MoE's here)
+    res = jax.jit(metrics.compare_grads, static_argnames=("direct", "classifier"))(
         g_bf16, g_fp8, aux_bf16["routing"], aux_fp8["routing"],
-        direct=metrics.direct_modules(policy, cfg.num_hidden_layers),
-        loss_bf16=loss_bf16, loss_fp8=loss_fp8)
+        direct=param_paths.direct_modules(policy, cfg.num_hidden_layers),
+        loss_bf16=loss_bf16, loss_fp8=loss_fp8, classifier=param_paths.DEEPSEEK)
     div = jax.jit(metrics.routing_divergence)(aux_bf16["routing"], aux_fp8["routing"])
 
 Host side: :func:`to_rows` / :func:`flat_row` / :func:`routing_rows` (Python scalars for
 JSONL or CSV), :func:`heatmap` (module x layer tables) and the top-k ranking and migration
 functions of :mod:`fp8jax.metrics.ranking`.
+
+The package knows no model: every grouping takes the model's
+:class:`~fp8jax.metrics.paths.Classifier` (DeepSeek-MoE's: ``fp8jax.models.param_paths``).
 
 Importing this package has no side effects.
 """
@@ -29,17 +33,7 @@ from fp8jax.metrics.grad_diff import (
     loss_errors,
     stats_from_sums,
 )
-from fp8jax.metrics.paths import (
-    GROUPS,
-    MODULES,
-    as_predicate,
-    direct_modules,
-    flatten,
-    group_of,
-    is_expert_stack,
-    layer_of,
-    module_of,
-)
+from fp8jax.metrics.paths import Classifier, as_predicate, flatten
 from fp8jax.metrics.ranking import (
     direct_share_topk,
     jaccard,
@@ -61,8 +55,7 @@ __all__ = [
     "aggregate", "grad_diff", "paths", "ranking", "routing", "rows", "table", "weights",
     "DIRECT_KEYS", "LOSS_KEYS", "STAT_KEYS", "SUM_KEYS", "compare_grads", "direct_share",
     "expert_masks", "leaf_sums", "loss_errors", "stats_from_sums",
-    "GROUPS", "MODULES", "as_predicate", "direct_modules", "flatten", "group_of",
-    "is_expert_stack", "layer_of", "module_of",
+    "Classifier", "as_predicate", "flatten",
     "direct_share_topk", "jaccard", "migration", "module_counts", "rank_params", "rankdata",
     "spearman", "spearman_params", "top_k", "topk_overlap",
     "ROUTING_KEYS", "layer_divergence", "routing_divergence",

@@ -29,10 +29,10 @@ def sum_sq(x: jax.Array, axis: int | tuple[int, ...] | None = None) -> jax.Array
   return jnp.sum(x * x, axis=axis)
 
 
-def group_keys(path: str, classifier: paths_lib.Classifier | None = None) -> dict[str, str]:
+def group_keys(path: str, classifier: paths_lib.Classifier) -> dict[str, str]:
   """The key of ``path`` in each grouping (:data:`GROUPINGS`) it belongs to, as
-  ``classifier`` sees it (default: DeepSeek-MoE's)."""
-  cls = classifier or paths_lib.DEEPSEEK
+  ``classifier`` (the model's) sees it."""
+  cls = classifier
   module, layer = cls.module_of(path), cls.layer_of(path)
   keys = {"by_module": module, "by_group": cls.group_of(module),
           "by_layer": paths_lib.layer_key(layer)}
@@ -41,7 +41,7 @@ def group_keys(path: str, classifier: paths_lib.Classifier | None = None) -> dic
   return keys
 
 
-def membership(paths: Sequence[str], classifier: paths_lib.Classifier | None = None
+def membership(paths: Sequence[str], classifier: paths_lib.Classifier
                ) -> tuple[list[tuple[str, str]], np.ndarray]:
   """Static group membership of leaves.
 
@@ -70,14 +70,14 @@ def masked_sum(totals: jax.Array, member: np.ndarray) -> jax.Array:
 
 def grouped(paths: Sequence[str], totals: jax.Array,
             to_stats: Callable[[jax.Array], Mapping[str, jax.Array]],
-            classifier: paths_lib.Classifier | None = None) -> dict:
+            classifier: paths_lib.Classifier) -> dict:
   """Per-parameter and grouped metrics of leaf partial sums.
 
   Args:
     paths: the L leaf paths.
     totals: float32 [L, K] partial sums per leaf (reduced over every axis).
     to_stats: maps sums [N, K] to ``{stat: [N]}``.
-    classifier: the paths' grouping (default: DeepSeek-MoE's).
+    classifier: the paths' grouping (the model's :class:`~fp8jax.metrics.paths.Classifier`).
 
   Returns:
     ``{"global": {stat: scalar}, "per_param": Table {path}, "by_module": Table {module},
@@ -106,15 +106,16 @@ def stack_rows(rows: Mapping[str, jax.Array],
 
 
 def by_expert(per_slice: Mapping[str, jax.Array],
-              classifier: paths_lib.Classifier | None = None) -> dict[str, jax.Array]:
-  """Per-expert partial sums of each MoE layer: ``{"<i>": [E, K]}``, adding the stacked
-  routed-expert leaves (experts_gate/up/down) of the layer.
+              classifier: paths_lib.Classifier) -> dict[str, jax.Array]:
+  """Per-expert partial sums of each MoE layer: ``{"<i>": [E, K]}``, adding the
+  stacked routed-expert leaves of the layer.
 
   Args:
     per_slice: ``{path: [E, K]}`` of the routed-expert leaves.
+    classifier: the paths' layers (the model's :class:`~fp8jax.metrics.paths.Classifier`).
   """
   out: dict[str, jax.Array] = {}
   for path, sums in per_slice.items():
-    key = paths_lib.layer_key((classifier or paths_lib.DEEPSEEK).layer_of(path))
+    key = paths_lib.layer_key(classifier.layer_of(path))
     out[key] = sums if key not in out else out[key] + sums
   return out

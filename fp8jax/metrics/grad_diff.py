@@ -7,17 +7,19 @@ in that variant. Following the union construction, its gradient slice counts as 
 * intersection: ||Δg||² = Σ_leaves ||m_f · m_b · (g_fp8 - g_bf16)||²
 
 where ``m_b`` / ``m_f`` are each variant's per-expert activation masks, broadcast over the
-stacked expert axis of ``layers/<i>/mlp/experts_*`` and 1 for every other parameter. So
-``union² = intersection² + Σ_{active only in fp8} ||g_fp8||² + Σ_{active only in bf16}
-||g_bf16||²``. Gradient norms ``norm_bf16`` / ``norm_fp8`` are those of the zero-filled
-gradients ``m_b · g_bf16`` / ``m_f · g_fp8``. All sums of squares are float32.
+leading (expert) axis of the expert stacks (``classifier.is_expert_stack``) and 1 for every
+other parameter. So ``union² = intersection² + Σ_{active only in fp8} ||g_fp8||²
++ Σ_{active only in bf16} ||g_bf16||²``. Gradient norms ``norm_bf16`` / ``norm_fp8`` are
+those of the zero-filled gradients ``m_b · g_bf16`` / ``m_f · g_fp8``. All sums of squares
+are float32.
 
 Typical use on device, fetching only the small result::
 
-    cmp = jax.jit(compare_grads, static_argnames="direct")
+    cmp = jax.jit(compare_grads, static_argnames=("direct", "classifier"))
     res = cmp(g_bf16, g_fp8, aux_bf16["routing"], aux_fp8["routing"],
-              direct=direct_modules(policy, cfg.num_hidden_layers))
-    rows = fp8jax.metrics.to_rows(jax.device_get(res))
+              direct=param_paths.direct_modules(policy, cfg.num_hidden_layers),
+              classifier=param_paths.DEEPSEEK)  # fp8jax.models.param_paths
+    rows = fp8jax.metrics.to_rows(jax.device_get(res), classifier=param_paths.DEEPSEEK)
 """
 
 from __future__ import annotations
@@ -149,14 +151,15 @@ def loss_errors(loss_bf16: jax.Array, loss_fp8: jax.Array) -> dict[str, jax.Arra
 
 
 def direct_share(paths: list[str], totals: jax.Array, direct: Any,
-                 classifier: paths_lib.Classifier | None = None) -> dict[str, jax.Array]:
+                 classifier: paths_lib.Classifier) -> dict[str, jax.Array]:
   """Split of the squared difference between directly quantized parameters and the rest.
 
   Args:
     paths: the L leaf paths.
     totals: float32 [L, len(SUM_KEYS)] leaf partial sums (:func:`leaf_sums`).
     direct: anything :func:`fp8jax.metrics.paths.as_predicate` accepts.
-    classifier: the paths' modules and layers (default: DeepSeek-MoE's).
+    classifier: the paths' modules and layers (the model's
+      :class:`~fp8jax.metrics.paths.Classifier`).
 
   Returns:
     :data:`DIRECT_KEYS`: the union difference norms inside / outside the direct set, and
@@ -177,7 +180,7 @@ def direct_share(paths: list[str], totals: jax.Array, direct: Any,
 def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
                   mask_fp8: Mapping | None = None, *, direct: Any = None,
                   loss_bf16: jax.Array | None = None, loss_fp8: jax.Array | None = None,
-                  classifier: paths_lib.Classifier | None = None) -> dict[str, Any]:
+                  classifier: paths_lib.Classifier) -> dict[str, Any]:
   """Compares two gradient trees of the same params tree (pure JAX, jittable).
 
   Args:
@@ -189,15 +192,15 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
       prefixes or ``(module, layer)`` pairs; static under jit: use a frozenset or tuple).
     loss_bf16, loss_fp8: the two losses (scalars), both or neither.
     classifier: how the paths group into modules, layers and expert stacks
-      (:class:`~fp8jax.metrics.paths.Classifier`; default: DeepSeek-MoE's). A model without
+      (the model's :class:`~fp8jax.metrics.paths.Classifier`, static under jit). A model without
       expert stacks gets empty ``per_expert`` and ``by_expert`` tables.
 
   Returns:
     A dict of small float32 arrays. ``global`` is ``{stat: scalar}`` over
     :data:`STAT_KEYS`; the groupings are :class:`~fp8jax.metrics.table.Table` s (read-only
     mappings ``name -> {stat: value}``, one [N] array per stat as pytree leaves):
-    ``per_param`` {path}; ``per_expert`` {experts_* path} (values [E]); ``by_expert``
-    {"<layer>"} (values [E]: the experts_* leaves of a layer together); ``by_module``
+    ``per_param`` {path}; ``per_expert`` {expert-stack path} (values [E]); ``by_expert``
+    {"<layer>"} (values [E]: the expert stacks of a layer together); ``by_module``
     {module}; ``by_group`` {coarse group}; ``by_layer`` {"<i>" | "none"};
     ``by_module_layer`` {"<module>/<i>"}. Plus ``direct`` (:data:`DIRECT_KEYS`) when
     ``direct`` is given and ``loss`` (:data:`LOSS_KEYS`) when the losses are.
@@ -206,7 +209,7 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     raise ValueError("the two gradient trees differ in structure")
   if (loss_bf16 is None) != (loss_fp8 is None):
     raise ValueError("give both losses or neither")
-  cls = classifier or paths_lib.DEEPSEEK
+  cls = classifier
   flat_b, flat_f = paths_lib.flatten(g_bf16), paths_lib.flatten(g_fp8)
   totals, per_slice = [], {}
   for path, b in flat_b.items():

@@ -1,18 +1,15 @@
-"""Parameter paths of a params tree: flattening, modules, layers.
+"""Parameter paths of a params tree: flattening, layer keys, classifiers (model-agnostic).
 
-A path is the "/"-joined key sequence of a leaf, e.g. ``"layers/3/self_attn/q_proj/kernel"``
-(layer keys are ints in the tree and decimal strings in the path). Each path belongs to one
-module (:data:`MODULES`), one coarse group (:data:`GROUPS`) and at most one layer.
+A path is the "/"-joined key sequence of a leaf, e.g. ``"layers/3/attn/out/kernel"``
+(layer keys are ints in the tree and decimal strings in the path). A model's
+:class:`Classifier` tells the module, coarse group and layer of each of its paths (DeepSeek-MoE's
+is ``fp8jax.models.param_paths.DEEPSEEK``; :meth:`Classifier.from_patterns` builds one from
+regexes); the grouping functions of :mod:`fp8jax.metrics` take it as ``classifier``.
 
 A "direct" predicate tells which parameters sit in a directly quantized module. It can be
 given as a callable on the path, a collection of path prefixes, or a collection of
-``(module, layer)`` pairs (``layer`` None: every layer); :func:`as_predicate` turns any of
-these into a callable, and :func:`direct_modules` derives the pairs from a precision policy.
-
-The module-level functions classify the DeepSeek-MoE tree. Another model's paths group
-through a :class:`Classifier` (:data:`DEEPSEEK` is the one of DeepSeek-MoE;
-:meth:`Classifier.from_patterns` builds one from regexes), which the grouping functions
-of :mod:`fp8jax.metrics` take as ``classifier``.
+``(module, layer)`` pairs (``layer`` None: every layer; modules as a classifier names them);
+:func:`as_predicate` turns any of these into a callable.
 """
 
 from __future__ import annotations
@@ -23,24 +20,6 @@ import re
 from typing import Any
 
 import jax
-
-MODULES = ("embedding", "attn_q", "attn_k", "attn_v", "attn_o", "router", "routed_experts",
-           "shared_experts", "dense_mlp", "norms", "head", "other")
-"""Module names, in the order used for tables and heatmaps."""
-
-GROUPS = ("attention", "moe", "dense_mlp", "other")
-"""Coarse groups: attention projections, MoE (router + experts), dense MLPs, the rest."""
-
-_GROUP_OF = {"attn_q": "attention", "attn_k": "attention", "attn_v": "attention",
-             "attn_o": "attention", "router": "moe", "routed_experts": "moe",
-             "shared_experts": "moe", "dense_mlp": "dense_mlp"}
-_ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_o"}
-_NORMS = ("input_layernorm", "post_attention_layernorm")
-_DENSE = ("gate_proj", "up_proj", "down_proj")
-
-# Modules whose linear layers run through the simulated FP8 GEMM (``policy.gemm``).
-GEMM_MODULES = ("attn_q", "attn_k", "attn_v", "attn_o", "dense_mlp", "shared_experts",
-                "routed_experts")
 
 
 def _key_str(key: Any) -> str:
@@ -64,58 +43,11 @@ def flatten(tree: Any) -> dict[str, Any]:
   return flat
 
 
-def _parts(path: str | Iterable[Any]) -> list[str]:
+def split_path(path: str | Iterable[Any]) -> list[str]:
+  """The key strings of a path, given "/"-joined or as a ``jax.tree_util`` key path."""
   if isinstance(path, str):
     return path.split("/")
   return [_key_str(k) for k in path]
-
-
-def layer_of(path: str | Iterable[Any]) -> int | None:
-  """The decoder layer index of a path ("layers/<i>/..."), or None outside the layers."""
-  parts = _parts(path)
-  if len(parts) >= 2 and parts[0] == "layers" and parts[1].isdigit():
-    return int(parts[1])
-  return None
-
-
-def module_of(path: str | Iterable[Any]) -> str:
-  """The module of a path: one of :data:`MODULES` ("other" for unknown paths)."""
-  parts = _parts(path)
-  head = parts[0]
-  if head == "embed_tokens":
-    return "embedding"
-  if head == "lm_head":
-    return "head"
-  if head == "norm":
-    return "norms"
-  if head != "layers" or layer_of(parts) is None or len(parts) < 3:
-    return "other"
-  rest = parts[2:]
-  if rest[0] in _NORMS:
-    return "norms"
-  if rest[0] == "self_attn" and len(rest) > 1:
-    return _ATTN.get(rest[1], "other")
-  if rest[0] == "mlp" and len(rest) > 1:
-    name = rest[1]
-    if name == "gate":
-      return "router"
-    if name.startswith("experts_"):
-      return "routed_experts"
-    if name == "shared_experts":
-      return "shared_experts"
-    if name in _DENSE:
-      return "dense_mlp"
-  return "other"
-
-
-def group_of(module: str) -> str:
-  """The coarse group (:data:`GROUPS`) of a module name."""
-  return _GROUP_OF.get(module, "other")
-
-
-def is_expert_stack(path: str | Iterable[Any]) -> bool:
-  """True for the stacked routed-expert weights (leading axis: expert)."""
-  return module_of(path) == "routed_experts"
 
 
 def layer_key(layer: int | None) -> str:
@@ -124,7 +56,7 @@ def layer_key(layer: int | None) -> str:
 
 
 def module_layer_key(module: str, layer: int) -> str:
-  """The key of a (module, layer) cell, e.g. "attn_o/3"."""
+  """The key of a (module, layer) cell, e.g. "attn/3"."""
   return f"{module}/{layer}"
 
 
@@ -204,20 +136,20 @@ class Classifier:
 Direct = Callable[[str], bool] | str | Iterable[str] | Iterable[tuple[str, int | None]]
 
 
-def as_predicate(direct: Direct | None, classifier: Classifier | None = None
+def as_predicate(direct: Direct | None, classifier: Classifier
                  ) -> Callable[[str], bool] | None:
   """A callable ``path -> bool`` from any accepted "direct" description (None stays None).
 
-  Strings are path prefixes matched at "/" boundaries ("layers/0/self_attn/o_proj" matches
-  ".../o_proj/kernel"); pairs are ``(module, layer)`` with ``layer`` None for all layers,
-  modules as ``classifier`` names them (default: :data:`DEEPSEEK`).
+  Strings are path prefixes matched at "/" boundaries ("layers/0/attn/out" matches
+  ".../out/kernel"); pairs are ``(module, layer)`` with ``layer`` None for all layers,
+  modules as ``classifier`` (the model's :class:`Classifier`) names them.
   """
   if direct is None or callable(direct):
     return direct
   items = [direct] if isinstance(direct, str) else list(direct)
   prefixes = [p.rstrip("/") for p in items if isinstance(p, str)]
   pairs = [tuple(p) for p in items if not isinstance(p, str)]
-  cls = classifier or DEEPSEEK
+  cls = classifier
   for pair in pairs:
     if len(pair) != 2 or (cls.modules and pair[0] not in cls.modules):
       raise ValueError(f"bad (module, layer) pair {pair!r}; modules: {cls.modules}")
@@ -229,36 +161,3 @@ def as_predicate(direct: Direct | None, classifier: Classifier | None = None
     return any(m == module and (lay is None or lay == layer) for m, lay in pairs)
 
   return predicate
-
-
-def direct_modules(policy: Any, num_layers: int,
-                   site_modules: Mapping[str, tuple[str, ...]] | None = None
-                   ) -> frozenset[tuple[str, int]]:
-  """``(module, layer)`` pairs that a precision policy quantizes directly.
-
-  A site rule marks the modules of ``site_modules[site]`` at its layers (e.g. ``attn_out``
-  at layers 0-8 -> ``attn_o`` of layers 0..8; ``moe_out`` -> routed and shared experts).
-  The map comes from the model's policy (``policy.site_modules``, DeepSeek-MoE's
-  ``fp8jax.models.policy.SITE_MODULES``) unless given.
-  A policy with an FP8 GEMM (``policy.gemm``) marks every :data:`GEMM_MODULES` module of
-  every layer. Pairs for modules a layer does not have are harmless.
-
-  Args:
-    policy: an object with ``rules`` (each with ``site`` and ``layers``, None = all) and
-      ``gemm`` attributes, e.g. ``fp8jax.models.policy.PrecisionPolicy``.
-    num_layers: the model's number of decoder layers.
-    site_modules: the site -> modules map; default ``policy.site_modules`` (none: {}).
-  """
-  if site_modules is None:
-    site_modules = getattr(policy, "site_modules", {})
-  pairs = set()
-  for rule in policy.rules:
-    layers = range(num_layers) if rule.layers is None else rule.layers
-    pairs.update((m, int(i)) for m in site_modules.get(rule.site, ()) for i in layers)
-  if getattr(policy, "gemm", None) is not None:
-    pairs.update((m, i) for m in GEMM_MODULES for i in range(num_layers))
-  return frozenset(pairs)
-
-
-DEEPSEEK = Classifier(module_of, layer_of, group_of, is_expert_stack, MODULES)
-"""The classifier of the DeepSeek-MoE params tree (the module-level functions)."""

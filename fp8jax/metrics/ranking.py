@@ -80,30 +80,35 @@ def spearman_params(a: Mapping[str, float], b: Mapping[str, float]) -> float:
   return spearman([a[p] for p in common], [b[p] for p in common])
 
 
-def direct_share_topk(values: Mapping[str, float], k: int, direct: Any) -> float:
+def direct_share_topk(values: Mapping[str, float], k: int, direct: Any,
+                      classifier: paths_lib.Classifier) -> float:
   """Fraction of the top-``k`` paths that are directly quantized.
 
   Args:
     values: ``{path: value}``.
     k: ranking depth.
     direct: anything :func:`fp8jax.metrics.paths.as_predicate` accepts.
+    classifier: the paths' modules and layers (the model's
+      :class:`~fp8jax.metrics.paths.Classifier`).
   """
-  predicate = paths_lib.as_predicate(direct)
+  predicate = paths_lib.as_predicate(direct, classifier)
   top = top_k(values, k)
   return sum(bool(predicate(p)) for p in top) / len(top)
 
 
-def module_counts(paths: Iterable[str]) -> dict[str, int]:
-  """How many of ``paths`` fall in each module (modules with none are left out)."""
+def module_counts(paths: Iterable[str], classifier: paths_lib.Classifier) -> dict[str, int]:
+  """How many of ``paths`` fall in each module of ``classifier`` (modules with none are
+  left out)."""
   counts: dict[str, int] = {}
   for p in paths:
-    m = paths_lib.module_of(p)
+    m = classifier.module_of(p)
     counts[m] = counts.get(m, 0) + 1
   return counts
 
 
 def migration(series: Sequence[tuple[Any, Mapping[str, float]]] | Mapping[Any, Mapping],
-              k: int, direct: Any = None) -> list[dict[str, Any]]:
+              k: int, direct: Any = None, *, classifier: paths_lib.Classifier
+              ) -> list[dict[str, Any]]:
   """How the top-``k`` parameters move across checkpoints.
 
   Args:
@@ -111,6 +116,8 @@ def migration(series: Sequence[tuple[Any, Mapping[str, float]]] | Mapping[Any, M
       insertion order).
     k: ranking depth.
     direct: optional "direct" description (see :func:`fp8jax.metrics.paths.as_predicate`).
+    classifier: the paths' modules and layers (the model's
+      :class:`~fp8jax.metrics.paths.Classifier`).
 
   Returns:
     One row per checkpoint: ``checkpoint``, ``k`` (effective), ``top`` (the top-k paths),
@@ -124,7 +131,7 @@ def migration(series: Sequence[tuple[Any, Mapping[str, float]]] | Mapping[Any, M
   for checkpoint, values in items:
     top = top_k(values, k)
     row: dict[str, Any] = {"checkpoint": checkpoint, "k": len(top), "top": top,
-                           "topk_modules": module_counts(top)}
+                           "topk_modules": module_counts(top, classifier)}
     for name, ref in (("prev", prev), ("first", first)):
       if ref is None:
         row.update({f"overlap_{name}": None, f"jaccard_{name}": None,
@@ -135,7 +142,7 @@ def migration(series: Sequence[tuple[Any, Mapping[str, float]]] | Mapping[Any, M
                     f"jaccard_{name}": jaccard(top, ref_top),
                     f"spearman_{name}": spearman_params(values, ref_values)})
     if direct is not None:
-      row["direct_share"] = direct_share_topk(values, k, direct)
+      row["direct_share"] = direct_share_topk(values, k, direct, classifier)
     rows.append(row)
     prev = (top, values)
     first = first or prev

@@ -50,7 +50,7 @@ def _layer(key: str) -> int | None:
   return None if key == "none" else int(key)
 
 
-def _ids(key: str, scope: str) -> dict[str, Any]:
+def _ids(key: str, scope: str, classifier: paths_lib.Classifier) -> dict[str, Any]:
   """The identifying columns of a group key."""
   if scope == "by_module":
     return {"module": key}
@@ -61,17 +61,20 @@ def _ids(key: str, scope: str) -> dict[str, Any]:
   if scope == "by_module_layer":
     module, layer = paths_lib.split_module_layer_key(key)
     return {"module": module, "layer": layer}
-  return {"path": key, "module": paths_lib.module_of(key), "layer": paths_lib.layer_of(key)}
+  return {"path": key, "module": classifier.module_of(key), "layer": classifier.layer_of(key)}
 
 
 def to_rows(result: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
-            scopes: Iterable[str] = SCOPES) -> list[dict[str, Any]]:
+            scopes: Iterable[str] = SCOPES, *, classifier: paths_lib.Classifier
+            ) -> list[dict[str, Any]]:
   """Long-form rows of a grouped result.
 
   Args:
     result: a ``compare_grads`` or ``weight_norms`` result (device or host arrays).
     meta: columns prepended to every row (e.g. ``{"step": 1000, "variant": "moe_e4m3"}``).
     scopes: which groupings to write (:data:`SCOPES`).
+    classifier: the model's :class:`~fp8jax.metrics.paths.Classifier` (the ``module`` and
+      ``layer`` columns of the per-parameter rows).
 
   Returns:
     Rows ``{**meta, "scope": ..., <id columns>, <metrics>}``. The ``global`` row also
@@ -93,10 +96,10 @@ def to_rows(result: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
       metrics = host[scope][key]
       if scope in ("per_expert", "by_expert"):
         n = len(next(iter(metrics.values())))
-        rows.extend({**meta, "scope": name, **_ids(key, scope), "expert": e,
+        rows.extend({**meta, "scope": name, **_ids(key, scope, classifier), "expert": e,
                      **{m: v[e] for m, v in metrics.items()}} for e in range(n))
       else:
-        rows.append({**meta, "scope": name, **_ids(key, scope), **metrics})
+        rows.append({**meta, "scope": name, **_ids(key, scope, classifier), **metrics})
   return rows
 
 
@@ -108,7 +111,7 @@ def _sort_key(key: str) -> tuple:
 def flat_row(result: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
              scopes: Iterable[str] = FLAT_SCOPES) -> dict[str, Any]:
   """One flat dict of Python scalars: global metrics by name, grouped ones as
-  ``"<scope>/<key>/<metric>"`` (e.g. ``"module/attn_o/diff_norm"``); no vectors."""
+  ``"<scope>/<key>/<metric>"`` (e.g. ``"module/attn/diff_norm"``); no vectors."""
   host = to_python(dict(result))
   row = dict(meta or {})
   for scope in scopes:
@@ -133,25 +136,26 @@ def per_param(result: Mapping[str, Any], metric: str = "diff_norm") -> dict[str,
   return {p: float(v) for p, v in column.items()}
 
 
-def heatmap(result: Mapping[str, Any], metric: str = "diff_norm"
-            ) -> tuple[list[str], list[int], np.ndarray]:
+def heatmap(result: Mapping[str, Any], metric: str = "diff_norm", *,
+            classifier: paths_lib.Classifier) -> tuple[list[str], list[int], np.ndarray]:
   """A module x layer table of one metric.
 
   Returns:
-    ``(modules, layers, table)``: the modules present (in :data:`paths.MODULES` order,
-    then any other names sorted),
+    ``(modules, layers, table)``: the modules present (in the table order of
+    ``classifier``, the model's :class:`~fp8jax.metrics.paths.Classifier`, then any other
+    names sorted),
     the layers present (ascending) and float64 [len(modules), len(layers)], NaN where a
     layer has no such module.
   """
   column = jax.device_get(result["by_module_layer"]).column(metric)
-  return module_layer_grid({k: float(v) for k, v in column.items()})
+  return module_layer_grid({k: float(v) for k, v in column.items()}, classifier)
 
 
-def module_layer_grid(values: Mapping[str, float]
+def module_layer_grid(values: Mapping[str, float], classifier: paths_lib.Classifier
                       ) -> tuple[list[str], list[int], np.ndarray]:
   """``{"<module>/<layer>": value}`` as ``(modules, layers, table)`` (see :func:`heatmap`)."""
   cells = {paths_lib.split_module_layer_key(k): v for k, v in values.items()}
-  modules = paths_lib.DEEPSEEK.order(c[0] for c in cells)  # others' modules: sorted, after
+  modules = classifier.order(c[0] for c in cells)  # modules it does not list: sorted, after
   layers = sorted({c[1] for c in cells})
   table = np.full((len(modules), len(layers)), math.nan)
   for (module, layer), value in cells.items():

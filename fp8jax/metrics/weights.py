@@ -15,22 +15,23 @@ def _norm(sums: jax.Array) -> dict[str, jax.Array]:
   return {"weight_norm": jnp.sqrt(sums[..., 0])}
 
 
-def weight_norms(params: Any, classifier: paths_lib.Classifier | None = None
+def weight_norms(params: Any, classifier: paths_lib.Classifier
                  ) -> dict[str, Any]:
   """L2 norms of the weights (float32 sums of squares), per parameter and per group.
 
   Args:
     params: a params pytree (e.g. ``deepseek_moe.init(...)``).
-    classifier: the paths' grouping (default: DeepSeek-MoE's).
+    classifier: the paths' grouping (the model's :class:`~fp8jax.metrics.paths.Classifier`,
+      e.g. ``fp8jax.models.param_paths.DEEPSEEK``).
 
   Returns:
     ``{"global": {"weight_norm": scalar}}`` and the :class:`~fp8jax.metrics.table.Table` s
-    ``per_param`` {path}, ``per_expert`` {experts_* path} ([E] values), ``by_expert``
+    ``per_param`` {path}, ``per_expert`` {expert-stack path} ([E] values), ``by_expert``
     {"<layer>"} ([E]), ``by_module``, ``by_group``, ``by_layer`` and ``by_module_layer``,
     whose rows are ``{"weight_norm": value}``. Squares compose: the squared module norms
     add up to the squared global norm.
   """
-  cls = classifier or paths_lib.DEEPSEEK
+  cls = classifier
   flat = paths_lib.flatten(params)
   totals, per_slice = [], {}
   for path, w in flat.items():
@@ -45,7 +46,7 @@ def weight_norms(params: Any, classifier: paths_lib.Classifier | None = None
   return out
 
 
-def norms_by_module(params: Any, classifier: paths_lib.Classifier | None = None
+def norms_by_module(params: Any, classifier: paths_lib.Classifier
                     ) -> dict[str, jax.Array]:
   """``{"global" | module: L2 norm}`` of a params tree (scalars; jittable)."""
   norms = weight_norms(params, classifier)

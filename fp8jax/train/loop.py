@@ -58,7 +58,7 @@ import jax.numpy as jnp
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import deepseek_moe, delayed_sites
+from fp8jax.models import deepseek_moe, delayed_sites, param_paths
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
@@ -334,7 +334,7 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   step_fn = metrics_log.FirstCalls("train", stream).wrap(noise_probe.wrap(
       step_fn, cfg, model_cfg, policy_lib.parse_policy(cfg.policy), mesh.devices.size, start),
       "step", "the step")
-  weight_norms = jax.jit(weights.norms_by_module)
+  weight_norms = jax.jit(lambda p: weights.norms_by_module(p, param_paths.DEEPSEEK))
   batch = next(data) if start < total else None
   t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False
   for step in range(start, total):

@@ -27,6 +27,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.metrics import aggregate
+from fp8jax.models import param_paths
 from fp8jax.study.common.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
 from fp8jax.train import step as step_lib
 
@@ -65,7 +66,7 @@ def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new) -> dict
   flat = [metrics.flatten(t) for t in (ref_new, ref_prev, new, prev)]
   paths = list(flat[0])
   totals = jnp.stack([_sums(*(f[p] for f in flat)) for p in paths])
-  g = aggregate.grouped(paths, totals, _stats)
+  g = aggregate.grouped(paths, totals, _stats, param_paths.DEEPSEEK)
   div = metrics.routing_divergence(routing_ref, routing_new)
   frac = {layer: d["topk_set_diff_frac"] for layer, d in div.items()}
   routing = (jnp.mean(jnp.stack(list(frac.values()))) if frac

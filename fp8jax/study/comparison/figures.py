@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import rows as metrics_rows
+from fp8jax.models import param_paths
 from fp8jax.study.common import results, stats
 from fp8jax.study.comparison import conditioning, floor, questions
 from fp8jax.study.comparison import format_width as width_lib
@@ -155,12 +157,14 @@ def weight_norms(res: results.Results, out_dir) -> pathlib.Path:
   return _save(fig, out_dir, "weight_norms")
 
 
-def module_layer_table(res: results.Results, policy: str, step: int
+def module_layer_table(res: results.Results, policy: str, step: int,
+                       classifier: paths_lib.Classifier = param_paths.DEEPSEEK
                        ) -> tuple[list[str], list[int], np.ndarray]:
   """``(modules, layers, table)``: the mean diff_norm of each module x layer cell at one
-  checkpoint (NaN where absent), modules in :data:`fp8jax.metrics.paths.MODULES` order."""
+  checkpoint (NaN where absent), modules in the table order of ``classifier`` (default:
+  DeepSeek-MoE's, :data:`fp8jax.models.param_paths.MODULES`)."""
   return metrics_rows.module_layer_grid(
-      stats.mean_details(res, policy, step, "module_layer"))
+      stats.mean_details(res, policy, step, "module_layer"), classifier)
 
 
 def heatmaps(res: results.Results, out_dir) -> pathlib.Path:

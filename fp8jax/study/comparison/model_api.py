@@ -69,7 +69,7 @@ class StudyModel:
   apply: Callable[..., tuple[jax.Array, Mapping[str, Any]]]
   loss: Callable[[jax.Array, jax.Array], jax.Array]
   baseline: Any
-  classifier: paths_lib.Classifier = paths_lib.DEEPSEEK
+  classifier: paths_lib.Classifier
   direct: Callable[[Any], frozenset] = _no_direct
   check: Callable[[Any], None] = _no_check
   delayed_init: Callable[[Any], Any] = _no_state
@@ -96,9 +96,9 @@ class Variant:
 def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
   """DeepSeek-MoE (:mod:`fp8jax.models.deepseek_moe`) under a
   :class:`~fp8jax.models.policy.PrecisionPolicy`: its LM + balance loss, routing and
-  expert grouping (:data:`fp8jax.metrics.paths.DEEPSEEK`). ``scan_layers``: alike
+  expert grouping (:data:`fp8jax.models.param_paths.DEEPSEEK`). ``scan_layers``: alike
   consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`)."""
-  from fp8jax.models import deepseek_moe, delayed_sites
+  from fp8jax.models import deepseek_moe, delayed_sites, param_paths
   from fp8jax.models import policy as policy_lib
   from fp8jax.study.comparison import policies as policies_lib
 
@@ -112,8 +112,8 @@ def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
   return StudyModel(
       name="deepseek_moe", abstract_params=lambda: deepseek_moe.abstract_params(cfg),
       apply=apply, loss=deepseek_moe.lm_loss, baseline=policy_lib.BF16,
-      classifier=paths_lib.DEEPSEEK,
-      direct=lambda p: paths_lib.direct_modules(p, cfg.num_hidden_layers),
+      classifier=param_paths.DEEPSEEK,
+      direct=lambda p: param_paths.direct_modules(p, cfg.num_hidden_layers),
       check=lambda p: p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer),
       delayed_init=lambda p: delayed_sites.init(cfg, p),
       describe=lambda p: policies_lib.policy_meta(p, cfg.num_hidden_layers),

@@ -74,8 +74,7 @@ def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
   return loss_fn
 
 
-def _result(base: Baseline, loss, lm, aux, routing, grads, direct,
-            classifier=None) -> dict:
+def _result(base: Baseline, loss, lm, aux, routing, grads, direct, classifier) -> dict:
   """The comparison of one gradient pass against the baseline (small arrays)."""
   finite, first = _finiteness(loss, grads)
   result = metrics.compare_grads(base.grads, grads, base.routing or None, routing or None,

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp8jax import metrics
+from fp8jax.models import param_paths, policy_expression
 from fp8jax.models import policy as policy_lib
-from fp8jax.models import policy_expression
 
 
 def seed_grid(num_layers: int = 9) -> dict[str, str]:
@@ -77,7 +76,7 @@ def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
   """A policy's ``meta.json`` entry: its expression, directly quantized modules and kind
   (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it controls)."""
   entry = {"expr": expression(policy),
-           "direct": sorted(metrics.direct_modules(policy, num_layers)), "kind": "policy"}
+           "direct": sorted(param_paths.direct_modules(policy, num_layers)), "kind": "policy"}
   if policy_lib.is_noise_control(policy):
     entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
   return entry

@@ -266,7 +266,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
         deepseek_moe.abstract_params(cfg))
-    weight_norms = jax.jit(metrics.weights.norms_by_module)
+    weight_norms = jax.jit(
+        lambda p: metrics.weights.norms_by_module(p, evaluator.model.classifier))
     # Process 0's view of the missing rows, so that every process runs the same computations.
     cells = [(s, k) for s in steps for k in batches]
     missing = multihost.broadcast(np.array(
