@@ -55,10 +55,8 @@ def main(argv):
         deadline=start + _DEADLINE.value if _DEADLINE.value > 0 else None)
     summary = validation.summarize(_OUT.value, matrix, _METRIC.value, _TAIL.value,
                                    _BOUND.value, contrasts)
-    if not any(run_name.startswith(validation.REFERENCE + "_s")
-               for run_name in outcome["done"]):
-      figure = None
-    else:
+    figure = None
+    if summary["recipes"][validation.REFERENCE]["tail"]:  # a finished BF16 run to draw against
       from fp8jax.study.runs import validation_figures  # pylint: disable=import-outside-toplevel
       figure = validation_figures.draw(_OUT.value, matrix)
   except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:

@@ -80,6 +80,13 @@ def arrays(draw, shape, dtype_name=None, allow_nonfinite=True):
     return x.astype(DTYPES[dtype_name]).reshape(shape)
 
 
+@st.composite
+def arrays_and_specs(draw):
+  """(an array of a drawn shape, a spec drawn for its rank)."""
+  shape = draw(shapes())
+  return draw(arrays(shape)), draw(specs(len(shape)))
+
+
 def _expressible_specs() -> list:
   """Every site spec the policy grammar writes: the presets and FORMAT/GRANULARITY with
   current or delayed (per-tensor) scaling."""

@@ -41,14 +41,8 @@ def _check_fused(x: np.ndarray, spec: fp8jax.QuantSpec, eager: bool = False):
     assert ref.same_bits(np.asarray(fused_round_trip.quantize_dequantize_fused(xj, spec)), fused)
 
 
-@st.composite
-def _case(draw):
-  shape = draw(hs.shapes())
-  return draw(hs.arrays(shape)), draw(hs.specs(len(shape)))
-
-
 @pytest.mark.slow
-@given(_case())
+@given(hs.arrays_and_specs())
 def test_fused_matches_payload_path_and_reference(case):
   x, spec = case
   _check_fused(x, spec)

@@ -4,7 +4,6 @@ import dataclasses
 
 import chex
 from hypothesis import given, settings
-from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -25,14 +24,8 @@ def _assert_matches_reference(x, spec, qt, x_hat=None):
     assert ref.same_bits(np.asarray(x_hat), deq), "dequantized values differ"
 
 
-@st.composite
-def _case(draw):
-  shape = draw(hs.shapes())
-  return draw(hs.arrays(shape)), draw(hs.specs(len(shape)))
-
-
 @pytest.mark.slow
-@given(_case())
+@given(hs.arrays_and_specs())
 def test_quantize_matches_reference_bit_for_bit(case):
   x, spec = case
   qt = fp8jax.quantize(jnp.asarray(x), spec)
@@ -40,7 +33,7 @@ def test_quantize_matches_reference_bit_for_bit(case):
 
 
 @pytest.mark.slow
-@given(_case())
+@given(hs.arrays_and_specs())
 @settings(max_examples=max(15, settings.default.max_examples // 3))  # 2 compilations each
 def test_jit_matches_reference_and_eager(case):
   x, spec = case

@@ -252,8 +252,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
-  model = model_api.deepseek(cfg, scan_layers) if scan_layers else cfg
-  evaluator = paired.PairedEvaluator(model, pols, mesh, moe_impl,  # checks the policies
+  evaluator = paired.PairedEvaluator(model_api.deepseek(cfg, scan_layers), pols, mesh,
+                                     moe_impl,  # checks the policies
                                      telemetry=telemetry, deterministic=deterministic)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   with multihost.lock_folder(out):  # one writer per results folder
