@@ -4,7 +4,7 @@ to BF16 against BF16's seed-to-seed spread (docs/validation.md).
     python -m fp8jax.experiments.validate --config=experiments/configs/train_tiny.py \
         --out=out/validation --recipes=bf16,gemm:fp32_blockwise --seeds=0-2 \
         [--deadline_s=540] [--metric=lm_loss] [--bound=0.0025] \
-        [--contrast="gemm:mxfp4 vs gemm:nvfp4" ...]
+        [--contrast="gemm:mxfp4 vs gemm:nvfp4" ...] [--one_step=out/one_step]
 
 Every (recipe, seed) trains with the config (policy and init seed replaced) in
 ``<out>/runs/<recipe>_s<seed>``; finished runs are skipped, stopped ones resume, so the
@@ -12,7 +12,10 @@ same command continues the matrix across calls. ``--deadline_s``: no run starts 
 many seconds, and a running one saves a checkpoint and stops then (exit 75: run the command
 again). Several copies of the command may share one ``--out`` (e.g. one GPU): each takes
 the runs no other holds. Writes ``<out>/summary.md``, ``summary.json`` and the figure
-``validation.png`` (loss and gap to BF16 over training, seed bands). The logic is
+``validation.png`` (loss and gap to BF16 over training, seed bands). ``--one_step``: a
+folder of ``compare`` runs of the recipes on checkpoints of BF16 runs of the same config
+(``<folder>/s<seed>``, ``scripts/gpu/one_step_loop.sh``); the summary then says whether the
+one-step ranking of the recipes predicts the full runs' (Spearman over recipes). The logic is
 :mod:`fp8jax.study.runs.validation`.
 """
 
@@ -39,6 +42,9 @@ _BOUND = flags.DEFINE_float("bound", 0.0025, "Relative gap the verdicts are agai
 _CONTRAST = flags.DEFINE_multi_string(
     "contrast", [], "'RECIPE_A vs RECIPE_B': the paired difference of their gaps over seeds "
     "(repeatable).")
+_ONE_STEP = flags.DEFINE_string(
+    "one_step", "", "Folder of one-step comparisons on checkpoints of BF16 runs of this "
+    "config, <folder>/s<seed> (scripts/gpu/one_step_loop.sh): rank agreement with the gaps.")
 
 
 def main(argv):
@@ -54,7 +60,7 @@ def main(argv):
         _CONFIG.value, _OUT.value, matrix,
         deadline=start + _DEADLINE.value if _DEADLINE.value > 0 else None)
     summary = validation.summarize(_OUT.value, matrix, _METRIC.value, _TAIL.value,
-                                   _BOUND.value, contrasts)
+                                   _BOUND.value, contrasts, _ONE_STEP.value or None)
     figure = None
     if summary["recipes"][validation.REFERENCE]["tail"]:  # a finished BF16 run to draw against
       from fp8jax.study.runs import validation_figures  # pylint: disable=import-outside-toplevel

@@ -45,6 +45,7 @@ from fp8jax.data import folder_lock
 from fp8jax.models import policy as policy_lib
 from fp8jax.study.common import results_io
 from fp8jax.study.common.intervals import Stat, mean_ci
+from fp8jax.study.runs import one_step_ranking
 from fp8jax.study.runs.overlay import load_run, tail_count
 from fp8jax.train import determinism, noise_probe, preemption
 
@@ -261,10 +262,12 @@ def contrast(recipes: dict[str, Any], a: str, b: str) -> dict[str, Any]:
 
 
 def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
-              bound: float = 0.0025, contrasts: Sequence[tuple[str, str]] = ()
-              ) -> dict[str, Any]:
+              bound: float = 0.0025, contrasts: Sequence[tuple[str, str]] = (),
+              one_step: str | pathlib.Path | None = None) -> dict[str, Any]:
   """Tail values per run, gaps to BF16 per recipe over seeds, the BF16 spread, and the
-  ``contrasts`` (recipe pairs, :func:`contrast`); writes ``<out>/summary.json`` and
+  ``contrasts`` (recipe pairs, :func:`contrast`); with ``one_step`` (a folder of one-step
+  comparisons on the BF16 runs' checkpoints), the rank agreement of that comparison with
+  the gaps (:mod:`fp8jax.study.runs.one_step_ranking`). Writes ``<out>/summary.json`` and
   ``<out>/summary.md``. Unfinished runs are left out and listed."""
   out = pathlib.Path(out)
   value, missing, nonfinite, modes, probes = {}, [], [], {}, {}
@@ -299,6 +302,8 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
              "bf16_spread": spread, "recipes": recipes, "missing": missing,
              "nonfinite": nonfinite, "modes": modes, "probes": probes,
              "contrasts": [contrast(recipes, a, b) for a, b in contrasts]}
+  if one_step is not None:
+    summary["one_step"] = one_step_ranking.agreement(one_step_ranking.load(one_step), summary)
   results_io.write_json(out / "summary.json", _json_safe(summary))
   (out / "summary.md").write_text(render(summary))
   return summary
@@ -360,6 +365,8 @@ def render(summary: dict[str, Any]) -> str:
         drop = "-" if p["cross_step"] is None else f"{p['lm_drop_after']:.4f}"
         lines.append(f"| {recipe} | {seed} | {p['first']:.2f} | {p['last']:.2f} | {cross} | "
                      f"{drop} |")
+  if summary.get("one_step"):
+    lines += ["", *one_step_ranking.markdown(summary["one_step"])]
   for key, text in (("missing", "not finished"), ("nonfinite", "non-finite, left out")):
     if summary[key]:
       lines += ["", f"Runs {text}: {', '.join(summary[key])}."]
