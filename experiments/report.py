@@ -9,7 +9,8 @@ baseline.jsonl, weights.jsonl) and writes ``report.md`` and ``figures/*.png``::
 
 With the branch-off study's folder (``--branch``; by default ``<results>/../branch`` when it
 holds ``branches.jsonl``) the report also answers "Does the one-step perturbation predict the
-trajectory?".
+trajectory?". With a validation matrix's summary (``--validation=out/val/summary.json``) it
+also ranks the sweep's recipes (``gemm:*``) against the full runs' gaps to BF16.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ _RESULTS = flags.DEFINE_string("results", None, "Folder of the comparison sweep.
                                required=True)
 _OUT = flags.DEFINE_string("out", None, "Output folder (default: --results).")
 _TOP_K = flags.DEFINE_integer("top_k", 10, "Depth of the parameter rankings.")
+_VALIDATION = flags.DEFINE_string(
+    "validation", None, "A validation matrix's summary.json (validate): rank the sweep's "
+    "recipes against the full runs' gaps in the trajectory section.")
 _BRANCH = flags.DEFINE_string("branch", None, "Folder of the branch-off study (default: "
                               "<results>/../branch when it holds branches.jsonl).")
 
@@ -33,7 +37,7 @@ def main(argv):
   multihost.quiet_library_logs(flags.FLAGS["verbosity"].present)
   try:
     path = report.write_report(_RESULTS.value, out=_OUT.value, top_k=_TOP_K.value,
-                               branch=_BRANCH.value)
+                               branch=_BRANCH.value, validation=_VALIDATION.value)
   except (ValueError, FileNotFoundError) as e:  # a missing or damaged results folder
     _cli.fail(str(e))
   print(f"wrote {path}")

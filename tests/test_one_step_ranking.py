@@ -137,3 +137,23 @@ def test_validation_summary_carries_the_ranking(tmp_path):
   assert "Does the one-step comparison rank the recipes" in (tmp_path / "summary.md").read_text()
   saved = json.loads((tmp_path / "summary.json").read_text())
   assert saved["one_step"]["recipes"] == list(RECIPES[:3])
+
+
+def test_report_ranks_a_sweep_against_the_mean_gaps(tmp_path):
+  """One sweep of no run of the matrix (seed None): set against each recipe's mean gap; the
+  report's trajectory section carries the table."""
+  from fp8jax.study import report  # pylint: disable=import-outside-toplevel
+  values = {(r, 100): [0.1 * (i + 1), 0.1 * (i + 1) + 0.01] for i, r in enumerate(RECIPES)}
+  _sweep(tmp_path / "sweep", values)
+  gaps = {r: [0.001 * v, 0.003 * v, 0.002 * v] for v, r in zip((1, 3, 2, 5, 4), RECIPES)}
+  agr = one_step_ranking.agreement({None: one_step_ranking.results_lib.load(tmp_path / "sweep")},
+                                   _summary(gaps), n_boot=100)
+  got = agr["steps"][100]["seeds"][None]
+  want = scipy_stats.spearmanr([0.1 * (i + 1) for i in range(5)], [1, 3, 2, 5, 4]).statistic
+  assert got["rho"] == pytest.approx(want) and got["n"] == 5
+  summary_path = tmp_path / "summary.json"
+  summary_path.write_text(json.dumps(_summary(gaps)))
+  text = report.write_report(tmp_path / "sweep", out=tmp_path / "report",
+                             validation=summary_path, find_branch=False).read_text()
+  assert "does the one-step ranking predict them?" in text
+  assert f"| 100 | 5 | mean gap: {want:+.2f} (" in text

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 import contextlib
+import json
 import pathlib
 from typing import Any
 
@@ -36,6 +37,7 @@ from fp8jax.study.branches import trajectory, trajectory_figures
 from fp8jax.study.common.results import Results, load, parse_seed_name
 from fp8jax.study.common.stats import fmt_stat, overall, stat, table
 from fp8jax.study.comparison import conditioning, figures, floor, questions
+from fp8jax.study.runs import one_step_ranking
 
 SUMMARY_METRICS = ("rel_err", "diff_norm", "cosine", "loss_rel_err", "share_direct")
 """Metrics of the per-policy summary table."""
@@ -159,12 +161,16 @@ def branch_folder(folder: str | pathlib.Path) -> pathlib.Path | None:
 
 def write_report(folder: str | pathlib.Path, out: str | pathlib.Path | None = None,
                  top_k: int = 10, branch: str | pathlib.Path | None = None,
-                 find_branch: bool = True, n_boot: int = 2000) -> pathlib.Path:
+                 find_branch: bool = True, n_boot: int = 2000,
+                 validation: str | pathlib.Path | None = None) -> pathlib.Path:
   """Writes ``report.md`` and its figures (``figures/*.png``) into ``out`` (default:
   ``folder``); returns the path of report.md.
 
   ``branch``: the branch-off study's folder for the trajectory section (default: the one
   :func:`branch_folder` finds, when ``find_branch``); ``n_boot``: its bootstrap resamples.
+  ``validation``: a validation matrix's ``summary.json`` (``validate``); the trajectory
+  section then ranks the sweep's policies that are recipes of the matrix against the full
+  runs' mean gaps (:mod:`fp8jax.study.runs.one_step_ranking`).
   """
   res = load(folder)
   branch = branch or (branch_folder(folder) if find_branch else None)
@@ -173,10 +179,11 @@ def write_report(folder: str | pathlib.Path, out: str | pathlib.Path | None = No
   # report can be drawn while its sweep still runs.
   with (folder_lock.hold(out) if out.resolve() != pathlib.Path(folder).resolve()
         else contextlib.nullcontext()):
-    return _write(res, out, top_k, branch, n_boot)
+    return _write(res, out, top_k, branch, n_boot, validation)
 
 
-def _write(res, out: pathlib.Path, top_k: int, branch, n_boot: int) -> pathlib.Path:
+def _write(res, out: pathlib.Path, top_k: int, branch, n_boot: int,
+           validation=None) -> pathlib.Path:
   fig_dir = out / "figures"
   fig_dir.mkdir(parents=True, exist_ok=True)
   ans = questions.answers(res, top_k)
@@ -187,6 +194,12 @@ def _write(res, out: pathlib.Path, top_k: int, branch, n_boot: int) -> pathlib.P
     st = trajectory.study(res, br, n_boot=n_boot)
     png = trajectory_figures.scatter(st, fig_dir).relative_to(out).as_posix()
     extra = trajectory.markdown(st, br, res, png)
+  if validation:
+    summary = json.loads(pathlib.Path(validation).read_text())
+    extra = [*extra, "", "### Full training runs: does the one-step ranking predict them?", "",
+             f"Full runs: `{validation}`.", "",
+             *one_step_ranking.markdown(one_step_ranking.agreement({None: res}, summary,
+                                                                  n_boot=n_boot))]
   path = out / "report.md"
   path.write_text(render(res, ans, {k: v.relative_to(out).as_posix() for k, v in paths.items()},
                          extra))

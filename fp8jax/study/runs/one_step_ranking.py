@@ -61,10 +61,12 @@ def predictor(res: results_lib.Results, policy: str, step: int,
   return float(np.mean([float(r[metric]) for r in rows]))
 
 
-def agreement(one_step: dict[int, results_lib.Results], summary: dict[str, Any],
+def agreement(one_step: dict[int | None, results_lib.Results], summary: dict[str, Any],
               metric: str = METRIC, n_boot: int = 2000) -> dict[str, Any]:
   """The rank agreement of the one-step predictor with the full runs' gaps.
 
+  ``one_step``: ``{seed: sweep}``; the seed ``None`` (a sweep on a checkpoint of no run of
+  the matrix) is set against each recipe's mean gap over its seeds.
   ``summary``: the validation summary (``recipes[r]["gaps"]`` over ``gap_seeds``). Recipes:
   those of the summary other than BF16 that every sweep compared. Returns ``metric``,
   ``recipes``, ``floor`` (``{step: mean floor rel_err over the seeds}`` when the sweeps
@@ -77,6 +79,8 @@ def agreement(one_step: dict[int, results_lib.Results], summary: dict[str, Any],
              and all(r in res.policies for res in one_step.values())]
   gap = {r: dict(zip(summary["recipes"][r]["gap_seeds"], summary["recipes"][r]["gaps"]))
          for r in recipes}
+  for r in recipes:
+    gap[r][None] = float(np.mean(list(gap[r].values()))) if gap[r] else math.nan
   steps = sorted(set.intersection(*(set(res.steps) for res in one_step.values())))
   out = {"metric": metric, "recipes": recipes, "steps": {}, "floor": {}}
   for step in steps:
@@ -84,7 +88,7 @@ def agreement(one_step: dict[int, results_lib.Results], summary: dict[str, Any],
                for res in one_step.values() for r in recipes):
       continue
     per_seed, xs, ys = {}, [], []
-    for seed, res in sorted(one_step.items()):
+    for seed, res in sorted(one_step.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
       x = [predictor(res, r, step, metric) for r in recipes]
       y = [gap[r].get(seed, math.nan) for r in recipes]
       c = correlate(x, y, n_boot=0)
@@ -143,7 +147,8 @@ def markdown(agr: dict[str, Any]) -> list[str]:
            "| checkpoint step | n | rho per seed (p) | mean rho over seeds | "
            "rho of the seed means |", "|---|---|---|---|---|"]
   for step, s in agr["steps"].items():
-    seeds = ", ".join(f"s{k}: {_rho(v['rho'])} ({fmt_p(v['p'])})"
+    seeds = ", ".join(f"{'mean gap' if k is None else f's{k}'}: {_rho(v['rho'])} "
+                      f"({fmt_p(v['p'])})"
                       for k, v in s["seeds"].items())
     n = "/".join(sorted({str(v["n"]) for v in s["seeds"].values()}))
     m = Stat(**s["mean"])
