@@ -72,7 +72,7 @@ def test_agreement_matches_scipy(tmp_path):
     xs, ys = [], []
     for seed in range(3):
       x, y = [], []
-      for i, r in enumerate(RECIPES):
+      for r in RECIPES:
         v = per_seed[seed][(r, step)]
         ok = v and all(e is not None for e in v)
         x.append(float(np.mean(v)) if ok else math.nan)
