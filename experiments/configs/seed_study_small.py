@@ -15,31 +15,17 @@ shared), 3000 steps of 32 x 256 tokens (24.6M tokens, each seen once:
 the step decay at 80% and 90%, and checkpoints every 300 steps from step 0 (11 of them).
 """
 
-from fp8jax.train import run_config
+from fp8jax.experiments.configs import validate_small
 
 
 def get_config():
-  c = run_config.defaults()
-  c.model = "tiny"
-  c.model_overrides.vocab_size = 1024
-  c.model_overrides.hidden_size = 256
+  c = validate_small.get_config()
   c.model_overrides.num_hidden_layers = 9
-  c.model_overrides.num_attention_heads = 4
-  c.model_overrides.intermediate_size = 512
-  c.model_overrides.moe_intermediate_size = 128
-  c.model_overrides.n_routed_experts = 16
-  c.model_overrides.num_experts_per_tok = 2
   c.model_overrides.first_k_dense_replace = 0
-  c.model_overrides.max_position_embeddings = 256
   c.data.source = "synthetic:128"
-  c.data.tokenizer = "bytes"  # set to the BPE's tokenizer.json (see above)
-  c.data.seq_len = 256
-  c.data.global_batch = 32
-  c.optim.peak_lr = 2e-3
   c.optim.warmup_steps = 600
   c.train.steps = 3000
   c.train.save_every = 300
-  c.train.log_every = 10
+  c.train.checkpoints = True
   c.train.scan_layers = True
-  c.train.moe_impl = "dispatch"
   return c
