@@ -24,7 +24,7 @@ one_seed() {
     "${train_extra[@]}" --workdir="$out/train_s$s" &&
   python3 scripts/run.py fp8jax.experiments.compare --train_workdir="$out/train_s$s" \
     --out="$out/one_step/s$s" --policies="$recipes" --steps="${STEPS:-400,800}" \
-    --offsets=0 --batches="${BATCHES:-2}" --batch_size=16 --telemetry=False --scan_layers
+    --offsets=0 --batches="${BATCHES:-2}" --batch_size=16 --telemetry=False
 }
 for s in ${SEEDS:-0 1 2}; do
   one_seed "$s" >"$out/logs/seed$s.log" 2>&1 &
