@@ -11,12 +11,13 @@ Every (recipe, seed) trains with the config (policy and init seed replaced) in
 same command continues the matrix across calls. ``--deadline_s``: no run starts after that
 many seconds, and a running one saves a checkpoint and stops then (exit 75: run the command
 again). Several copies of the command may share one ``--out`` (e.g. one GPU): each takes
-the runs no other holds. Writes ``<out>/summary.md``, ``summary.json`` and the figure
-``validation.png`` (loss and gap to BF16 over training, seed bands). ``--one_step``: a
-folder of ``compare`` runs of the recipes on checkpoints of BF16 runs of the same config
-(``<folder>/s<seed>``, ``scripts/gpu/one_step_loop.sh``); the summary then says whether the
-one-step ranking of the recipes predicts the full runs' (Spearman over recipes). The logic is
-:mod:`fp8jax.study.runs.validation`.
+the runs no other holds; ``--group_seeds`` trains a recipe's seeds in one process, the step
+vmapped over seeds (one compilation per recipe). Writes ``<out>/summary.md``,
+``summary.json`` and the figure ``validation.png`` (loss and gap to BF16 over training,
+seed bands). ``--one_step``: a folder of ``compare`` runs of the recipes on checkpoints of
+BF16 runs of the same config (``<folder>/s<seed>``, ``scripts/gpu/one_step_loop.sh``); the
+summary then says whether the one-step ranking of the recipes predicts the full runs'
+(Spearman over recipes). The logic is :mod:`fp8jax.study.runs.validation`.
 """
 
 import pathlib
@@ -42,6 +43,9 @@ _BOUND = flags.DEFINE_float("bound", 0.0025, "Relative gap the verdicts are agai
 _CONTRAST = flags.DEFINE_multi_string(
     "contrast", [], "'RECIPE_A vs RECIPE_B': the paired difference of their gaps over seeds "
     "(repeatable).")
+_GROUP = flags.DEFINE_bool(
+    "group_seeds", False, "Train a recipe's seeds together in this process, the step vmapped "
+    "over seeds: one compilation per recipe (runs without checkpoints, one device).")
 _ONE_STEP = flags.DEFINE_string(
     "one_step", "", "Folder of one-step comparisons on checkpoints of BF16 runs of this "
     "config, <folder>/s<seed> (scripts/gpu/one_step_loop.sh): rank agreement with the gaps.")
@@ -58,7 +62,8 @@ def main(argv):
     contrasts = [validation.parse_contrast(c, matrix) for c in _CONTRAST.value]
     outcome = validation.run_matrix(
         _CONFIG.value, _OUT.value, matrix,
-        deadline=start + _DEADLINE.value if _DEADLINE.value > 0 else None)
+        deadline=start + _DEADLINE.value if _DEADLINE.value > 0 else None,
+        group_seeds=_GROUP.value)
     summary = validation.summarize(_OUT.value, matrix, _METRIC.value, _TAIL.value,
                                    _BOUND.value, contrasts, _ONE_STEP.value or None)
     figure = None

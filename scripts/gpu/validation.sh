@@ -6,7 +6,9 @@
 # RESULTS: the matrix folder (runs/<recipe>_s<seed>/metrics.jsonl, summary.md/json) and
 # the tokenizer (tok1k/, trained here on the first call). No run starts after DEADLINE_S
 # (default 360) seconds; a started one runs to its end (the config saves no checkpoints).
-# RECIPES, SEEDS, PROCS (default 6), EXTRA (more --config.* flags) from the environment.
+# RECIPES, SEEDS, PROCS (default 6), EXTRA (more --config.* flags) from the environment;
+# GROUP=1: each process trains a recipe's seeds together, vmapped (validate --group_seeds:
+# one compilation per recipe; then PROCS of 2-4 keep the GPU busy).
 set -uo pipefail
 out=${1:?usage: validation.sh RESULTS [DEADLINE_S]}
 deadline=${2:-360}
@@ -21,6 +23,7 @@ fi
 t0=$SECONDS
 call=$(date -u +%Y%m%dT%H%M%S)
 read -r -a extra <<<"${EXTRA:-}"
+[ "${GROUP:-0}" = 1 ] && extra+=(--group_seeds)
 for i in $(seq "$procs"); do
   python3 scripts/run.py fp8jax.experiments.validate \
     --config=experiments/configs/validate_small.py \

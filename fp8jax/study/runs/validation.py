@@ -5,16 +5,8 @@ sessions, and their gaps to BF16 against BF16's own seed-to-seed spread.
     run_matrix(base_cfg, "out/validation", m, deadline=time.monotonic() + 540)
     table = summarize("out/validation", m)          # also summary.json and summary.md
 
-Each (recipe, seed) trains in ``<out>/runs/<recipe>_s<seed>`` with ``base_cfg`` (an
-``ml_collections`` run config, :mod:`fp8jax.train.run_config`), its ``policy`` set to the
-recipe and its init ``seed`` to the seed; the data order is the same for every run. A run
-that finished has ``done.json`` and is skipped; one with checkpoints resumes. Runs go seed
-by seed, so an interrupted matrix has whole seeds first. With a ``deadline``
-(``time.monotonic()`` seconds) no run starts after it, and a running one is stopped at it as
-by a preemption notice (it saves a checkpoint and the next call resumes it; runs without
-checkpoints, ``train.checkpoints=False``, run to their end, and one stopped otherwise
-starts again). Several processes may work on one matrix at once (e.g. on one GPU): each
-run's folder is locked while it trains, and a process skips the runs another holds.
+The runs (:class:`Matrix`, :func:`run_matrix`, re-exported here) are
+:mod:`fp8jax.study.runs.matrix`.
 
 The summary: per run the mean ``metric`` over the last ``tail`` share of its logged steps
 (the overlay's tail mean; nats per token); per recipe the relative gap to BF16 of the same
@@ -27,178 +19,27 @@ outside, and "cannot tell" otherwise. Non-finite runs are listed, never averaged
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import dataclasses
 import math
-import os
 import pathlib
-import re
-import signal
-import sys
-import threading
-import time
 from typing import Any
 
 import numpy as np
 
-from fp8jax.data import folder_lock
-from fp8jax.models import policy as policy_lib
 from fp8jax.study.common import results_io
 from fp8jax.study.common.intervals import Stat, mean_ci
 from fp8jax.study.runs import one_step_ranking
+from fp8jax.study.runs.matrix import (  # noqa: F401  (re-exported: the matrix's API)
+    DONE,
+    REFERENCE,
+    Matrix,
+    parse_seeds,
+    run_matrix,
+    run_name,
+)
 from fp8jax.study.runs.overlay import load_run, tail_count
-from fp8jax.train import determinism, noise_probe, preemption
-
-REFERENCE = "bf16"
-DONE = "done.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Matrix:
-  """``recipes`` (policy expressions; :data:`REFERENCE` among them) x init ``seeds``."""
-
-  recipes: tuple[str, ...]
-  seeds: tuple[int, ...]
-
-  def __post_init__(self):
-    object.__setattr__(self, "recipes", tuple(str(r).strip() for r in self.recipes))
-    object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
-    if REFERENCE not in self.recipes:
-      raise ValueError(f"the recipes must include the reference {REFERENCE!r}, got "
-                       f"{list(self.recipes)}")
-    if len(set(self.recipes)) != len(self.recipes) or len(set(self.seeds)) != len(self.seeds):
-      raise ValueError(f"repeated recipes or seeds: {list(self.recipes)}, {list(self.seeds)}")
-    if not self.seeds or min(self.seeds) < 0:
-      raise ValueError(f"seeds must be >= 0 and at least one, got {list(self.seeds)}")
-    for r in self.recipes:
-      policy_lib.parse_policy(r)  # an unknown recipe fails here, before any run
-
-  def runs(self) -> list[tuple[str, int]]:
-    """(recipe, seed) in the order they train: seed by seed, the reference first."""
-    order = [REFERENCE] + [r for r in self.recipes if r != REFERENCE]
-    return [(r, s) for s in self.seeds for r in order]
-
-
-def run_name(recipe: str, seed: int) -> str:
-  """The run folder's name: the recipe with characters other than ``[A-Za-z0-9.-]`` as
-  ``_``, then ``_s<seed>`` (``gemm:fp32_blockwise``, 0 -> ``gemm_fp32_blockwise_s0``)."""
-  return f"{re.sub(r'[^A-Za-z0-9.-]+', '_', recipe)}_s{seed}"
-
-
-def _ignore_term(signum, frame) -> None:
-  """The matrix's own SIGTERM handler between runs: a late deadline signal is harmless."""
-  del signum, frame
-
-
-def _stop_at(deadline: float | None) -> threading.Event | None:
-  """From ``deadline`` on, sends this process SIGTERM once a run's preemption watch has its
-  handler installed (it saves a checkpoint and stops; before, e.g. while the run compiles,
-  there is nothing to save). Set the returned event to cancel."""
-  if deadline is None:
-    return None
-  cancel = threading.Event()
-
-  def watch():
-    if cancel.wait(max(0.0, deadline - time.monotonic())):
-      return
-    while not cancel.is_set():
-      handler = signal.getsignal(signal.SIGTERM)
-      if callable(handler) and handler is not _ignore_term:
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-      cancel.wait(0.5)
-
-  threading.Thread(target=watch, daemon=True).start()
-  return cancel
-
-
-def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, stream=None,
-               train_fn: Callable | None = None) -> dict[str, list[str]]:
-  """Trains every run of ``matrix`` not finished yet; returns the run names by outcome
-  (``done``: finished now or before, ``stopped``: saved at the deadline, ``pending``: not
-  started, ``busy``: held by another process). ``train_fn``:
-  :func:`fp8jax.train.loop.train` (replaceable in tests)."""
-  if train_fn is None:
-    from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
-    train_fn = loop.train
-  stream = stream or sys.stderr
-  out = pathlib.Path(out)
-  outcome = {"done": [], "stopped": [], "pending": [], "busy": []}
-  main = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, _ignore_term) if deadline and main else None
-  try:
-    for recipe, seed in matrix.runs():
-      _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome)
-  finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
-  return outcome
-
-
-def _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome) -> None:
-  """Trains one run of the matrix unless done or held by another process (``busy``);
-  records its outcome. The run's folder stays locked from the check to ``done.json``."""
-  name = run_name(recipe, seed)
-  workdir = out / "runs" / name
-  if (workdir / DONE).exists():
-    outcome["done"].append(name)
-    return
-  if deadline is not None and time.monotonic() >= deadline:
-    outcome["pending"].append(name)
-    return
-  try:
-    with folder_lock.hold(workdir):
-      if (workdir / DONE).exists():  # finished by another process since the check above
-        outcome["done"].append(name)
-        return
-      _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
-                 outcome)
-  except folder_lock.FolderLockedError:
-    print(f"[validate] {name}: another process trains it, skipped", file=stream, flush=True)
-    outcome["busy"].append(name)
-
-
-def _has_checkpoint(workdir: pathlib.Path) -> bool:
-  ckpts = workdir / "checkpoints"
-  return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
-
-
-def _set_aside(workdir: pathlib.Path, stream) -> None:
-  """A run stopped without a checkpoint restarts from step 0: its metrics are kept as
-  ``metrics.jsonl.stopped-<n>``, out of the new run's way."""
-  metrics = workdir / "metrics.jsonl"
-  if not metrics.exists():
-    return
-  n = 0
-  while (aside := workdir / f"metrics.jsonl.stopped-{n}").exists():
-    n += 1
-  metrics.rename(aside)
-  print(f"[validate] {workdir.name}: stopped earlier without a checkpoint; starts again "
-        f"(its metrics kept as {aside.name})", file=stream, flush=True)
-
-
-def _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
-               outcome) -> None:
-  name = workdir.name
-  cfg = base_cfg.copy_and_resolve_references()
-  cfg.policy, cfg.seed = recipe, seed
-  resume = _has_checkpoint(workdir)
-  if not resume:
-    _set_aside(workdir, stream)
-  print(f"[validate] {name}: {'resuming' if resume else 'start'} "
-        f"({len(outcome['done'])} of {len(matrix.runs())} done here)", file=stream, flush=True)
-  cancel = _stop_at(deadline)
-  try:
-    summary = train_fn(cfg, workdir, resume=resume, stream=stream)
-  except preemption.Preempted:
-    outcome["stopped"].append(name)
-    return
-  finally:
-    if cancel is not None:
-      cancel.set()
-  results_io.write_json(workdir / DONE, {"recipe": recipe, "seed": seed,
-                                         "final_step": summary.get("final_step")})
-  outcome["done"].append(name)
+from fp8jax.train import determinism, noise_probe
 
 
 def tail_value(workdir, metric: str = "lm_loss", tail: float = 0.1) -> float:
@@ -371,12 +212,3 @@ def render(summary: dict[str, Any]) -> str:
     if summary[key]:
       lines += ["", f"Runs {text}: {', '.join(summary[key])}."]
   return "\n".join(lines) + "\n"
-
-
-def parse_seeds(text: Sequence[str]) -> tuple[int, ...]:
-  """``["0", "1", "2"]`` or ``["0-2"]`` -> (0, 1, 2)."""
-  seeds = []
-  for part in text:
-    lo, _, hi = str(part).partition("-")
-    seeds.extend(range(int(lo), int(hi or lo) + 1))
-  return tuple(seeds)
