@@ -3,6 +3,7 @@ through its preemption watch, and the summary against a separate NumPy/SciPy com
 
 import json
 import math
+import os
 import pathlib
 import signal
 import threading
@@ -282,3 +283,45 @@ def test_binary_smoke(tmp_path):
                        capture_output=True, text=True, cwd=repo, timeout=120)
   assert bad.returncode == 2 and bad.stderr.strip().startswith("error:")
   assert "reference 'bf16'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_binary_trains_a_small_matrix_in_seed_groups(tmp_path):
+  """The matrix's smallest version end to end: the binary with --group_seeds trains 2
+  recipes x 2 seeds (2 steps each), writes done.json per run and the summary; a second
+  call trains nothing."""
+  import subprocess
+  import sys
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  cmd = [sys.executable, "-m", "fp8jax.experiments.validate",
+         f"--config={repo / 'experiments/configs/train_tiny.py'}", "--config.train.steps=2",
+         "--config.train.log_every=1", "--config.train.checkpoints=False",
+         "--config.data.global_batch=2", "--config.data.seq_len=32",
+         "--config.optim.warmup_steps=1", "--recipes=bf16,attn@0:e4m3", "--seeds=0-1",
+         "--group_seeds", f"--out={tmp_path}"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  first = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=600, env=env)
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert "done: 4 of 4 runs finished" in first.stdout
+  for name in ("bf16_s0", "bf16_s1", "attn_0_e4m3_s0", "attn_0_e4m3_s1"):
+    record = json.loads((tmp_path / "runs" / name / "done.json").read_text())
+    assert record["group"] == [0, 1] and record["final_step"] == 2
+  assert "| attn@0:e4m3 | 2 |" in (tmp_path / "summary.md").read_text()
+  again = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=600, env=env)
+  assert again.returncode == 0 and "seeds [" not in again.stderr
+
+
+def test_figure_of_runs_shorter_than_the_smoothing_window(tmp_path):
+  """Two logged steps (fewer than the 5-point window and all before skip_steps): the
+  curves keep one value per step and the figure draws them."""
+  m = validation.Matrix(("bf16", "gemm:mxfp4"), (0,))
+  for recipe, loss in (("bf16", 2.0), ("gemm:mxfp4", 2.2)):
+    run = tmp_path / "runs" / validation.run_name(recipe, 0)
+    run.mkdir(parents=True)
+    rows = [{"step": s, "loss": loss, "lm_loss": loss} for s in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text("{}")
+    (run / "done.json").write_text("{}")
+  steps, loss, gap = validation_figures.curves(tmp_path, m)
+  assert list(steps) == [1, 2] and loss["gemm:mxfp4"].shape == (1, 2)
+  np.testing.assert_allclose(gap["gemm:mxfp4"], [[0.1, 0.1]])
+  assert validation_figures.draw(tmp_path, m).stat().st_size > 10_000

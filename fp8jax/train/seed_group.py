@@ -46,7 +46,10 @@ from fp8jax.train import step as step_lib
 
 
 def check(cfg) -> None:
-  """Raises ValueError when ``cfg`` cannot be trained as a seed group (see the limits)."""
+  """Raises ValueError when ``cfg`` is not a valid run config
+  (:func:`fp8jax.train.run_config.validate`) or cannot be trained as a seed group (see the
+  limits)."""
+  run_config.validate(cfg)
   if cfg.train.checkpoints:
     raise ValueError("a seed group trains runs without checkpoints only "
                      "(train.checkpoints=False)")

@@ -20,7 +20,9 @@ from fp8jax.study.runs.validation import DONE, REFERENCE, Matrix, run_name
 
 
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:
-  """Centred moving mean over ``window`` points (shorter at the ends); float64 [n]."""
+  """Centred moving mean over ``window`` points (shorter at the ends; at most n); float64
+  [n]."""
+  window = min(window, values.size)
   if window <= 1:
     return values
   kernel = np.ones(window)
@@ -58,12 +60,14 @@ def curves(out, matrix: Matrix, metric: str = "lm_loss", smooth: int = 5
 
 def draw(out, matrix: Matrix, metric: str = "lm_loss", smooth: int = 5,
          skip_steps: int = 100) -> pathlib.Path:
-  """Writes ``<out>/validation.png`` (two panels, from step ``skip_steps`` on) and returns
-  its path."""
+  """Writes ``<out>/validation.png`` (two panels, from step ``skip_steps`` on, or every
+  step of a run shorter than that) and returns its path."""
   from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
 
   steps, loss, gap = curves(out, matrix, metric, smooth)
   keep = steps >= skip_steps
+  if not keep.any():
+    keep[:] = True
   fig = Figure(figsize=(13, 4.6), layout="constrained")
   ax_loss, ax_gap = fig.subplots(1, 2)
   for i, recipe in enumerate(loss):
