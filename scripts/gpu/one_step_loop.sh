@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The one-step comparison on checkpoints of the validation matrix's BF16 runs
-# (docs/validation.md, "Does the one-step ranking predict the full runs?"). Per seed, in
-# parallel: a BF16 run of the matrix's config with checkpoints at 0, 400 and 800
-# (RESULTS/train_s<seed>), then `compare` of the matrix's recipes on checkpoints STEPS
-# (RESULTS/one_step/s<seed>: compare's rows, resumable). Then
+# (docs/validation.md, "Does the one-step ranking predict the full runs?"). In parallel, a
+# BF16 run of the matrix's config per seed with checkpoints at 0, 400 and 800
+# (RESULTS/train_s<seed>); then `compare` of the matrix's recipes on checkpoints STEPS
+# (RESULTS/one_step/s<seed>: compare's rows, resumable), the first seed alone and the others
+# in parallel after it: they find its compilations in the persistent cache
+# (JAX_COMPILATION_CACHE_DIR, default RESULTS/jax_cache) and only trace. Then
 #   python -m fp8jax.experiments.validate ... --one_step=RESULTS/one_step
 # sets that ranking against the full runs' gaps.
 #   bash scripts/gpu/one_step_loop.sh RESULTS TOKENIZER_JSON
@@ -13,21 +15,26 @@ set -uo pipefail
 out=${1:?usage: one_step_loop.sh RESULTS TOKENIZER_JSON}
 tok=${2:?usage: one_step_loop.sh RESULTS TOKENIZER_JSON}
 recipes=${RECIPES:-gemm:fp32_blockwise,gemm:mxfp8,gemm:mxfp8_ocp,gemm:mxfp4,gemm:nvfp4,gemm:nvfp4_recipe,gemm:nvfp4_recipe_no_rht,gemm:nvfp4_recipe_no_2d,gemm:nvfp4_recipe_no_sr,gemm:nvfp4_recipe_no_tail}
-mkdir -p "$out/logs" "$out/one_step"
+read -r -a seeds <<<"${SEEDS:-0 1 2}"
 read -r -a train_extra <<<"${TRAIN_EXTRA:-}"
+mkdir -p "$out/logs" "$out/one_step"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-one_seed() {
-  local s=$1
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$out/jax_cache}
+train() {
   python3 scripts/run.py fp8jax.experiments.train \
     --config=experiments/configs/validate_small.py --config.data.tokenizer="$tok" \
-    --config.seed="$s" --config.train.checkpoints=True --config.train.save_every=400 \
-    "${train_extra[@]}" --workdir="$out/train_s$s" &&
-  python3 scripts/run.py fp8jax.experiments.compare --train_workdir="$out/train_s$s" \
-    --out="$out/one_step/s$s" --policies="$recipes" --steps="${STEPS:-400,800}" \
-    --offsets=0 --batches="${BATCHES:-2}" --batch_size=16 --telemetry=False
+    --config.seed="$1" --config.train.checkpoints=True --config.train.save_every=400 \
+    "${train_extra[@]}" --workdir="$out/train_s$1" >"$out/logs/train_s$1.log" 2>&1
 }
-for s in ${SEEDS:-0 1 2}; do
-  one_seed "$s" >"$out/logs/seed$s.log" 2>&1 &
-done
+compare() {
+  python3 scripts/run.py fp8jax.experiments.compare --train_workdir="$out/train_s$1" \
+    --out="$out/one_step/s$1" --policies="$recipes" --steps="${STEPS:-400,800}" \
+    --offsets=0 --batches="${BATCHES:-2}" --batch_size=16 --telemetry=False \
+    >"$out/logs/compare_s$1.log" 2>&1
+}
+for s in "${seeds[@]}"; do train "$s" & done
 wait
-tail -n 3 "$out"/logs/seed*.log
+compare "${seeds[0]}"
+for s in "${seeds[@]:1}"; do compare "$s" & done
+wait
+tail -n 2 "$out"/logs/*.log
