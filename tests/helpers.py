@@ -1,5 +1,8 @@
 """Shared test helpers: the spec-to-reference adapter and a tolerance check."""
 
+import contextlib
+import threading
+
 import numpy as np
 
 from tests import reference as ref
@@ -49,3 +52,25 @@ def flip_a_decodable_bit(folder, read) -> None:
         tried.append("does not decode")
       f.write_bytes(data)
   pytest.fail(f"no bit flip under {folder} decodes to other values: {tried}")
+
+
+@contextlib.contextmanager
+def held_elsewhere(folder):
+  """``folder`` locked (fp8jax.data.folder_lock) by another thread, which counts as another
+  writer, for the duration of the block."""
+  from fp8jax.data import folder_lock  # pylint: disable=import-outside-toplevel
+  holding, release = threading.Event(), threading.Event()
+
+  def hold():
+    with folder_lock.hold(folder):
+      holding.set()
+      release.wait(30)
+
+  t = threading.Thread(target=hold)
+  t.start()
+  holding.wait(30)
+  try:
+    yield
+  finally:
+    release.set()
+    t.join()

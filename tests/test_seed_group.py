@@ -2,14 +2,13 @@
 the validation matrix's group mode."""
 
 import json
-import threading
 
 import numpy as np
 import pytest
 
-from fp8jax.data import folder_lock
 from fp8jax.study.runs import validation
 from fp8jax.train import loop, run_config, seed_group
+from tests.helpers import held_elsewhere
 
 
 def _config(steps=4, policy="attn@0-2:e4m3"):
@@ -93,22 +92,8 @@ def test_matrix_trains_each_recipes_free_seeds_as_one_group(tmp_path):
   done = tmp_path / "runs" / validation.run_name("bf16", 1)
   done.mkdir(parents=True)
   (done / validation.DONE).write_text("{}")
-  held = tmp_path / "runs" / validation.run_name("gemm:mxfp4", 2)
-  holding, release = threading.Event(), threading.Event()
-
-  def hold():
-    with folder_lock.hold(held):
-      holding.set()
-      release.wait(30)
-
-  t = threading.Thread(target=hold)
-  t.start()
-  holding.wait(30)
-  try:
+  with held_elsewhere(tmp_path / "runs" / validation.run_name("gemm:mxfp4", 2)):
     outcome = validation.run_matrix(_config(), tmp_path, m, train_fn=fake, group_seeds=True)
-  finally:
-    release.set()
-    t.join()
   assert calls == [("bf16", [0, 2]), ("gemm:mxfp4", [0, 1])]
   assert outcome["busy"] == ["gemm_mxfp4_s2"]
   assert sorted(outcome["done"]) == ["bf16_s0", "bf16_s1", "bf16_s2", "gemm_mxfp4_s0",

@@ -16,6 +16,7 @@ from scipy import stats as scipy_stats
 from fp8jax.data import folder_lock
 from fp8jax.study.runs import validation, validation_figures
 from fp8jax.train import preemption, run_config
+from tests.helpers import held_elsewhere
 
 RECIPES = ("bf16", "attn@0-1:e5m2")
 
@@ -134,21 +135,8 @@ def test_processes_share_a_matrix(tmp_path):
     assert refused
     return {"final_step": 4}
 
-  held, release = threading.Event(), threading.Event()
-
-  def other_process():  # another writer holds bf16_s0 (a thread counts as one)
-    with folder_lock.hold(tmp_path / "runs" / "bf16_s0"):
-      held.set()
-      release.wait(10)
-
-  holder = threading.Thread(target=other_process)
-  holder.start()
-  held.wait(10)
-  try:
+  with held_elsewhere(tmp_path / "runs" / "bf16_s0"):  # another writer holds bf16_s0
     out = validation.run_matrix(_config(), tmp_path, m, train_fn=fake_train)
-  finally:
-    release.set()
-    holder.join()
   assert out["busy"] == ["bf16_s0"] and out["done"] == ["gemm_fp8_tensor_s0"]
   assert trained == ["gemm_fp8_tensor_s0"]
   assert json.loads((tmp_path / "runs" / "gemm_fp8_tensor_s0" / "done.json").read_text())[

@@ -137,27 +137,38 @@ def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, str
   return outcome
 
 
-def _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome) -> None:
-  """Trains one run of the matrix unless done or held by another process (``busy``);
-  records its outcome. The run's folder stays locked from the check to ``done.json``."""
+def _take(out, recipe, seed, deadline, stream, outcome, stack) -> pathlib.Path | None:
+  """The run's folder, locked in ``stack`` until it closes, when the run is to train here;
+  None when it is finished (``done``), too late to start (``pending``) or held by another
+  process (``busy``), with its outcome recorded."""
   name = run_name(recipe, seed)
   workdir = out / "runs" / name
   if (workdir / DONE).exists():
     outcome["done"].append(name)
-    return
+    return None
   if deadline is not None and time.monotonic() >= deadline:
     outcome["pending"].append(name)
-    return
+    return None
   try:
-    with folder_lock.hold(workdir):
-      if (workdir / DONE).exists():  # finished by another process since the check above
-        outcome["done"].append(name)
-        return
-      _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
-                 outcome)
+    stack.enter_context(folder_lock.hold(workdir))
   except folder_lock.FolderLockedError:
     print(f"[validate] {name}: another process trains it, skipped", file=stream, flush=True)
     outcome["busy"].append(name)
+    return None
+  if (workdir / DONE).exists():  # finished by another process since the check above
+    outcome["done"].append(name)
+    return None
+  return workdir
+
+
+def _one(base_cfg, out, matrix, recipe, seed, deadline, stream, train_fn, outcome) -> None:
+  """Trains one run of the matrix unless done or held by another process (``busy``);
+  records its outcome. The run's folder stays locked from the check to ``done.json``."""
+  with contextlib.ExitStack() as stack:
+    workdir = _take(out, recipe, seed, deadline, stream, outcome, stack)
+    if workdir is not None:
+      _train_one(base_cfg, workdir, matrix, recipe, seed, deadline, stream, train_fn,
+                 outcome)
 
 
 def _group(base_cfg, out, matrix, recipe, deadline, stream, train_fn, outcome) -> None:
@@ -166,23 +177,8 @@ def _group(base_cfg, out, matrix, recipe, deadline, stream, train_fn, outcome) -
   todo = []
   with contextlib.ExitStack() as stack:
     for seed in matrix.seeds:
-      name = run_name(recipe, seed)
-      workdir = out / "runs" / name
-      if (workdir / DONE).exists():
-        outcome["done"].append(name)
-        continue
-      if deadline is not None and time.monotonic() >= deadline:
-        outcome["pending"].append(name)
-        continue
-      try:
-        stack.enter_context(folder_lock.hold(workdir))
-      except folder_lock.FolderLockedError:
-        print(f"[validate] {name}: another process trains it, skipped", file=stream,
-              flush=True)
-        outcome["busy"].append(name)
-        continue
-      if (workdir / DONE).exists():  # finished by another process since the check above
-        outcome["done"].append(name)
+      workdir = _take(out, recipe, seed, deadline, stream, outcome, stack)
+      if workdir is None:
         continue
       if _has_checkpoint(workdir):
         raise ValueError(f"{workdir} holds checkpoints of a run trained alone; a seed group "
