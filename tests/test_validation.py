@@ -273,9 +273,10 @@ def test_binary_smoke(tmp_path):
   assert "reference 'bf16'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_binary_trains_a_small_matrix_in_seed_groups(tmp_path):
-  """The matrix's smallest version end to end: the binary with --group_seeds trains 2
-  recipes x 2 seeds (2 steps each), writes done.json per run and the summary; a second
+  """The matrix's smallest version end to end: the binary with --group_seeds trains BF16 x
+  2 seeds (2 steps each) as one group, writes done.json per run and the summary; a second
   call trains nothing."""
   import subprocess
   import sys
@@ -284,16 +285,16 @@ def test_binary_trains_a_small_matrix_in_seed_groups(tmp_path):
          f"--config={repo / 'experiments/configs/train_tiny.py'}", "--config.train.steps=2",
          "--config.train.log_every=1", "--config.train.checkpoints=False",
          "--config.data.global_batch=2", "--config.data.seq_len=32",
-         "--config.optim.warmup_steps=1", "--recipes=bf16,attn@0:e4m3", "--seeds=0-1",
+         "--config.optim.warmup_steps=1", "--recipes=bf16", "--seeds=0-1",
          "--group_seeds", f"--out={tmp_path}"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   first = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=600, env=env)
   assert first.returncode == 0, first.stderr[-2000:]
-  assert "done: 4 of 4 runs finished" in first.stdout
-  for name in ("bf16_s0", "bf16_s1", "attn_0_e4m3_s0", "attn_0_e4m3_s1"):
+  assert "done: 2 of 2 runs finished" in first.stdout
+  for name in ("bf16_s0", "bf16_s1"):
     record = json.loads((tmp_path / "runs" / name / "done.json").read_text())
     assert record["group"] == [0, 1] and record["final_step"] == 2
-  assert "| attn@0:e4m3 | 2 |" in (tmp_path / "summary.md").read_text()
+  assert "| bf16 | 2 |" in (tmp_path / "summary.md").read_text()
   again = subprocess.run(cmd, capture_output=True, text=True, cwd=repo, timeout=600, env=env)
   assert again.returncode == 0 and "seeds [" not in again.stderr
 
