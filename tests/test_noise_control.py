@@ -46,6 +46,7 @@ def heavy_tailed(key, shape):
 @hypothesis.given(name=st.sampled_from(sorted(SPECS)), rows=st.integers(1, 130),
                   cols=st.sampled_from([16, 48, 128, 200, 256]), seed=st.integers(0, 2**16),
                   zeros=st.integers(0, 40))
+@hypothesis.example(name="deepseek_v3", rows=1, cols=16, seed=0, zeros=15)  # one nonzero
 def test_control_keeps_the_error_energy_of_every_block(name, rows, cols, seed, zeros):
   spec = SPECS[name]
   x = heavy_tailed(jax.random.key(seed), (rows, cols))
@@ -58,9 +59,12 @@ def test_control_keeps_the_error_energy_of_every_block(name, rows, cols, seed, z
   want, got = block_energy(x_hat - xn, block), block_energy(x_ctl - xn, block)
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-30)
   assert np.all(x_ctl[xn == 0] == 0)  # zeros quantize exactly: the control keeps them
-  nonzero = want > 0
-  if nonzero.any():  # not the quantization's own error: noise (another direction)
-    assert not np.allclose(x_ctl, x_hat)
+  # Not the quantization's own error but noise in another direction, wherever a block has
+  # error energy spread over two or more nonzero elements (with one, the noise is +-the
+  # error itself, and may equal it).
+  nonzeros = block_energy((xn != 0).astype(np.float64), block)
+  if np.any((want > 0) & (nonzeros >= 2)):
+    assert not np.allclose(x_ctl - xn, x_hat - xn, rtol=1e-3, atol=0)
 
 
 @pytest.mark.slow
