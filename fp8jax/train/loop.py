@@ -54,11 +54,10 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import deepseek_moe, delayed_sites, param_paths
+from fp8jax.models import param_paths
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
@@ -124,15 +123,11 @@ def state_layout(cfg, model_cfg, tx, mesh, policy=None):
   ``cfg.policy``)."""
   if policy is None:
     policy = policy_lib.parse_policy(cfg.policy)
-  delayed = delayed_sites.init(model_cfg, policy)
-  scaling = run_config.loss_scale_config(cfg)
-  master = cfg.precision.master_weights
+  init_seeded = step_lib.seeded_init(model_cfg, tx, policy, cfg.precision.master_weights,
+                                     run_config.loss_scale_config(cfg))
 
   def init():
-    params = deepseek_moe.init(model_cfg, jax.random.key(cfg.seed))
-    if master != "float32":  # rounded to nearest even
-      params = jax.tree.map(lambda x: x.astype(jnp.dtype(master)), params)
-    return step_lib.init_state(params, tx, delayed, scaling and scaling.init_state())
+    return init_seeded(cfg.seed)
 
   abstract = jax.eval_shape(init)
   sharding = (mesh_lib.fsdp_sharding(abstract, mesh) if cfg.train.fsdp

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.metrics import weights
-from fp8jax.models import deepseek_moe, delayed_sites, param_paths
+from fp8jax.models import param_paths
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import (
   determinism,
@@ -45,11 +45,10 @@ from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
 
 
-def check(cfg) -> None:
-  """Raises ValueError when ``cfg`` is not a valid run config
-  (:func:`fp8jax.train.run_config.validate`) or cannot be trained as a seed group (see the
-  limits)."""
-  run_config.validate(cfg)
+def check(cfg):
+  """``run_config.validate(cfg)`` (model config, policy); raises ValueError when ``cfg`` is
+  not a valid run config or cannot be trained as a seed group (see the limits)."""
+  validated = run_config.validate(cfg)
   if cfg.train.checkpoints:
     raise ValueError("a seed group trains runs without checkpoints only "
                      "(train.checkpoints=False)")
@@ -60,20 +59,7 @@ def check(cfg) -> None:
     raise ValueError("a seed group runs on one device: train.fsdp must be False")
   if jax.process_count() > 1:
     raise ValueError("a seed group runs in one process")
-
-
-def _init_fn(cfg, model_cfg, tx, policy):
-  """``init(seed int32 scalar) -> TrainState`` as ``loop.state_layout``'s, keyed by seed."""
-  delayed = delayed_sites.init(model_cfg, policy)
-  scaling = run_config.loss_scale_config(cfg)
-  master = cfg.precision.master_weights
-
-  def init(seed):
-    params = deepseek_moe.init(model_cfg, jax.random.key(seed))
-    if master != "float32":
-      params = jax.tree.map(lambda x: x.astype(jnp.dtype(master)), params)
-    return step_lib.init_state(params, tx, delayed, scaling and scaling.init_state())
-  return init
+  return validated
 
 
 def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) -> dict:
@@ -84,14 +70,13 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
     ValueError: ``cfg`` does not suit a seed group (:func:`check`), or no seeds.
     fp8jax.train.loop.NonFiniteError: a step of some seed was not finite (named).
   """
-  check(cfg)
+  model_cfg, policy = check(cfg)
   if not workdirs:
     raise ValueError("train_seeds: no seeds")
   determinism.record(cfg.train.deterministic)
   stream = stream or sys.stderr
   seeds = sorted(int(s) for s in workdirs)
   dirs = {s: pathlib.Path(workdirs[s]) for s in seeds}
-  model_cfg, policy = run_config.validate(cfg)
   mesh = mesh_lib.data_mesh(jax.devices()[:1])
   data = loop.make_data(cfg, mesh, model_cfg.vocab_size)
   tx = loop.optimizer_for(cfg)
@@ -105,7 +90,9 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
       (dirs[s] / "config.json").write_text(one.to_json(indent=2))
       writers[s] = stack.enter_context(contextlib.closing(metrics_log.MetricsWriter(dirs[s])))
       writers[s].truncate_after(0)
-    state = jax.jit(jax.vmap(_init_fn(cfg, model_cfg, tx, policy)))(jnp.asarray(seeds))
+    init = step_lib.seeded_init(model_cfg, tx, policy, cfg.precision.master_weights,
+                                run_config.loss_scale_config(cfg))
+    state = jax.jit(jax.vmap(init))(jnp.asarray(seeds))
     step = jax.jit(jax.vmap(step_lib.make_train_step(
         model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=1,
         loss_scale=run_config.loss_scale_config(cfg),

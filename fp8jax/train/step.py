@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
 from fp8jax.train import loss_scale as loss_scale_lib
@@ -55,6 +55,22 @@ def init_state(params, tx: optax.GradientTransformation, delayed=None,
   ``loss_scale``: ``DynamicLossScale.init_state()``, if loss scaling is on."""
   return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), delayed or {},
                     loss_scale or {})
+
+
+def seeded_init(cfg: ModelConfig, tx: optax.GradientTransformation,
+                policy: policy_lib.PrecisionPolicy, master_weights: str = "float32",
+                loss_scale: loss_scale_lib.DynamicLossScale | None = None):
+  """``init(seed) -> TrainState`` at step 0: params of init seed ``seed`` (an int, or an
+  int32 scalar under ``jax.vmap``) in ``master_weights`` (rounded to nearest even), the
+  optimizer state, the policy's empty amax histories and ``loss_scale``'s state, if on."""
+  delayed = delayed_sites.init(cfg, policy)
+
+  def init(seed):
+    params = deepseek_moe.init(cfg, jax.random.key(seed))
+    if master_weights != "float32":
+      params = jax.tree.map(lambda x: x.astype(jnp.dtype(master_weights)), params)
+    return init_state(params, tx, delayed, loss_scale and loss_scale.init_state())
+  return init
 
 
 def _float32(tree):
