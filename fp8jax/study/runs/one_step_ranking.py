@@ -83,18 +83,16 @@ def agreement(one_step: dict[int | None, results_lib.Results], summary: dict[str
     gap[r][None] = float(np.mean(list(gap[r].values()))) if gap[r] else math.nan
   steps = sorted(set.intersection(*(set(res.steps) for res in one_step.values())))
   out = {"metric": metric, "recipes": recipes, "steps": {}, "floor": {}}
+  ordered = sorted(one_step.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))
   for step in steps:
-    if not any(math.isfinite(predictor(res, r, step, metric))
-               for res in one_step.values() for r in recipes):
+    xs = [[predictor(res, r, step, metric) for r in recipes] for _, res in ordered]
+    if not np.isfinite(np.array(xs, np.float64)).any():
       continue
-    per_seed, xs, ys = {}, [], []
-    for seed, res in sorted(one_step.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
-      x = [predictor(res, r, step, metric) for r in recipes]
-      y = [gap[r].get(seed, math.nan) for r in recipes]
+    ys = [[gap[r].get(seed, math.nan) for r in recipes] for seed, _ in ordered]
+    per_seed = {}
+    for (seed, _), x, y in zip(ordered, xs, ys):
       c = correlate(x, y, n_boot=0)
       per_seed[seed] = {"rho": c["rho"], "p": c["p"], "n": c["n"]}
-      xs.append(x)
-      ys.append(y)
     x_mean, y_mean = _mean_over_seeds(xs), _mean_over_seeds(ys)
     of_means = correlate(x_mean, y_mean, n_boot=n_boot)
     out["steps"][step] = {
