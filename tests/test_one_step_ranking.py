@@ -13,19 +13,23 @@ from fp8jax.study.runs import one_step_ranking, validation
 RECIPES = ("gemm:mxfp8", "gemm:mxfp4", "gemm:nvfp4", "gemm:fp8_tensor", "gemm:nvfp4_recipe")
 
 
-def _sweep(folder, values, steps=(100, 200, 300), floor=0.03):
-  """A sweep folder; ``values[(policy, step)]``: rel_err per batch (None: a non-finite row).
-  Step 300 has no rows at all."""
+def _sweep(folder, values, steps=(100, 200, 300), floor=0.03, recipes=RECIPES):
+  """A sweep folder of ``recipes`` (and the floor, unless ``floor`` is None);
+  ``values[(policy, step)]``: rel_err per batch (None: a non-finite row). Step 300 has no
+  rows at all."""
   folder.mkdir(parents=True)
-  policies = {p: {"expr": p} for p in RECIPES}
-  policies["floor"] = {"expr": "floor", "kind": "floor"}
-  (folder / "meta.json").write_text(json.dumps({"policies": policies, "steps": list(steps)}))
+  policies = {p: {"expr": p} for p in recipes}
+  if floor is not None:
+    policies["floor"] = {"expr": "floor", "kind": "floor"}
+  meta = {"policies": policies, "steps": list(steps), "windows": {"batches": 2}}
+  (folder / "meta.json").write_text(json.dumps(meta))
   rows = []
   for (policy, step), per_batch in values.items():
     for b, v in enumerate(per_batch):
-      rows.append({"step": step, "offset": 0, "batch": b, "policy": policy,
-                   "finite": v is not None, "rel_err": math.nan if v is None else v})
-  for step in steps[:2]:
+      if policy in recipes:
+        rows.append({"step": step, "offset": 0, "batch": b, "policy": policy,
+                     "finite": v is not None, "rel_err": math.nan if v is None else v})
+  for step in steps[:2] if floor is not None else ():
     rows += [{"step": step, "offset": 0, "batch": b, "policy": "floor", "finite": True,
               "rel_err": floor} for b in range(2)]
   (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -103,6 +107,47 @@ def test_agreement_matches_scipy(tmp_path):
   md = "\n".join(one_step_ranking.markdown(agr))
   assert "| 100 | 4/5 |" in md and "| 200 | 4 |" in md
   assert "| gemm:nvfp4_recipe | " in md and "| (noise floor) | 0.0300 | 0.0300 | - |" in md
+
+
+def test_a_seed_in_parts_ranks_as_one_sweep(tmp_path):
+  """s<seed>.<part> folders (one process each over some recipes) merge into the seed's
+  sweep: the same agreement as from unsplit folders."""
+  rng = np.random.default_rng(1)
+  per_seed = _data(rng)
+  for seed, values in per_seed.items():
+    _sweep(tmp_path / "whole" / f"s{seed}", values)
+    _sweep(tmp_path / "parts" / f"s{seed}.a", values, recipes=RECIPES[:2])
+    _sweep(tmp_path / "parts" / f"s{seed}.b", values, floor=None, recipes=RECIPES[2:])
+  gaps = {r: list(0.002 * (i + 1) + rng.normal(0, 0.002, 3)) for i, r in enumerate(RECIPES)}
+  whole = one_step_ranking.load(tmp_path / "whole")
+  parts = one_step_ranking.load(tmp_path / "parts")
+  assert sorted(parts) == [0, 1, 2]
+  assert parts[0].policies == list(RECIPES) and parts[0].floor == "floor"
+  a = one_step_ranking.agreement(whole, _summary(gaps), n_boot=0)
+  b = one_step_ranking.agreement(parts, _summary(gaps), n_boot=0)
+  assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_parts_that_do_not_belong_together_are_refused(tmp_path):
+  values = _data(np.random.default_rng(2))[0]
+  _sweep(tmp_path / "s0.a", values, recipes=RECIPES[:2])
+  _sweep(tmp_path / "s0.b", values, recipes=RECIPES[2:])
+  assert one_step_ranking.load(tmp_path)[0].floor == "floor"  # a floor in both parts: one
+  meta = json.loads((tmp_path / "s0.b" / "meta.json").read_text())
+  meta["policies"]["floor2"] = {"expr": "floor", "kind": "floor"}
+  (tmp_path / "s0.b" / "meta.json").write_text(json.dumps(meta))
+  with pytest.raises(ValueError, match="more than one floor"):
+    one_step_ranking.load(tmp_path)
+  meta["policies"].pop("floor2")
+  meta["windows"] = {"batches": 4}
+  (tmp_path / "s0.b" / "meta.json").write_text(json.dumps(meta))
+  with pytest.raises(ValueError, match="evaluation windows"):
+    one_step_ranking.load(tmp_path)
+  meta["windows"] = {"batches": 2}
+  meta["policies"]["gemm:mxfp8"] = {"expr": "gemm:mxfp8_ocp"}
+  (tmp_path / "s0.b" / "meta.json").write_text(json.dumps(meta))
+  with pytest.raises(ValueError, match="'gemm:mxfp8' is defined differently"):
+    one_step_ranking.load(tmp_path)
 
 
 def test_fisher_mean_stays_within_the_unit_interval():

@@ -224,3 +224,46 @@ def load(folder: str | pathlib.Path) -> Results:
   return Results(folder, meta, _dedup(data["rows"], row_key), _dedup(data["details"], row_key),
                  _dedup(data["baseline"], lambda x: row_key({**x, "policy": None})),
                  _dedup(data["weights"], lambda x: int(x["step"])))
+
+
+def merge(parts: list[Results]) -> Results:
+  """One sweep from sweeps of the same checkpoints, each by its own process over a part of
+  the policies (``scripts/gpu/one_step_loop.sh`` splits a sweep to compile in parallel).
+
+  Each row compares its policy with the baseline of its own part, so rows merge as they
+  are; the baseline and weights lines of a (step, offset, batch) are those of the first
+  part that has them. ``meta`` is the first part's, with the policies of all parts (in
+  part order) and the union of their steps.
+
+  Raises:
+    ValueError: no parts; two parts name one policy with different definitions, or name
+      more than one floor between them; the parts evaluated different windows.
+  """
+  if not parts:
+    raise ValueError("merge: no sweeps to merge")
+  policies: dict = {}
+  for part in parts:
+    if part.meta.get("windows") != parts[0].meta.get("windows"):
+      raise ValueError(f"{part.folder}: evaluation windows {part.meta.get('windows')} differ "
+                       f"from {parts[0].folder}'s {parts[0].meta.get('windows')}")
+    for name, entry in part.meta["policies"].items():
+      if name in policies and policies[name] != entry:
+        raise ValueError(f"{part.folder}: policy {name!r} is defined differently in another "
+                         "part")
+      policies.setdefault(name, entry)
+  _check_kinds(parts[0].folder, policies)
+  steps = sorted({int(s) for p in parts for s in p.meta["steps"]})
+  meta = {**parts[0].meta, "policies": policies, "steps": steps}
+
+  def first(items, key):
+    kept: dict = {}
+    for x in items:
+      kept.setdefault(key(x), x)
+    return list(kept.values())
+
+  return Results(parts[0].folder, meta,
+                 _dedup([r for p in parts for r in p.rows], row_key),
+                 _dedup([d for p in parts for d in p.details], row_key),
+                 first([b for p in parts for b in p.baseline],
+                       lambda x: row_key({**x, "policy": None})),
+                 first([w for p in parts for w in p.weights], lambda x: int(x["step"])))

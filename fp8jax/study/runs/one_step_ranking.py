@@ -29,22 +29,26 @@ from fp8jax.study.common import results as results_lib
 from fp8jax.study.common.correlation import correlate, fmt_p
 from fp8jax.study.common.intervals import Stat, mean_ci
 
-_SEED_DIR = re.compile(r"^s(\d+)$")
+_SEED_DIR = re.compile(r"^s(\d+)(?:\.[A-Za-z0-9_-]+)?$")
 METRIC = "rel_err"
 
 
 def load(folder: str | pathlib.Path) -> dict[int, results_lib.Results]:
-  """``{seed: sweep}`` of the folders ``<folder>/s<seed>`` that hold a sweep.
+  """``{seed: sweep}`` of the folders ``<folder>/s<seed>`` that hold a sweep. A seed's
+  sweep may come in parts, ``s<seed>.<part>`` (each a process over some of the recipes, on
+  the same checkpoints): they are merged (:func:`fp8jax.study.common.results.merge`).
 
   Raises:
     FileNotFoundError: no ``s<seed>`` sweep folder in ``folder``.
+    ValueError: a seed's parts do not merge (different windows, a recipe defined twice).
   """
   folder = pathlib.Path(folder)
-  found = {}
+  parts: dict[int, list[results_lib.Results]] = {}
   for sub in sorted(folder.iterdir()) if folder.is_dir() else []:
     m = _SEED_DIR.match(sub.name)
     if m and (sub / "meta.json").exists():
-      found[int(m.group(1))] = results_lib.load(sub)
+      parts.setdefault(int(m.group(1)), []).append(results_lib.load(sub))
+  found = {seed: p[0] if len(p) == 1 else results_lib.merge(p) for seed, p in parts.items()}
   if not found:
     raise FileNotFoundError(f"{folder}: no one-step comparison folders s<seed>/ (compare's "
                             "output on a BF16 run of that seed)")
