@@ -35,6 +35,7 @@ import json
 import pathlib
 import re
 
+from fp8jax.study.common import results_io
 from fp8jax.train import metrics_log
 
 FILES = ("meta.json", "rows.jsonl", "details.jsonl", "baseline.jsonl", "weights.jsonl")
@@ -226,34 +227,49 @@ def load(folder: str | pathlib.Path) -> Results:
                  _dedup(data["weights"], lambda x: int(x["step"])))
 
 
+_SAME = ("model", "data", "train_workdir")
+"""The ``meta.json`` keys that parts of one sweep share: the same checkpoints and data."""
+
+
 def merge(parts: list[Results]) -> Results:
-  """One sweep from sweeps of the same checkpoints, each by its own process over a part of
-  the policies (``scripts/gpu/one_step_loop.sh`` splits a sweep to compile in parallel).
+  """One sweep from sweeps of the same checkpoints and data, each by its own process over
+  a part of the policies or of the evaluation offsets (``scripts/gpu/one_step_loop.sh``
+  and ``report --results=A,B`` merge such parts, which compiled or ran in parallel).
 
   Each row compares its policy with the baseline of its own part, so rows merge as they
   are; the baseline and weights lines of a (step, offset, batch) are those of the first
   part that has them. ``meta`` is the first part's, with the policies of all parts (in
-  part order) and the union of their steps.
+  part order), the union of their steps and of their windows' offsets.
 
   Raises:
-    ValueError: no parts; two parts name one policy with different definitions, or name
-      more than one floor between them; the parts evaluated different windows.
+    ValueError: no parts; the parts differ in model, data, training run or in their
+      windows other than the offsets; two parts define one policy differently, or name
+      more than one floor between them.
   """
   if not parts:
     raise ValueError("merge: no sweeps to merge")
+  first_meta = parts[0].meta
   policies: dict = {}
   for part in parts:
-    if part.meta.get("windows") != parts[0].meta.get("windows"):
+    for key in _SAME:
+      if part.meta.get(key) != first_meta.get(key):
+        raise ValueError(f"{part.folder}: meta.json {key} {part.meta.get(key)!r} differs from "
+                         f"{parts[0].folder}'s {first_meta.get(key)!r}: not parts of one sweep")
+    if _but_offsets(part.meta.get("windows")) != _but_offsets(first_meta.get("windows")):
       raise ValueError(f"{part.folder}: evaluation windows {part.meta.get('windows')} differ "
-                       f"from {parts[0].folder}'s {parts[0].meta.get('windows')}")
+                       f"from {parts[0].folder}'s {first_meta.get('windows')} (other than in "
+                       "their offsets)")
     for name, entry in part.meta["policies"].items():
       if name in policies and policies[name] != entry:
         raise ValueError(f"{part.folder}: policy {name!r} is defined differently in another "
                          "part")
       policies.setdefault(name, entry)
   _check_kinds(parts[0].folder, policies)
-  steps = sorted({int(s) for p in parts for s in p.meta["steps"]})
-  meta = {**parts[0].meta, "policies": policies, "steps": steps}
+  meta = {**first_meta, "policies": policies,
+          "steps": sorted({int(s) for p in parts for s in p.meta["steps"]})}
+  if isinstance(first_meta.get("windows"), dict) and "offsets" in first_meta["windows"]:
+    meta["windows"] = {**first_meta["windows"], "offsets": sorted(
+        {int(o) for p in parts for o in p.meta["windows"].get("offsets", [])})}
 
   def first(items, key):
     kept: dict = {}
@@ -267,3 +283,19 @@ def merge(parts: list[Results]) -> Results:
                  first([b for p in parts for b in p.baseline],
                        lambda x: row_key({**x, "policy": None})),
                  first([w for p in parts for w in p.weights], lambda x: int(x["step"])))
+
+
+def _but_offsets(windows):
+  return {k: v for k, v in windows.items() if k != "offsets"} if isinstance(windows, dict) \
+      else windows
+
+
+def save(res: Results, folder: str | pathlib.Path) -> pathlib.Path:
+  """Writes ``res`` as a sweep folder (the files of :data:`FILES`; :func:`load` reads it
+  back). Returns the folder."""
+  folder = pathlib.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  results_io.write_json(folder / "meta.json", res.meta)
+  for name in ("rows", "details", "baseline", "weights"):
+    results_io.rewrite(folder / f"{name}.jsonl", getattr(res, name))
+  return folder
