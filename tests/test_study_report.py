@@ -244,6 +244,33 @@ def test_redistribution_uses_migration_and_skips_nonfinite(res):
   assert "decreases from the first to the last checkpoint in 8 of 8 policies" in summary
 
 
+@pytest.mark.parametrize("floor_moves", [True, False])
+def test_redistribution_is_read_against_the_floors_own(tmp_path, floor_moves):
+  """With floor details, the summary says whether the floor's top-k moves as much as the
+  policies' on average (the migration is then the checkpoints') or less. The synthetic
+  policies' top-3 overlaps, first vs last, are 2/3, 2/3, 0, 0, 1, 1, 0, 0."""
+  folder = build(tmp_path / "sweep", floor=True)
+  lines = [json.loads(x) for x in (folder / "details.jsonl").read_text().splitlines()]
+  first = {(d["offset"], d["batch"]): d for d in lines
+           if d["policy"] == "attn_l0-8_e4m3" and d["step"] == STEPS[0]}
+  src = [d for d in lines if d["policy"] == "attn_l0-8_e4m3"]
+  with open(folder / "details.jsonl", "a") as f:
+    for d in src:  # the floor: attn_l0-8_e4m3's per-parameter norms, or step 0's at every step
+      same = d if floor_moves else first[(d["offset"], d["batch"])]
+      f.write(json.dumps({**d, "policy": "floor", "per_param": same["per_param"]}) + "\n")
+  got = questions.redistribution_answer(results.load(folder), k=3)
+  assert got["floor"]["available"]
+  text = got["summary"]
+  if floor_moves:
+    assert got["floor"]["overlap_first_last"] == pytest.approx(
+        got["policies"]["attn_l0-8_e4m3"]["overlap_first_last"])
+    assert "noise floor's own top-3 (BF16 at perturbed weights) moves as much" in text
+    assert "the migration is the checkpoints' own" in text
+  else:
+    assert got["floor"]["overlap_first_last"] == 1
+    assert "moves less: overlap 1," in text and "checkpoints' own" not in text
+
+
 def _is_png(path: pathlib.Path) -> bool:
   return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

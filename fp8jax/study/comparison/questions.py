@@ -222,7 +222,10 @@ def redistribution(res: Results, policy: str, k: int = 10,
 def redistribution_answer(res: Results, k: int = 10, flagged: Sequence[int] = ()
                           ) -> dict[str, Any]:
   """(4) :func:`redistribution` of every policy, with a summary across policies; names the
-  first or last checkpoint when it is flagged (the comparison is first vs last)."""
+  first or last checkpoint when it is flagged (the comparison is first vs last). With a
+  noise floor that has details, its own migration is the yardstick (``floor``): when its
+  top-k overlap first vs last is no higher than the policies' mean, the migration is the
+  checkpoints', not the policies'."""
   per = {p: redistribution(res, p, k) for p in res.policies}
   ok = [r for r in per.values() if r["available"]]
   if not ok:
@@ -247,12 +250,21 @@ def redistribution_answer(res: Results, k: int = 10, flagged: Sequence[int] = ()
     down = sum(r["share_direct_last"] < r["share_direct_first"] for r in sd)
     text += (f". share_direct (the direct modules' share of ||g_fp8 - g_bf16||^2) decreases "
              f"from the first to the last checkpoint in {down} of {len(sd)} policies")
+  floor = redistribution(res, res.floor, k) if res.floor else {"available": False}
+  if floor["available"]:
+    alike = floor["overlap_first_last"] <= np.mean([r["overlap_first_last"] for r in ok])
+    text += (f". The noise floor's own top-{k} (BF16 at perturbed weights) moves "
+             f"{'as much' if alike else 'less'}: overlap "
+             f"{fmt(floor['overlap_first_last'])}, Spearman "
+             f"{fmt(floor['spearman_first_last'])} first vs last"
+             + (", so the migration is the checkpoints' own, not the policies'" if alike
+                else ""))
   ends = sorted({r["migration"][i]["checkpoint"] for r in ok for i in (0, -1)}
                 & set(flagged))
   if ends:
     text += (f". The first-vs-last comparison rests on flagged checkpoint"
              f"{'s' if len(ends) > 1 else ''} {', '.join(map(str, ends))} (conditioning)")
-  return {"available": True, "k": k, "policies": per, "summary": text + "."}
+  return {"available": True, "k": k, "policies": per, "floor": floor, "summary": text + "."}
 
 
 def answers(res: Results, top_k: int = 10, flagged: Sequence[int] | None = None
