@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The validation matrix on one GPU (docs/validation.md): PROCS copies of the validate binary
-# share one matrix (each takes the runs no other holds), so compilation (CPU) and small
-# steps (GPU) overlap. Resumable: run it again with the same RESULTS folder, carried back.
+# The validation matrix on a GPU machine (docs/validation.md): PROCS copies of the validate
+# binary share one matrix (each takes the runs no other holds), so compilation (CPU) and
+# small steps (GPU) overlap; the copies are spread round-robin over the GPUs (GPUS, default:
+# all that nvidia-smi lists). Resumable: run it again with the same RESULTS folder, carried back.
 #   bash scripts/gpu/validation.sh RESULTS [DEADLINE_S]
 # RESULTS: the matrix folder (runs/<recipe>_s<seed>/metrics.jsonl, summary.md/json) and
 # the tokenizer (tok1k/, trained here on the first call). No run starts after DEADLINE_S
@@ -13,6 +14,8 @@ set -uo pipefail
 out=${1:?usage: validation.sh RESULTS [DEADLINE_S]}
 deadline=${2:-360}
 procs=${PROCS:-6}
+gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+((gpus > 0)) || gpus=1
 recipes=${RECIPES:-bf16,gemm:fp32_blockwise,gemm:mxfp8,gemm:mxfp8_ocp,gemm:mxfp4,gemm:nvfp4,gemm:nvfp4_recipe,gemm:nvfp4_recipe_no_rht,gemm:nvfp4_recipe_no_2d,gemm:nvfp4_recipe_no_sr,gemm:nvfp4_recipe_no_tail}
 mkdir -p "$out/logs"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -25,7 +28,7 @@ call=$(date -u +%Y%m%dT%H%M%S)
 read -r -a extra <<<"${EXTRA:-}"
 [ "${GROUP:-0}" = 1 ] && extra+=(--group_seeds)
 for i in $(seq "$procs"); do
-  python3 scripts/run.py fp8jax.experiments.validate \
+  CUDA_VISIBLE_DEVICES=$(((i - 1) % gpus)) python3 scripts/run.py fp8jax.experiments.validate \
     --config=experiments/configs/validate_small.py \
     --config.data.tokenizer="$out/tok1k/tokenizer.json" "${extra[@]}" \
     --out="$out" --recipes="$recipes" --seeds="${SEEDS:-0-2}" --deadline_s="$deadline" \
@@ -33,7 +36,7 @@ for i in $(seq "$procs"); do
   sleep 3  # each takes the next free run
 done
 wait
-echo "call $call: $procs processes, $((SECONDS - t0)) s" | tee -a "$out/logs/calls.txt"
+echo "call $call: $procs processes on $gpus GPUs, $((SECONDS - t0)) s" | tee -a "$out/logs/calls.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader >>"$out/logs/calls.txt"
 find "$out" -name .lock -delete
 tail -n 30 "$out/summary.md"
