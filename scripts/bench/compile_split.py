@@ -1,8 +1,15 @@
 """Where a first call's time goes: tracing, lowering and XLA compilation of the training
-step, with and without the scan over layers (``scan_layers``), for each policy.
+step, or of the paired evaluation (the BF16 gradient and the policy's, as ``compare`` runs
+them), with and without the scan over layers (``scan_layers``), for each policy.
 
     python scripts/bench/compile_split.py --model=tiny --layers=8 --batch=8 --seq=128 \
         --policies=bf16,gemm:fp32_blockwise [--json=out.json]
+    python scripts/bench/compile_split.py --target=pair --model=deepseek_moe_2b --layers=9 \
+        --batch=8 --seq=2048 --moe-impl=pallas --policies=gemm:fp32_blockwise
+
+``--target=pair`` records the BF16 gradient pass (``pair_bf16``, shared by every policy of a
+sweep) and the policy's pass (``pair_<policy>``, without telemetry) apart; a recipe pair's
+compile is their sum.
 
 Each (policy, scan) is traced, lowered and compiled in this process with
 ``jax.jit(step).trace(...)``, ``.lower()``, ``.compile()`` (the persistent compilation cache
@@ -22,7 +29,39 @@ import optax
 from fp8jax.models import config as config_lib
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
+from fp8jax.study.comparison import model_api, paired
+from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
+
+
+def _stages(fn, *args, out: list | None = None) -> dict:
+  """Seconds to trace, lower and compile ``fn`` (jitted) at ``args`` (abstract); appends the
+  abstract outputs to ``out``."""
+  t0 = time.perf_counter()
+  traced = fn.trace(*args)
+  t1 = time.perf_counter()
+  lowered = traced.lower()
+  t2 = time.perf_counter()
+  lowered.compile()
+  t3 = time.perf_counter()
+  if out is not None:
+    out.append(traced.out_info)
+  return {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2,
+          "hlo_chars": len(lowered.as_text())}
+
+
+def pair(cfg, policy, batch: int, seq: int, scan: bool, moe_impl: str) -> dict[str, dict]:
+  """The stages of the paired evaluation's two passes: ``{"bf16": ..., "policy": ...}``."""
+  mesh = mesh_lib.data_mesh()
+  ev = paired.PairedEvaluator(model_api.deepseek(cfg, scan), [policy], mesh, moe_impl,
+                              telemetry=False)
+  params = deepseek_moe.abstract_params(cfg)
+  tokens = jax.ShapeDtypeStruct((batch, seq), "int32")
+  with jax.set_mesh(mesh):
+    base = []
+    bf16 = _stages(ev.baseline_jit, params, tokens, out=base)
+    return {"bf16": bf16, "policy": _stages(ev.variant_jits[policy.name], params, tokens,
+                                            base[0], ev.empty_state[policy.name])}
 
 
 def split(cfg, policy, batch: int, seq: int, scan: bool, moe_impl: str) -> dict:
@@ -33,15 +72,7 @@ def split(cfg, policy, batch: int, seq: int, scan: bool, moe_impl: str) -> dict:
   tokens = jax.ShapeDtypeStruct((batch, seq), "int32")
   step = jax.jit(step_lib.make_train_step(cfg, tx, policy, moe_impl=moe_impl,
                                           scan_layers=scan))
-  t0 = time.perf_counter()
-  traced = step.trace(state, tokens)
-  t1 = time.perf_counter()
-  lowered = traced.lower()
-  t2 = time.perf_counter()
-  lowered.compile()
-  t3 = time.perf_counter()
-  return {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2,
-          "hlo_chars": len(lowered.as_text())}
+  return _stages(step, state, tokens)
 
 
 def main() -> None:
@@ -52,6 +83,7 @@ def main() -> None:
   ap.add_argument("--seq", type=int, default=128)
   ap.add_argument("--policies", default="bf16,gemm:fp32_blockwise")
   ap.add_argument("--moe-impl", default="dispatch")
+  ap.add_argument("--target", default="train", choices=["train", "pair"])
   ap.add_argument("--json", default="")
   args = ap.parse_args()
   jax.config.update("jax_enable_compilation_cache", False)
@@ -59,8 +91,14 @@ def main() -> None:
   for expr in args.policies.split(","):
     policy = policy_lib.parse_policy(expr)
     for scan in (False, True):
-      record(f"{expr} scan={scan}",
-             **split(cfg, policy, args.batch, args.seq, scan, args.moe_impl))
+      if args.target == "train":
+        record(f"{expr} scan={scan}",
+               **split(cfg, policy, args.batch, args.seq, scan, args.moe_impl))
+        continue
+      got = pair(cfg, policy, args.batch, args.seq, scan, args.moe_impl)
+      if "pair_bf16 scan=" + str(scan) not in RESULTS:
+        record(f"pair_bf16 scan={scan}", **got["bf16"])
+      record(f"pair_{expr} scan={scan}", **got["policy"])
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"args": vars(args), "device": jax.devices()[0].device_kind,
