@@ -1,0 +1,36 @@
+"""scripts/bench/compile_split.py: each stage of the training step's and the paired
+evaluation's first call is timed and recorded, in the loop and with the scan."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target,names", [
+    ("pair", ["pair_bf16 scan=False", "pair_gemm:fp32_blockwise scan=False",
+              "pair_bf16 scan=True", "pair_gemm:fp32_blockwise scan=True"]),
+    ("train", ["gemm:fp32_blockwise scan=False", "gemm:fp32_blockwise scan=True"]),
+])
+def test_records_every_stage(tmp_path, target, names):
+  out = tmp_path / "split.json"
+  proc = subprocess.run(
+      [sys.executable, "scripts/bench/compile_split.py", f"--target={target}", "--model=tiny",
+       "--layers=3", "--batch=1", "--seq=16", "--policies=gemm:fp32_blockwise",
+       f"--json={out}"],
+      capture_output=True, text=True, cwd=REPO, check=False,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(out.read_text())
+  assert list(got["results"]) == names
+  for row in got["results"].values():
+    assert all(row[k] > 0 for k in ("trace_s", "lower_s", "compile_s", "hlo_chars"))
+  scanned, loop = (got["results"][n]["hlo_chars"] for n in (names[-1], names[-1].replace(
+      "True", "False")))
+  assert scanned < loop  # layers 1-2 (MoE) are one scanned layer
