@@ -11,7 +11,8 @@ Parts:
             lax.ragged_dot, and a capacity-padded batched matmul as a reference
   (--moe-impl=pallas, the default, runs the 2B model's routed experts through the Pallas
   grouped GEMM; --moe-impl=dispatch through XLA's, out of memory at batch 8 on one H100)
-  train     the BF16 train step of deepseek_moe_2b (seq 2048), MFU as in fp8jax.train.flops
+  train     the BF16 train step of deepseek_moe_2b (seq 2048), MFU as in fp8jax.train.flops,
+            and the device's peak memory (--scan-layers: the layers as one lax.scan)
   paired    BF16 grad + FP8 grad on the same batch (seed-grid sites and the DeepSeek-V3
             GEMM recipe) against two BF16 grads
   memory    the largest paired-evaluation batch per device (seq 2048) that fits
@@ -44,7 +45,7 @@ from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import moe  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study.comparison import paired  # noqa: E402
+from fp8jax.study.comparison import model_api, paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
@@ -113,12 +114,19 @@ def _setup_2b(batch, seq):
   return cfg, params, toks
 
 
-def train_step(batch=8, seq=2048, moe_impl="dispatch"):
+def _peak_gib() -> float:
+  """The device's peak allocation so far (GiB; NaN where the backend keeps no stats)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use", float("nan")) / 2**30
+
+
+def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False):
   cfg, params, toks = _setup_2b(batch, seq)
   tx = optim.optimizer(optim.OptimConfig())
   mesh = mesh_lib.data_mesh()
   state = step_lib.init_state(params, tx)
-  fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=moe_impl), donate_argnums=0)
+  fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=moe_impl, scan_layers=scan),
+               donate_argnums=0)
   holder = {"state": state}
 
   def run(tokens):
@@ -128,8 +136,8 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch"):
   t, ts = median_time(run, [(x,) for x in toks], runs=10)
   tps = batch * seq / t
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record("train_step_2b", moe_impl=moe_impl, batch=batch, seq=seq, ms=t * 1e3,
-         tokens_per_s=tps,
+  record("train_step_2b" + ("_scan" if scan else ""), moe_impl=moe_impl, batch=batch,
+         seq=seq, ms=t * 1e3, tokens_per_s=tps, peak_gib=_peak_gib(),
          model_tflops=tps * flops.flops_per_token(cfg, seq) / 1e12,
          mfu=flops.mfu(tps, cfg, seq, peak, 1) or float("nan"), times=ts)
   del mesh
@@ -138,13 +146,13 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch"):
 PAIRED = ("attn_l0-8_e4m3", "moe_l0-8_e4m3", "gemm:fp32_blockwise")
 
 
-def paired_eval(batch=8, seq=2048, moe_impl="dispatch", policies=PAIRED):
+def paired_eval(batch=8, seq=2048, moe_impl="dispatch", policies=PAIRED, scan=False):
   cfg, params, toks = _setup_2b(batch, seq)
   mesh = mesh_lib.data_mesh()
   policies = [pl.parse_policy(n) for n in policies]
-  ev = paired.PairedEvaluator(cfg, policies, mesh, moe_impl)
+  ev = paired.PairedEvaluator(model_api.deepseek(cfg, scan), policies, mesh, moe_impl)
   t_base, ts = median_time(ev.baseline, [(params, x) for x in toks], runs=8)
-  record("paired_bf16_grad", moe_impl=moe_impl, batch=batch, seq=seq,
+  record("paired_bf16_grad", moe_impl=moe_impl, batch=batch, seq=seq, scan=scan,
          ms=t_base * 1e3, times=ts)
   base = ev.baseline(params, toks[0])  # 8 GB of gradients: one batch, reused
   for p in policies:
@@ -241,13 +249,16 @@ def main():
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"],
                   help="the 2B model's MoE GEMMs (train, paired, memory, scaling); 'dispatch' "
                        "(XLA's grouped GEMM) runs out of memory on one H100 at batch 8")
+  ap.add_argument("--scan-layers", action="store_true",
+                  help="train and paired: alike consecutive layers as one lax.scan")
   ap.add_argument("--paired-policies", default=";".join(PAIRED),
                   help="policies of --parts=paired, separated by ';'")
   args = ap.parse_args()
   two_b = {"seq": args.seq, "moe_impl": args.moe_impl}
-  kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, **two_b},
+  scan = {"scan": args.scan_layers}
+  kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, **two_b, **scan},
             "paired": {"batch": args.batch, "policies": args.paired_policies.split(";"),
-                       **two_b}, "memory": two_b,
+                       **two_b, **scan}, "memory": two_b,
             "compile_memory": two_b, "scaling": {"batch": args.batch, **two_b}}
   print(f"devices: {jax.devices()} (jax {jax.__version__})", flush=True)
   for part in args.parts.split(","):
