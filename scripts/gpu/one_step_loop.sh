@@ -5,9 +5,10 @@
 # (RESULTS/train_s<seed>); then `compare` of the matrix's recipes on checkpoints STEPS, a
 # process per part of the recipes (RESULTS/one_step/s<seed>.p<i>: compare's rows,
 # resumable; the first part also has the noise floor): a recipe compiled in 25-91 s on an
-# H100 without the scan over layers (on now), so the parts compile in parallel. The first seed's parts go first, the other seeds'
-# after them: they find its compilations in the persistent cache
-# (JAX_COMPILATION_CACHE_DIR, default RESULTS/jax_cache) and only trace. Then
+# H100 without the scan over layers (on now), so the parts compile in parallel. The first
+# seed's parts go first, the other seeds' after them: they find its compilations in the
+# persistent cache (JAX_COMPILATION_CACHE_DIR, default RESULTS/jax_cache) and only trace.
+# Then
 #   python -m fp8jax.experiments.validate ... --one_step=RESULTS/one_step
 # sets that ranking against the full runs' gaps (it merges a seed's parts).
 #   bash scripts/gpu/one_step_loop.sh RESULTS TOKENIZER_JSON

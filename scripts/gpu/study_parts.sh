@@ -9,8 +9,8 @@
 #   bash scripts/gpu/study_parts.sh RESULTS TOKENIZER_JSON
 # CONFIG (default experiments/configs/seed_study_small.py), OFFSETS (default "0 2 4 6"),
 # BATCHES per offset (default 2), BATCH_SIZE (default 16), GPUS (default: all that
-# nvidia-smi lists) and TRAIN_EXTRA (more --config.* flags) from the environment. The controls name the config's 9 layers
-# (CONTROLS to change them).
+# nvidia-smi lists) and TRAIN_EXTRA (more --config.* flags) from the environment. The
+# controls name the config's 9 layers (CONTROLS to change them).
 set -uo pipefail
 out=${1:?usage: study_parts.sh RESULTS TOKENIZER_JSON}
 tok=${2:?usage: study_parts.sh RESULTS TOKENIZER_JSON}
@@ -24,7 +24,8 @@ mkdir -p "$out/logs" "$out/parts"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$out/jax_cache}
 CUDA_VISIBLE_DEVICES=0 python3 scripts/run.py fp8jax.experiments.train --config="$config" \
-  --config.data.tokenizer="$tok" "${train_extra[@]}" --workdir="$out/train" >"$out/logs/train.log" 2>&1 \
+  --config.data.tokenizer="$tok" "${train_extra[@]}" --workdir="$out/train" \
+  >"$out/logs/train.log" 2>&1 \
   || { echo "training failed: $out/logs/train.log"; tail -n 5 "$out/logs/train.log"; exit 1; }
 parts=()
 for i in "${!offsets[@]}"; do

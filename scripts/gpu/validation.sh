@@ -2,7 +2,8 @@
 # The validation matrix on a GPU machine (docs/validation.md): PROCS copies of the validate
 # binary share one matrix (each takes the runs no other holds), so compilation (CPU) and
 # small steps (GPU) overlap; the copies are spread round-robin over the GPUs (GPUS, default:
-# all that nvidia-smi lists). Resumable: run it again with the same RESULTS folder, carried back.
+# all that nvidia-smi lists). Resumable: run it again with the same RESULTS folder, carried
+# back.
 #   bash scripts/gpu/validation.sh RESULTS [DEADLINE_S]
 # RESULTS: the matrix folder (runs/<recipe>_s<seed>/metrics.jsonl, summary.md/json) and
 # the tokenizer (tok1k/, trained here on the first call). No run starts after DEADLINE_S

@@ -169,8 +169,23 @@ class Results:
             for m, lay in self.meta["policies"][policy].get("direct", [])]
 
 
-def _dedup(items: list[dict], key) -> list[dict]:
-  return list({key(x): x for x in items}.values())
+def _dedup(items: list[dict], key, keep_first: bool = False) -> list[dict]:
+  """One item per ``key``, in the order keys first appear: the last of each (the first with
+  ``keep_first``)."""
+  kept: dict = {}
+  for x in items:
+    k = key(x)
+    if not keep_first or k not in kept:
+      kept[k] = x
+  return list(kept.values())
+
+
+def _baseline_key(line: dict) -> tuple:
+  return row_key({**line, "policy": None})
+
+
+def _weights_key(line: dict) -> int:
+  return int(line["step"])
 
 
 KINDS = ("policy", "floor", "control")
@@ -223,8 +238,7 @@ def load(folder: str | pathlib.Path) -> Results:
         raise ValueError(f"{name}.jsonl: policy {x['policy']!r} is not in meta.json "
                          f"{sorted(policies)}")
   return Results(folder, meta, _dedup(data["rows"], row_key), _dedup(data["details"], row_key),
-                 _dedup(data["baseline"], lambda x: row_key({**x, "policy": None})),
-                 _dedup(data["weights"], lambda x: int(x["step"])))
+                 _dedup(data["baseline"], _baseline_key), _dedup(data["weights"], _weights_key))
 
 
 _SAME = ("model", "data", "train_workdir")
@@ -270,19 +284,11 @@ def merge(parts: list[Results]) -> Results:
   if isinstance(first_meta.get("windows"), dict) and "offsets" in first_meta["windows"]:
     meta["windows"] = {**first_meta["windows"], "offsets": sorted(
         {int(o) for p in parts for o in p.meta["windows"].get("offsets", [])})}
-
-  def first(items, key):
-    kept: dict = {}
-    for x in items:
-      kept.setdefault(key(x), x)
-    return list(kept.values())
-
   return Results(parts[0].folder, meta,
                  _dedup([r for p in parts for r in p.rows], row_key),
                  _dedup([d for p in parts for d in p.details], row_key),
-                 first([b for p in parts for b in p.baseline],
-                       lambda x: row_key({**x, "policy": None})),
-                 first([w for p in parts for w in p.weights], lambda x: int(x["step"])))
+                 _dedup([b for p in parts for b in p.baseline], _baseline_key, keep_first=True),
+                 _dedup([w for p in parts for w in p.weights], _weights_key, keep_first=True))
 
 
 def _but_offsets(windows):
