@@ -101,7 +101,8 @@ permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
 def experts_dispatch(x, weights, ids, gate, up, down,
-                     grouped_matmul=grouped_gemm.tiled_matmul, group_multiple: int = 1):
+                     grouped_matmul=grouped_gemm.tiled_matmul, group_multiple: int = 1,
+                     fuse_gate_up: bool = False):
   """Dropless sort-based dispatch with static shapes.
 
   The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
@@ -115,6 +116,11 @@ def experts_dispatch(x, weights, ids, gate, up, down,
   quantizes in tiles along the tokens (``fp8_ragged_dot(..., group_multiple=m)``): the
   gathers place the rows there directly, the padding rows are never read back, and their
   gradients are zeros.
+
+  With ``fuse_gate_up`` the gate and up projections are one grouped GEMM against the
+  weights concatenated along the width ([E, d, 2f]): the same forward values, one wider
+  GEMM in each direction (the Dgrad then sums over 2f in one contraction). Only for GEMMs
+  without per-tensor scaling: a quantized GEMM would scale the two weights together.
 
   Returns:
     [T, d] in x's dtype.
@@ -133,8 +139,13 @@ def experts_dispatch(x, weights, ids, gate, up, down,
       jnp.arange(order.shape[0], dtype=order.dtype), mode="drop")
   copies = jnp.broadcast_to(x[:, None, :], (t, k, x.shape[-1])).reshape(t * k, -1)
   x_sorted = permute_rows(copies, order, inverse)
-  h = jax.nn.silu(grouped_matmul(x_sorted, gate.astype(x.dtype), sizes)) * \
-      grouped_matmul(x_sorted, up.astype(x.dtype), sizes)
+  if fuse_gate_up:
+    f = gate.shape[-1]
+    both = grouped_matmul(x_sorted, jnp.concatenate([gate, up], -1).astype(x.dtype), sizes)
+    h = jax.nn.silu(both[:, :f]) * both[:, f:]
+  else:
+    h = jax.nn.silu(grouped_matmul(x_sorted, gate.astype(x.dtype), sizes)) * \
+        grouped_matmul(x_sorted, up.astype(x.dtype), sizes)
   out_sorted = grouped_matmul(h, down.astype(x.dtype), sizes)
   out = permute_rows(out_sorted, inverse, order).reshape(t, k, -1)
   return jnp.einsum("tkd,tk->td", out.astype(jnp.float32), weights).astype(x.dtype)
@@ -145,7 +156,8 @@ def expert_counts(ids: jax.Array, num_experts: int) -> jax.Array:
   return jnp.bincount(ids.reshape(-1), length=num_experts).astype(jnp.int32)
 
 
-def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool):
+def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
+                    fuse_gate_up: bool = False):
   """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
   ``grouped`` = (grouped GEMM, group row multiple) from
   :func:`fp8jax.gemm.grouped.matmul_for`.
@@ -161,7 +173,7 @@ def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool):
   split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
   matmul, multiple = grouped
   dispatch = functools.partial(experts_dispatch, grouped_matmul=matmul,
-                               group_multiple=multiple)
+                               group_multiple=multiple, fuse_gate_up=fuse_gate_up)
   per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
   mesh = jax.sharding.get_abstract_mesh()
   if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:

@@ -111,3 +111,22 @@ def test_padded_dispatch_through_the_blockwise_kernel(monkeypatch):
   for a, b in zip(got, want, strict=True):  # float32 rounding, through the SwiGLU and combine
     err = np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max()
     assert err < 1e-4, err
+
+
+def test_fused_gate_up_dispatch_equals_two_gemms():
+  """The gate and up projections as one GEMM of width 2f give the output and gradients of
+  two GEMMs (XLA's tiled grouped GEMM, float32 at the highest matmul precision)."""
+  x, weights, ids, gate, up, down = _dispatch_case(1, f=64)
+
+  def loss(fused, x, weights, gate, up, down):
+    out = moe.experts_dispatch(x, weights, ids, gate, up, down, fuse_gate_up=fused)
+    return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape))), out
+
+  grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4, 5), has_aux=True), static_argnums=0)
+  with jax.default_matmul_precision("highest"):
+    (g_fused, out_fused), (g_two, out_two) = (grad(True, x, weights, gate, up, down),
+                                              grad(False, x, weights, gate, up, down))
+  np.testing.assert_allclose(out_fused, out_two, rtol=1e-6, atol=1e-6)
+  for a, b, name in zip(g_fused, g_two, ("x", "weights", "gate", "up", "down"), strict=True):
+    assert np.any(np.asarray(b) != 0), name
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max(), err_msg=name)

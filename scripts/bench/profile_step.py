@@ -35,6 +35,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
+import _variants  # noqa: E402
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
 import jax  # noqa: E402
@@ -44,7 +45,7 @@ import optax  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study.comparison import paired  # noqa: E402
+from fp8jax.study.comparison import model_api, paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
@@ -109,15 +110,21 @@ def main():
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"])
   ap.add_argument("--attention", default="auto", choices=["auto", "xla", "cudnn"])
   ap.add_argument("--parts", default="train,paired")
+  ap.add_argument("--scan-layers", action="store_true", help="the layers as lax.scans")
+  ap.add_argument("--fuse-gate-up", action="store_true",
+                  help="the routed experts' gate and up as one grouped GEMM (BF16 layers)")
   ap.add_argument("--paired-policy", default="moe_l0-8_e4m3",
                   help="the variant of the paired evaluation (a policy expression)")
   args = ap.parse_args()
+  if args.fuse_gate_up:
+    _variants.fuse_gate_up()
   keep = pathlib.Path(os.environ["OUT"]) if os.environ.get("OUT") else None
   cfg = mc.deepseek_moe_2b(expert_pad_to=896, attention_impl=args.attention)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, cfg.vocab_size)
   mesh = mesh_lib.data_mesh()
-  tag = f"{args.attention}_{args.moe_impl}_b{args.batch}"
+  tag = (f"{args.attention}_{args.moe_impl}_b{args.batch}" + "_scan" * args.scan_layers
+         + "_fused" * args.fuse_gate_up)
   n = 8192
   ab = [(jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16),) * 2 for i in range(3)]
   t_mm, _ = median_time(jax.jit(lambda a, b: a @ b), ab, runs=10, calls=6, warmup=3)
@@ -132,7 +139,8 @@ def main():
     zeros = jax.tree.map(jnp.zeros_like, params)
     t_opt, _ = median_time(opt, [(state, zeros)], runs=5)
     del zeros
-    step = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=args.moe_impl),
+    step = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=args.moe_impl,
+                                           scan_layers=args.scan_layers),
                    donate_argnums=0)
     holder = {"state": state}  # params are donated from here on
 
@@ -155,7 +163,8 @@ def main():
     params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   if "paired" in args.parts:
     pol = pl.parse_policy(args.paired_policy)
-    ev = paired.PairedEvaluator(cfg, [pol], mesh, args.moe_impl)
+    ev = paired.PairedEvaluator(model_api.deepseek(cfg, args.scan_layers), [pol], mesh,
+                                args.moe_impl)
     t_base, _ = median_time(ev.baseline, [(params, tokens)], runs=5)
     base = ev.baseline(params, tokens)
     t_var, _ = median_time(lambda p, x, b: ev.variant(pol.name, p, x, b)["compare"],

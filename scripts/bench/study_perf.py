@@ -33,6 +33,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _moe_problem import F_TRUE, D, E, K, moe_problem  # noqa: E402
 import _repo  # noqa: E402,F401
+import _variants  # noqa: E402
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
 import jax  # noqa: E402
@@ -249,11 +250,16 @@ def main():
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"],
                   help="the 2B model's MoE GEMMs (train, paired, memory, scaling); 'dispatch' "
                        "(XLA's grouped GEMM) runs out of memory on one H100 at batch 8")
+  ap.add_argument("--fuse-gate-up", action="store_true",
+                  help="the routed experts' gate and up as one grouped GEMM (BF16 layers)")
   ap.add_argument("--scan-layers", action="store_true",
                   help="train and paired: alike consecutive layers as one lax.scan")
   ap.add_argument("--paired-policies", default=";".join(PAIRED),
                   help="policies of --parts=paired, separated by ';'")
   args = ap.parse_args()
+  if args.fuse_gate_up:
+    _variants.fuse_gate_up()
+  record("options", fuse_gate_up=args.fuse_gate_up, scan_layers=args.scan_layers)
   two_b = {"seq": args.seq, "moe_impl": args.moe_impl}
   scan = {"scan": args.scan_layers}
   kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, **two_b, **scan},
