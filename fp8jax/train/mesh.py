@@ -67,10 +67,16 @@ def global_batch(local_batch, mesh):
 def under_mesh(fn, mesh):
   """``fn`` called (and so traced) with ``mesh`` as the context mesh (``jax.set_mesh``):
   the model then runs kernels per device in a ``shard_map`` (see
-  ``fp8jax.models.deepseek_moe``)."""
+  ``fp8jax.models.deepseek_moe``). A jitted ``fn``'s ``lower`` comes along as
+  ``call.lower``, under the mesh too."""
   def call(*args, **kwargs):
     with jax.set_mesh(mesh):
       return fn(*args, **kwargs)
+  if hasattr(fn, "lower"):
+    def lower(*args, **kwargs):
+      with jax.set_mesh(mesh):
+        return fn.lower(*args, **kwargs)
+    call.lower = lower
   return call
 
 

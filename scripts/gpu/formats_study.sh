@@ -32,13 +32,14 @@ import re, sys
 for run in ("cold", "warm"):
   text = open(f"{sys.argv[1]}/{run}.log", errors="replace").read()
   sums = {}
-  for what, pat in (("trace", r"Finished tracing \+ transforming .*? in ([\d.e-]+) sec"),
+  for what, pat in (("trace", r"Finished tracing (?:\+ transforming )?.*? in ([\d.e-]+) sec"),
                     ("lower", r"Finished jaxpr to MLIR module conversion .*? in ([\d.e-]+) sec"),
                     ("xla compile", r"Finished XLA compilation of .*? in ([\d.e-]+) sec")):
     times = [float(t) for t in re.findall(pat, text)]
     sums[what] = (len(times), sum(times))
   hits = len(re.findall(r"Persistent compilation cache hit", text))
   stages = re.findall(r"\[study\] (.*?) \((\d+) s\)", text)
+  print(run, "together:", "; ".join(re.findall(r"\[\w+\] compiled \d+ functions in [\d.]+ s", text)))
   print(run, {k: f"{n} calls, {s:.1f} s" for k, (n, s) in sums.items()},
         f"persistent cache hits {hits} (an XLA compilation line of a hit is its load)")
   print(run, "stages:", "; ".join(f"{t} at {s} s" for t, s in stages))

@@ -58,7 +58,7 @@ from fp8jax.study.branches import branch_metrics
 from fp8jax.study.common import results_io
 from fp8jax.study.comparison import sweep
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import determinism, loop, metrics_log, multihost, run_config
+from fp8jax.train import determinism, loop, metrics_log, multihost, parallel_compile, run_config
 from fp8jax.train import mesh as mesh_lib
 
 REFERENCE = "bf16"
@@ -247,6 +247,8 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
     todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
     todo = {s: bs for s, bs in todo.items() if bs}
     engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
+    if todo:
+      engine.fill_cache(stream)
     first = metrics_log.FirstCalls("branch", stream, total=len(engine.steps))
     engine.steps = {k: first.wrap(f, k, f"the step of policy {k}") for k, f in engine.steps.items()}
     together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
@@ -313,6 +315,19 @@ class _Engine:
     self.perturb = jax.jit(branch_metrics.perturb, static_argnums=2,
                            out_shardings=params_sharding)
 
+  def fill_cache(self, stream) -> None:
+    """Every policy's step compiled together (:mod:`fp8jax.train.parallel_compile`)."""
+    data = self.cfg.data
+    tokens = jax.ShapeDtypeStruct((data.global_batch, data.seq_len), jnp.int32,
+                                  sharding=mesh_lib.batch_sharding(self.mesh))
+    struct = lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)  # noqa: E731
+    lowerings = {}
+    for key, step in self.steps.items():
+      delayed, sharding = self.layouts[key]
+      state = jax.tree.map(struct, self.abstract._replace(delayed=delayed), sharding)
+      lowerings[f"the step of policy {key}"] = functools.partial(step.lower, state, tokens)
+    parallel_compile.fill_cache(lowerings, stream, "branch")
+
   def _batches(self, position) -> list:
     """The ``k`` batches the run reads after the data position ``position``."""
     data = loop.make_data(self.cfg, self.mesh, self.model_cfg.vocab_size)
@@ -329,7 +344,8 @@ class _Engine:
     if b.kind == "noise":
       start = start._replace(params=self.perturb(start.params, jax.random.fold_in(
           jax.random.key(self.branches.noise_seed), noise_index), self.branches.noise_scale))
-    start = start._replace(delayed=delayed)
+    # The step donates its state: the empty histories are copied for every branch.
+    start = start._replace(delayed=jax.tree.map(jnp.copy, delayed))
     return jax.device_put(start, sharding), self.steps[key]
 
   def run_group(self, ckpt, from_step: int, group: list[_Branch], tick) -> list[dict]:

@@ -153,6 +153,7 @@ class PairedEvaluator:
     grads = mesh_lib.fsdp_sharding(model.abstract_params(), mesh)
     base = Baseline(rep, rep, rep, grads, rep, rep, rep, rep)
     self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
+    self.base_sharding = base
     self.variant_jits, self.warmup_jits = {}, {}
     self.empty_state = {name: model.delayed_init(p) for name, p in self.policies.items()}
     for name, policy in self.policies.items():
@@ -232,6 +233,33 @@ class PairedEvaluator:
       state = mesh_lib.under_mesh(self.warmup_jits[name], self.mesh)(
           state, params, window[i % len(window)])
     return state
+
+  def lowerings(self, params, tokens, names, floor_key=None) -> dict:
+    """``{label: thunk}``: each thunk lowers one function the comparison of policies
+    ``names`` (the floor included) calls, for ``params`` and ``tokens`` (arrays or
+    ``jax.ShapeDtypeStruct``s, laid out as the calls' inputs): the BF16 baseline, each
+    policy's pass and warm-up, the floor's pass (with ``floor_key``). For
+    :func:`fp8jax.train.parallel_compile.fill_cache`."""
+    lower = lambda jitted, *args: lambda: mesh_lib.under_mesh(  # noqa: E731
+        jitted.lower, self.mesh)(*args)
+    shapes = mesh_lib.under_mesh(lambda p, t: jax.eval_shape(self.baseline_jit, p, t),
+                                 self.mesh)(params, tokens)
+    base = jax.tree.map(  # base_sharding is a prefix of the Baseline's tree
+        lambda sh, sub: jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), sub),
+        self.base_sharding, shapes)
+    out = {"the BF16 baseline": lower(self.baseline_jit, params, tokens)}
+    for name in names:
+      if name == noise_floor.FLOOR:
+        out["the noise floor"] = lower(self.floor_jit, params, tokens, base, floor_key)
+        continue
+      self._check_name(name)
+      out[f"policy {name}"] = lower(self.variant_jits[name], params, tokens, base,
+                                    self.empty_state[name])
+      if name in self.warmup_jits:
+        out[f"the warm-up of policy {name}"] = lower(self.warmup_jits[name],
+                                                     self.empty_state[name], params, tokens)
+    return out
 
   def _check_name(self, name: str) -> None:
     if name not in self.variant_jits:

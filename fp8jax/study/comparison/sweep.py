@@ -51,7 +51,8 @@ from fp8jax.study.common import noise_floor, results_io
 from fp8jax.study.comparison import model_api, paired
 from fp8jax.study.comparison.policies import expand_policies, expression, policy_meta  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import checkpoint_digest, determinism, metrics_log, multihost, run_config
+from fp8jax.train import (checkpoint_digest, determinism, metrics_log, multihost,
+                          parallel_compile, run_config)
 from fp8jax.train import mesh as mesh_lib
 
 
@@ -282,6 +283,12 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     written, skipped, warm = 0, {}, {}
     window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
                              for b in range(windows.batches)]
+    if todo:  # every function the sweep will call, compiled together (a warm cache: no-op)
+      step0, key0 = todo[0]
+      needed = [n for n in names if any(n in todo_pols[c] for c in todo)]
+      parallel_compile.fill_cache(evaluator.lowerings(
+          abstract, mesh_lib.global_batch(batches[key0], mesh), needed,
+          noise_floor.floor_key(floor_seed, step0, *key0)), stream, "compare")
     try:
       for i, (step, key) in enumerate(todo):
         if step in skipped:
