@@ -18,11 +18,11 @@ module changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import concurrent.futures
 import os
 import sys
 import time
-from typing import Callable
 
 import jax
 

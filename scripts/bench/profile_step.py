@@ -35,9 +35,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
-import _variants  # noqa: E402
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
+import _variants  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402

@@ -33,9 +33,9 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _moe_problem import F_TRUE, D, E, K, moe_problem  # noqa: E402
 import _repo  # noqa: E402,F401
-import _variants  # noqa: E402
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
+import _variants  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -155,7 +155,9 @@ class PairedEvaluator:
     self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
     self.base_sharding = base
     self.variant_jits, self.warmup_jits = {}, {}
-    self.empty_state = {name: model.delayed_init(p) for name, p in self.policies.items()}
+    # Committed to the mesh, as the warmed-up histories are: one compile per function.
+    self.empty_state = {name: jax.device_put(model.delayed_init(p), rep)
+                        for name, p in self.policies.items()}
     for name, policy in self.policies.items():
       direct = model.direct(policy)
       self.variant_jits[name] = jax.jit(

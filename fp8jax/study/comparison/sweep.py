@@ -51,8 +51,14 @@ from fp8jax.study.common import noise_floor, results_io
 from fp8jax.study.comparison import model_api, paired
 from fp8jax.study.comparison.policies import expand_policies, expression, policy_meta  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import (checkpoint_digest, determinism, metrics_log, multihost,
-                          parallel_compile, run_config)
+from fp8jax.train import (
+  checkpoint_digest,
+  determinism,
+  metrics_log,
+  multihost,
+  parallel_compile,
+  run_config,
+)
 from fp8jax.train import mesh as mesh_lib
 
 
