@@ -5,15 +5,17 @@
 A sweep's policies are different programs that a binary would otherwise compile one after
 another at their first calls, each XLA compile mostly on one core. Here each function is
 lowered in the calling thread (tracing holds Python's lock), then XLA compiles them all on
-a thread pool (the compiler releases the lock). The executables land in the persistent
-compilation cache (:mod:`fp8jax.train.compile_cache`), where the functions' own first
-calls find them: they trace and lower again, then load instead of compiling.
+a thread pool (the compiler releases the lock). The functions' own first calls then reuse
+the executables (JAX keeps them in memory, for inputs laid out and committed to devices
+as the lowering's were: ``tests/test_parallel_compile.py`` counts one XLA compile per
+function), and the persistent compilation cache (:mod:`fp8jax.train.compile_cache`) keeps
+them for the next run.
 
-Nothing happens when the persistent cache is off (the compiles would be thrown away and
-done again), for a single function, on a machine of fewer than 4 cores, or with
-``FP8JAX_COMPILE_THREADS=0`` (the variable sets the threads; default one per two cores). GPU
-autotuning then runs for several compiles at once on the same device. Importing this
-module changes nothing.
+Nothing happens when the persistent cache is off (it backs the reuse: without it a
+first call that missed the in-memory executable would compile again), for a single
+function, on a machine of fewer than 4 cores, or with ``FP8JAX_COMPILE_THREADS=0`` (the
+variable sets the threads; default one per two cores). GPU autotuning runs for several
+compiles at once on the same device. Importing this module changes nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +80,6 @@ def fill_cache(lowerings: dict[str, Callable[[], jax.stages.Lowered]], stream=No
           flush=True)
     return None
   dt = time.perf_counter() - t0
-  print(f"[{prefix}] compiled {n} functions in {dt:.1f} s (in the persistent cache; their "
-        "first calls load them)", file=stream, flush=True)
+  print(f"[{prefix}] compiled {n} functions in {dt:.1f} s (their first calls reuse them)",
+        file=stream, flush=True)
   return dt
