@@ -59,7 +59,8 @@ _TELEMETRY = flags.DEFINE_bool("telemetry", True, "Record the block-scale teleme
                                "GEMM recipes' forward operands (scales, saturated, underflowing "
                                "and all-zero blocks, kurtosis) in their rows.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "Alike consecutive layers as one lax.scan: "
-                          "less to trace and compile (fp8jax.models.layer_scan).")
+                          "less to trace and compile (fp8jax.models.layer_scan), slower passes "
+                          "(docs/performance.md).")
 _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", False, "Deterministic mode: the same bits on every GPU run (XLA's "
     "attention, a one-hot GEMM for the embedding gradient, no autotuning: "

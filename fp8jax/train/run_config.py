@@ -88,7 +88,8 @@ def defaults() -> ml_collections.ConfigDict:
                                         # norm against the quantization noise's (a multiple
                                         # of log_every; fp8jax.train.noise_probe)
       scan_layers=False,                # alike consecutive layers as one lax.scan: less
-                                        # to trace and compile (fp8jax.models.layer_scan)
+                                        # to trace and compile (fp8jax.models.layer_scan),
+                                        # slower steps and more memory (docs/performance.md)
       deterministic=False,              # GPU: bit-identical reruns (XLA's deterministic
                                         # ops; fp8jax.train.determinism), at a cost in speed
       peak_tflops=0.0))                 # per-device bf16 peak for MFU (0: by device kind)
