@@ -115,10 +115,11 @@ def _setup_2b(batch, seq):
   return cfg, params, toks
 
 
-def _peak_gib() -> float:
-  """The device's peak allocation so far (GiB; NaN where the backend keeps no stats)."""
+def _peak_gib(missing: float = float("nan")) -> float:
+  """The device's peak allocation so far (GiB; ``missing`` where the backend keeps no
+  stats)."""
   stats = jax.devices()[0].memory_stats() or {}
-  return stats.get("peak_bytes_in_use", float("nan")) / 2**30
+  return stats.get("peak_bytes_in_use", missing * 2**30) / 2**30
 
 
 def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False):
@@ -174,8 +175,7 @@ def memory(seq=2048, moe_impl="dispatch"):
     try:
       base = ev.baseline(params, tokens)
       jax.block_until_ready(ev.variant("moe_l0-8_e4m3", params, tokens, base))
-      stats = jax.devices()[0].memory_stats() or {}
-      fits[batch] = stats.get("peak_bytes_in_use", 0) / 2**30
+      fits[batch] = _peak_gib(missing=0.0)
       del base
       jax.clear_caches()
     except Exception as err:  # pylint: disable=broad-except

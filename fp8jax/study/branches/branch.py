@@ -320,11 +320,10 @@ class _Engine:
     data = self.cfg.data
     tokens = jax.ShapeDtypeStruct((data.global_batch, data.seq_len), jnp.int32,
                                   sharding=mesh_lib.batch_sharding(self.mesh))
-    struct = lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh)  # noqa: E731
     lowerings = {}
     for key, step in self.steps.items():
       delayed, sharding = self.layouts[key]
-      state = jax.tree.map(struct, self.abstract._replace(delayed=delayed), sharding)
+      state = loop.restore_target(self.abstract._replace(delayed=delayed), sharding)
       lowerings[f"the step of policy {key}"] = functools.partial(step.lower, state, tokens)
     parallel_compile.fill_cache(lowerings, stream, "branch")
 

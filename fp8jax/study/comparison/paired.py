@@ -153,7 +153,6 @@ class PairedEvaluator:
     grads = mesh_lib.fsdp_sharding(model.abstract_params(), mesh)
     base = Baseline(rep, rep, rep, grads, rep, rep, rep, rep)
     self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
-    self.base_sharding = base
     self.variant_jits, self.warmup_jits = {}, {}
     # Committed to the mesh, as the warmed-up histories are: one compile per function.
     self.empty_state = {name: jax.device_put(model.delayed_init(p), rep)
@@ -244,12 +243,8 @@ class PairedEvaluator:
     :func:`fp8jax.train.parallel_compile.fill_cache`."""
     lower = lambda jitted, *args: lambda: mesh_lib.under_mesh(  # noqa: E731
         jitted.lower, self.mesh)(*args)
-    shapes = mesh_lib.under_mesh(lambda p, t: jax.eval_shape(self.baseline_jit, p, t),
-                                 self.mesh)(params, tokens)
-    base = jax.tree.map(  # base_sharding is a prefix of the Baseline's tree
-        lambda sh, sub: jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), sub),
-        self.base_sharding, shapes)
+    base = mesh_lib.under_mesh(  # ShapeDtypeStructs with the baseline's out_shardings
+        lambda p, t: jax.eval_shape(self.baseline_jit, p, t), self.mesh)(params, tokens)
     out = {"the BF16 baseline": lower(self.baseline_jit, params, tokens)}
     for name in names:
       if name == noise_floor.FLOOR:
