@@ -203,6 +203,14 @@ def test_wgrad_unaligned_groups_match_numpy_reference():
   assert np.all(np.asarray(got)[[0, 3]] == 0)
   xla = jax.jit(lambda *ops: ref.wgrad_reference(*ops, interval=interval))(*args)
   _assert_close(got, xla, mag, terms, factor=2)
+  # The operands in the rows' layout (X [N, K], dY [N, F], scales [J, K], [J, F]): the
+  # same products; the interpreter's float32 dot may sum a transposed tile in another
+  # order, so to the reference's bound.
+  rows_first = jax.jit(lambda *ops: gsp.grouped_scaled_wgrad(
+      *[o.T for o in ops[:4]], ops[4], interval=interval, rows_first=True,
+      blocks=gsp.Blocks(m=16, n=16, k=16), interpret=True))(*args)
+  _assert_close(rows_first, want, mag, terms)
+  assert np.all(np.asarray(rows_first)[[0, 3]] == 0)
 
 
 @pytest.mark.slow
@@ -221,6 +229,12 @@ def test_wgrad_padded_groups_match_per_expert_gemm():
                         _f64(dyt.scale_inv), sizes, interval)
   terms = interval + sum(sizes) // interval + 1
   _assert_close(aligned, want, mag, terms)
+  rows_first = jax.jit(lambda *ops: [gsp.grouped_scaled_wgrad(
+      *[o.T for o in ops[:4]], ops[4], interval=interval, groups_aligned=aligned,
+      rows_first=True, blocks=gsp.Blocks(m=32, n=32, k=32), interpret=True)
+      for aligned in (True, False)])(*args)
+  np.testing.assert_array_equal(rows_first[0], rows_first[1])
+  _assert_close(rows_first[0], want, mag, terms)  # as above: to the reference's bound
   np.testing.assert_array_equal(aligned, masked)
   assert np.all(np.asarray(aligned)[1] == 0)
   dw = _dense(_per_group(xt, sizes, 1, interval), _per_group(dyt, sizes, 1, interval))
@@ -246,3 +260,7 @@ def test_argument_errors():
     gsp.grouped_scaled_matmul(a, sa, w, sw, sizes, transpose_b=True, interpret=True)
   with pytest.raises(ValueError, match="scales must be"):
     gsp.grouped_scaled_wgrad(a.T, sa.T, a.T, jnp.ones((128, 2)), sizes, interpret=True)
+  with pytest.raises(ValueError, match=r"need a \[N, K\], b \[N, F\]"):
+    gsp.grouped_scaled_wgrad(a, sa, a.T, sa, sizes, rows_first=True, interpret=True)
+  with pytest.raises(ValueError, match="scales must be"):
+    gsp.grouped_scaled_wgrad(a, sa, a, sa, sizes, rows_first=True, interpret=True)

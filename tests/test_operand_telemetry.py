@@ -35,7 +35,8 @@ def reference(x: np.ndarray, tile: int = 128) -> dict:
   kurt = q.size * np.sum(q ** 4) / np.sum(q ** 2) ** 2
   return {"saturated_frac": sat / n_blocks, "underflow_frac": under / n_blocks,
           "zero_block_frac": zero / n_blocks, "kurtosis": kurt,
-          "scale_log2_p50": np.sort(scales)[int(np.ceil(0.5 * len(scales))) - 1]}
+          "scale_log2_p50": np.sort(scales)[int(np.ceil(0.5 * len(scales))) - 1],
+          "scale_log2s": scales}
 
 
 @pytest.mark.slow
@@ -46,8 +47,13 @@ def test_operand_telemetry_matches_the_reference():
   x[3, :128] = 0.0                       # an all-zero block
   x[5, 130] = 1e-9 * np.abs(x[5, 128:256]).max()  # flushed to zero beside a large amax
   spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.tile(128))
-  got = jax.device_get(ot.summarize(ot.operand_sums(jnp.asarray(x), spec)))
+  sums = ot.operand_sums(jnp.asarray(x), spec)
+  got = jax.device_get(ot.summarize(sums))
   want = reference(x)
+  # The histogram of floor(log2 scale_inv) over the nonzero blocks, by NumPy's bincount.
+  logs = np.array(want.pop("scale_log2s"), np.int64) - ot.LOG2_LOW
+  np.testing.assert_array_equal(np.asarray(sums["log2_hist"]),
+                                np.bincount(logs, minlength=ot.LOG2_BINS))
   assert want["underflow_frac"] > 0 and want["zero_block_frac"] > 0
   for k, v in want.items():
     np.testing.assert_allclose(float(got[k]), v, rtol=1e-4, err_msg=k)

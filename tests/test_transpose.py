@@ -46,6 +46,25 @@ def test_quantize_swapped_equals_quantizing_the_swapped_array(spec, x):
 
 
 @pytest.mark.slow
+@given(spec=strategies.specs(rank=2), x=strategies.arrays((48, 40)))
+def test_quantize_columns_is_the_swapped_quantization_in_place(spec, x):
+  """The Wgrad operands of a contraction-first kernel: the quantization of x^T, left in
+  x's layout, bit for bit (payload and scales transposed back)."""
+  x = jnp.asarray(x)
+  if spec.rounding != "nearest":
+    with pytest.raises(ValueError, match="nearest only"):
+      transpose.quantize_columns(x, spec)
+    return
+  got = jax.jit(lambda a: transpose.quantize_columns(a, spec))(x)
+  want = jax.jit(lambda a: fp8jax.quantize(a, spec))(x.T)
+  assert got.data.shape == x.shape
+  for g, w in ((got.data, want.data.T), (got.scale_inv, want.scale_inv.T)):
+    g, w = np.asarray(g), np.asarray(w)
+    np.testing.assert_array_equal(g.view(np.uint8 if g.itemsize == 1 else np.uint32),
+                                  w.view(np.uint8 if w.itemsize == 1 else np.uint32))
+
+
+@pytest.mark.slow
 def test_scaling_aware_transpose_is_exact_with_pow2_scales():
   x = _x()
   spec = _specs("pow2")

@@ -173,9 +173,18 @@ def _dgrad_weight(w_e, cfg):
   return _deq(_dgrad_weight_q(w_e, cfg)).T
 
 
+def _buffers(*arrays):
+  """The arrays behind ``lax.optimization_barrier``: buffers of their own. Otherwise the
+  dispatch's row gather (and dY's elementwise producers) fuse into every quantization that
+  reads them, and XLA:GPU runs each such fusion in the layout of its transposed consumer:
+  at the 2B shapes on an H100, a tile amax over the gathered X ran at 38 GB/s."""
+  out = lax.optimization_barrier(arrays)
+  return out[0] if len(arrays) == 1 else out
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _grouped(x, w, sizes, cfg, layout):
-  return _forward(x, w, sizes, cfg, layout)
+  return _forward(_buffers(x), w, sizes, cfg, layout)
 
 
 def _forward(x, w, sizes, cfg, layout):
@@ -200,20 +209,41 @@ def _fprop(x, w, sizes, cfg):
 
 
 def _fwd(x, w, sizes, cfg, layout):
+  x = _buffers(x)
   return _forward(x, w, sizes, cfg, layout), (x, w, sizes)
+
+
+def _rows_first(cfg: gemm_lib.GemmConfig) -> bool:
+  """Whether Wgrad's operands stay in the rows' layout, X [N, K] and dY [N, F] quantized in
+  blocks of rows (:func:`transpose.quantize_columns`), instead of being transposed: the
+  requant policy without a Hadamard transform, rounding to nearest, without a noise control
+  (whose noise, like stochastic rounding's bits, is drawn in the layout quantized)."""
+  specs = (cfg.roles.input, cfg.roles.grad)
+  return (cfg.transpose == "requant" and not cfg.wgrad_hadamard
+          and all(s.rounding == "nearest" and not s.noise_control for s in specs))
+
+
+def _swap_blocks(q: qtensor.QTensor) -> qtensor.QTensor:
+  """``q`` described as its transpose for :func:`_kernel_interval` (block axes swapped)."""
+  return dataclasses.replace(q, block=(*q.block[:-2], q.block[-1], q.block[-2]))
 
 
 def _wgrad_fp32(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with FP32 accumulation, on groups padded to whole token tiles and Hadamard
   blocks (:func:`_wgrad_operands`): the blockwise-scaled kernel where it applies, else the
   product of the dequantized operands."""
-  xt, dyt, sizes = _wgrad_operands(x, dy, sizes, cfg, layout)
-  interval = _kernel_interval(cfg, xt, dyt)
-  if interval and dyt.block[-2] == 1 and max(group_multiple_of(cfg), layout) % interval == 0:
+  rows_first = _rows_first(cfg)
+  a, b, sizes = _wgrad_operands(x, dy, sizes, cfg, layout, rows_first)
+  at, bt = (_swap_blocks(a), _swap_blocks(b)) if rows_first else (a, b)
+  interval = _kernel_interval(cfg, at, bt)
+  if interval and bt.block[-2] == 1 and max(group_multiple_of(cfg), layout) % interval == 0:
     return grouped_scaled_pallas.grouped_scaled_wgrad(
-        xt.data, xt.scale_inv, dyt.data, dyt.scale_inv, sizes, interval=interval,
-        groups_aligned=True, convert_in_kernel=True, interpret=_interpret())
-  return _wgrad_product(jnp.swapaxes(_deq(xt), 0, 1), jnp.swapaxes(_deq(dyt), 0, 1), sizes)
+        a.data, a.scale_inv, b.data, b.scale_inv, sizes, interval=interval,
+        groups_aligned=True, rows_first=rows_first, convert_in_kernel=True,
+        interpret=_interpret())
+  if rows_first:
+    return _wgrad_product(_deq(a), _deq(b), sizes)
+  return _wgrad_product(jnp.swapaxes(_deq(a), 0, 1), jnp.swapaxes(_deq(b), 0, 1), sizes)
 
 
 def _token_block(spec) -> int:
@@ -252,7 +282,7 @@ def group_multiple_of(config: gemm_lib.GemmConfig) -> int:
   return multiple
 
 
-def _wgrad_operands(x, dy, sizes, cfg, layout):
+def _wgrad_operands(x, dy, sizes, cfg, layout, rows_first: bool = False):
   """X^T [K, N_pad] and dY^T [F, N_pad] quantized for Wgrad, each group zero-padded to a
   multiple of :func:`group_multiple_of` rows first, so that no scale tile, Hadamard block
   or promotion interval spans two experts (as when each expert's GEMM runs on its own rows).
@@ -262,6 +292,8 @@ def _wgrad_operands(x, dy, sizes, cfg, layout):
     sizes: int32 [E] (unpadded).
     cfg: the GEMM config (roles, transpose policy, Hadamard transform, accumulation).
     layout: the row multiple of the rows as given: 1, or a multiple of the padding's.
+    rows_first: return the same quantization untransposed, X [N_pad, K] and dY [N_pad, F]
+      (:func:`_rows_first` configs only).
 
   Returns:
     ``(xt, dyt, sizes_pad [E])``, two QTensors and the group sizes in their layout.
@@ -280,6 +312,9 @@ def _wgrad_operands(x, dy, sizes, cfg, layout):
     x, _ = padding.pad_groups(x, sizes, multiple)
     dy, sizes = padding.pad_groups(dy, sizes, multiple)
   dy = dy.astype(jnp.float32)  # after the padding, which moves dY in its own dtype
+  if rows_first:
+    return (transpose.quantize_columns(x, r.input), transpose.quantize_columns(dy, r.grad),
+            sizes)
   if cfg.wgrad_hadamard:
     xt = hadamard.random_hadamard(x.T, cfg.wgrad_hadamard, cfg.hadamard_seed)  # [K, rows]
     dyt = hadamard.random_hadamard(dy.T, cfg.wgrad_hadamard, cfg.hadamard_seed)
@@ -302,6 +337,7 @@ def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
 
 def _bwd(cfg, layout, res, dy):
   x, w, real_sizes = res
+  x, dy = _buffers(x, dy)
   sizes = _layout_sizes(real_sizes, layout)
   dy_out, dy = dy, dy.astype(jnp.float32)  # dY in the output's dtype, and in float32
   r = cfg.roles

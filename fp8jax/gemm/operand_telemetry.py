@@ -38,6 +38,16 @@ COUNTS = ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elem
 """The additive scalar sums of :func:`operand_sums` (float32); plus ``log2_hist``."""
 
 
+def _histogram(bins: jax.Array) -> jax.Array:
+  """float32 [LOG2_BINS] counts of the int32 ``bins`` in [0, LOG2_BINS) (others ignored).
+
+  By sorting and searching the bin edges, not by a scatter-add: on a GPU the blocks of an
+  operand fall in a few bins, and the scatter's atomic adds to them serialize (7 ms per
+  step at the 2B shapes on an H100, against a sort of ~1M keys). Counts are exact."""
+  edges = jnp.searchsorted(jnp.sort(bins), jnp.arange(LOG2_BINS + 1, dtype=bins.dtype))
+  return jnp.diff(edges).astype(jnp.float32)
+
+
 def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
   """Additive telemetry sums of quantizing ``x`` (contraction-last, any rank) with
   ``spec``: the :data:`COUNTS` scalars and ``log2_hist`` float32 [LOG2_BINS]."""
@@ -56,7 +66,7 @@ def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]
   nonzero = (amax > 0) & jnp.isfinite(amax) & jnp.isfinite(scale)  # NaN/inf blocks: apart
   bins = jnp.clip(jnp.floor(jnp.log2(jnp.where(nonzero, scale, 1.0))) - LOG2_LOW, 0,
                   LOG2_BINS - 1).astype(jnp.int32)
-  hist = jnp.zeros(LOG2_BINS, f32).at[bins.ravel()].add(nonzero.astype(f32).ravel())
+  hist = _histogram(jnp.where(nonzero, bins, LOG2_BINS).ravel())
   q = qtensor.dequantize(qt, f32)
   q = jnp.where(jnp.isfinite(q), q, 0.0)
   n = jnp.sum(jnp.isfinite(x), dtype=f32)

@@ -20,6 +20,8 @@ Three ways to get it, after FP8-Flow-MoE (arXiv 2511.02302):
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -74,6 +76,20 @@ def quantize_swapped(x: jax.Array, spec: spec_lib.QuantSpec,
   block = spec.granularity.block_shape(xt.shape)
   amax = blocks.block_amax(x, (*block[:-2], block[-1], block[-2]))
   return qtensor.quantize(xt, spec, key=key, amax=lax.optimization_barrier(_swap(amax)))
+
+
+def quantize_columns(x: jax.Array, spec: spec_lib.QuantSpec) -> qtensor.QTensor:
+  """:func:`quantize_swapped` left in ``x``'s own layout, for a GEMM that reads its operand
+  contraction-first: payload [..., R, C] and ``scale_inv`` per block of ``spec``'s blocks
+  with the last two axes exchanged (1 x 128 tiles of the transpose are 128 x 1 blocks of
+  ``x``). Equal bit for bit to ``swapaxes`` of :func:`quantize_swapped`'s payload and
+  scales (the same blocks, amax and casts), with no transposition at all. Round to
+  nearest only: stochastic rounding draws its bits in the layout it quantizes."""
+  if spec.rounding != "nearest":
+    raise ValueError(f"quantize_columns rounds to nearest only, got {spec.describe()}")
+  gran = spec.granularity
+  axes = tuple({-1: -2, -2: -1}.get(a - x.ndim if a >= 0 else a, a) for a in gran.axes)
+  return qtensor.quantize(x, spec.replace(granularity=dataclasses.replace(gran, axes=axes)))
 
 
 def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qtensor.QTensor:

@@ -11,8 +11,9 @@ XLA simulation, ``fp8jax.gemm.grouped.tiled_matmul``, gathers a float32 weight p
   sa[n, j] * sb[g(n), j, :]``. Row tiles never cross a group boundary
   (:func:`grouped_matmul_triton.row_tiles`); program ``(t, c)`` walks K in intervals.
 * :func:`grouped_scaled_wgrad` (Wgrad ``dW_g = X_g^T dY_g``): the contraction runs over
-  the rows, both operands in contraction-last layout (X^T [K, N], dY^T [F, N]) with one
-  scale per 128-row interval and per column. Program ``(c, i, g)`` walks the intervals
+  the rows, both operands in contraction-last layout (X^T [K, N], dY^T [F, N]) or, with
+  ``rows_first``, in the rows' layout the forward pass has (X [N, K], dY [N, F]: no
+  transposed copies), with one scale per 128-row interval and per column. Program ``(c, i, g)`` walks the intervals
   that group ``g``'s rows touch, masking the rows of other groups: the rows may be
   unpadded (an interval shared by two groups has one scale for both, as in the XLA
   simulation) or each group padded to whole intervals (``pad_groups``; as real kernels
@@ -233,7 +234,7 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
 
 
 def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, blocks: Blocks,
-                  chunk: int, interval: int, aligned: bool):
+                  chunk: int, interval: int, aligned: bool, rows_first: bool):
   """Program (c, i, g): dw[g, i-block, c-block] over the intervals group g's rows touch."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plgpu
@@ -242,8 +243,13 @@ def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bl
   start, end = start_ref[g], end_ref[g]
   bm, bn = blocks.m, blocks.n
   kd, fd = o_ref.shape[1], o_ref.shape[2]
-  k_ok = (i * bm + lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < kd) if kd % bm else None
-  f_ok = (c * bn + lax.broadcasted_iota(jnp.int32, (bn, 1), 0) < fd) if fd % bn else None
+  # Column masks, [m, 1] for operands [K, N] and [1, m] for operands [N, K] (rows_first).
+  col = (lambda m: (1, m)) if rows_first else (lambda m: (m, 1))  # noqa: E731
+  col_axis = 1 if rows_first else 0
+  k_ok = (i * bm + lax.broadcasted_iota(jnp.int32, col(bm), col_axis) < kd) if kd % bm \
+      else None
+  f_ok = (c * bn + lax.broadcasted_iota(jnp.int32, col(bn), col_axis) < fd) if fd % bn \
+      else None
   first = lax.div(start, jnp.int32(interval))  # sizes are >= 0
   steps = jnp.where(end > start, lax.div(end + (interval - 1), jnp.int32(interval)) - first,
                     0)
@@ -255,20 +261,27 @@ def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bl
       r0 = pl.multiple_of(jj * interval + q * chunk, chunk)
       rows = None
       if not aligned:  # rows of this group only (also keeps loads inside the array)
-        r = r0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
+        shape, axis = ((chunk, 1), 0) if rows_first else ((1, chunk), 1)
+        r = r0 + lax.broadcasted_iota(jnp.int32, shape, axis)
         rows = (r >= start) & (r < end)
-      x = _load(a_ref.at[pl.ds(i * bm, bm), pl.ds(r0, chunk)], _and(k_ok, rows))
-      y = _load(b_ref.at[pl.ds(c * bn, bn), pl.ds(r0, chunk)], _and(f_ok, rows))
+      if rows_first:  # a [N, K], b [N, F]: [chunk, m] tiles, contracted over their rows
+        x = _load(a_ref.at[pl.ds(r0, chunk), pl.ds(i * bm, bm)], _and(k_ok, rows))
+        y = _load(b_ref.at[pl.ds(r0, chunk), pl.ds(c * bn, bn)], _and(f_ok, rows))
+        contract = (((0,), (0,)), ((), ()))
+      else:  # a [K, N], b [F, N]: [m, chunk] tiles, contracted over their columns
+        x = _load(a_ref.at[pl.ds(i * bm, bm), pl.ds(r0, chunk)], _and(k_ok, rows))
+        y = _load(b_ref.at[pl.ds(c * bn, bn), pl.ds(r0, chunk)], _and(f_ok, rows))
+        contract = (((1,), (1,)), ((), ()))
       x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
-      prod = lax.dot_general(x, y, (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+      prod = lax.dot_general(x, y, contract, preferred_element_type=jnp.float32)
       part = prod if part is None else part + prod
     sa = sa_ref[jj, pl.ds(i * bm, bm)]  # scales padded to whole blocks
     sb = sb_ref[jj, pl.ds(c * bn, bn)]
     return acc + part * (sa[:, None] * sb[None, :])
 
   acc = lax.fori_loop(jnp.int32(0), steps, interval_step, jnp.zeros((bm, bn), jnp.float32))
-  mask = _and(k_ok, None if f_ok is None else f_ok.reshape(1, bn))
+  mask = _and(None if k_ok is None else k_ok.reshape(bm, 1),
+              None if f_ok is None else f_ok.reshape(1, bn))
   plgpu.store(o_ref.at[g, pl.ds(i * bm, bm), pl.ds(c * bn, bn)], acc.astype(o_ref.dtype),
               mask=mask)
 
@@ -276,21 +289,23 @@ def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bl
 def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                          b_scale_inv: jax.Array, group_sizes: jax.Array, *,
                          interval: int = 128, groups_aligned: bool = False,
-                         out_dtype=jnp.float32, blocks: Blocks = WGRAD,
-                         convert_in_kernel: bool = False, interpret: bool = False
-                         ) -> jax.Array:
+                         rows_first: bool = False, out_dtype=jnp.float32,
+                         blocks: Blocks = WGRAD, convert_in_kernel: bool = False,
+                         interpret: bool = False) -> jax.Array:
   """Wgrad: ``dw[g] = sum_j (a[:, R_gj] . b[:, R_gj]^T) * sa[:, j] sb[:, j]^T`` with
   ``R_gj`` the rows of group g in interval j.
 
   Args:
     a: payload [K, N] (X^T; N rows sorted by group, quantized in 1 x ``interval`` tiles
-      along the rows).
-    a_scale_inv: [K, J], ``J = ceil(N / interval)``.
-    b: payload [F, N] (dY^T, the same rows).
-    b_scale_inv: [F, J].
+      along the rows); with ``rows_first`` [N, K] (X as the forward pass has it, the same
+      tiles as ``interval`` x 1 blocks): no transposed copy of the operands is needed.
+    a_scale_inv: [K, J], ``J = ceil(N / interval)``; with ``rows_first`` [J, K].
+    b: payload [F, N] (dY^T, the same rows); with ``rows_first`` [N, F].
+    b_scale_inv: [F, J]; with ``rows_first`` [J, F].
     group_sizes: int [E] rows per group in this layout, summing to at most N (rows past
       the sum are ignored).
     interval: promotion interval along the rows.
+    rows_first: the operands' layout (above).
     groups_aligned: every group starts and ends on an interval boundary (sizes multiples
       of ``interval``, e.g. from ``fp8jax.gemm.padding.pad_groups``): no row masks. With
       other sizes the result is wrong.
@@ -302,25 +317,29 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
   """
   from jax.experimental import pallas as pl
 
-  if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or group_sizes.ndim != 1:
-    raise ValueError(f"need a [K, N], b [F, N] and group_sizes [E]; got {a.shape}, "
-                     f"{b.shape} and {group_sizes.shape}")
+  rows = 0 if rows_first else 1  # the axis of a and b that holds the N rows
+  if a.ndim != 2 or b.ndim != 2 or a.shape[rows] != b.shape[rows] or group_sizes.ndim != 1:
+    want = "a [N, K], b [N, F]" if rows_first else "a [K, N], b [F, N]"
+    raise ValueError(f"need {want} and group_sizes [E]; got {a.shape}, {b.shape} and "
+                     f"{group_sizes.shape}")
   chunk = _chunk(interval, blocks, (a, b))
-  (kd, n), fd, e = a.shape, b.shape[0], group_sizes.shape[0]
+  n, kd, fd, e = a.shape[rows], a.shape[1 - rows], b.shape[1 - rows], group_sizes.shape[0]
   n_int = _cdiv(n, interval)
-  if a_scale_inv.shape != (kd, n_int) or b_scale_inv.shape != (fd, n_int):
-    raise ValueError(f"scales must be {(kd, n_int)} and {(fd, n_int)}, got "
+  want_a, want_b = ((n_int, kd), (n_int, fd)) if rows_first else ((kd, n_int), (fd, n_int))
+  if a_scale_inv.shape != want_a or b_scale_inv.shape != want_b:
+    raise ValueError(f"scales must be {want_a} and {want_b}, got "
                      f"{a_scale_inv.shape} and {b_scale_inv.shape}")
   if n == 0 or kd == 0 or fd == 0 or e == 0:
     return jnp.zeros((e, kd, fd), out_dtype)
   sizes = group_sizes.astype(jnp.int32)
   ends = jnp.cumsum(sizes)
-  sa = _pad_last(jnp.swapaxes(a_scale_inv.astype(jnp.float32), 0, 1),
+  per_interval = (lambda s: s) if rows_first else (lambda s: jnp.swapaxes(s, 0, 1))  # noqa: E731
+  sa = _pad_last(per_interval(a_scale_inv.astype(jnp.float32)),
                  _cdiv(kd, blocks.m) * blocks.m)  # [J, K_pad]
-  sb = _pad_last(jnp.swapaxes(b_scale_inv.astype(jnp.float32), 0, 1),
+  sb = _pad_last(per_interval(b_scale_inv.astype(jnp.float32)),
                  _cdiv(fd, blocks.n) * blocks.n)  # [J, F_pad]
   kernel = functools.partial(_wgrad_kernel, blocks=blocks, chunk=chunk, interval=interval,
-                             aligned=groups_aligned)
+                             aligned=groups_aligned, rows_first=rows_first)
   # Column blocks fastest, then row blocks: the programs in flight share a group's rows.
   return pl.pallas_call(
       kernel,

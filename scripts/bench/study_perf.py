@@ -122,9 +122,9 @@ def _peak_gib(missing: float = float("nan")) -> float:
   return stats.get("peak_bytes_in_use", missing * 2**30) / 2**30
 
 
-def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False):
+def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False, moments_dtype=None):
   cfg, params, toks = _setup_2b(batch, seq)
-  tx = optim.optimizer(optim.OptimConfig())
+  tx = optim.optimizer(optim.OptimConfig(), moments_dtype=moments_dtype)
   mesh = mesh_lib.data_mesh()
   state = step_lib.init_state(params, tx)
   fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=moe_impl, scan_layers=scan),
@@ -138,7 +138,9 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False):
   t, ts = median_time(run, [(x,) for x in toks], runs=10)
   tps = batch * seq / t
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record("train_step_2b" + ("_scan" if scan else ""), moe_impl=moe_impl, batch=batch,
+  record("train_step_2b" + ("_scan" if scan else "") + (f"_{moments_dtype}_moments"
+                                                        if moments_dtype else ""),
+         moe_impl=moe_impl, batch=batch,
          seq=seq, ms=t * 1e3, tokens_per_s=tps, peak_gib=_peak_gib(),
          model_tflops=tps * flops.flops_per_token(cfg, seq) / 1e12,
          mfu=flops.mfu(tps, cfg, seq, peak, 1) or float("nan"), times=ts)
@@ -256,13 +258,16 @@ def main():
                   help="train and paired: alike consecutive layers as one lax.scan")
   ap.add_argument("--paired-policies", default=";".join(PAIRED),
                   help="policies of --parts=paired, separated by ';'")
+  ap.add_argument("--moments-dtype", default=None, choices=["bfloat16"],
+                  help="train: AdamW moments stored in this dtype (default float32)")
   args = ap.parse_args()
   if args.fuse_gate_up:
     _variants.fuse_gate_up()
   record("options", fuse_gate_up=args.fuse_gate_up, scan_layers=args.scan_layers)
   two_b = {"seq": args.seq, "moe_impl": args.moe_impl}
   scan = {"scan": args.scan_layers}
-  kwargs = {"moe": {"tokens": args.tokens}, "train": {"batch": args.batch, **two_b, **scan},
+  train = {"batch": args.batch, "moments_dtype": args.moments_dtype, **two_b, **scan}
+  kwargs = {"moe": {"tokens": args.tokens}, "train": train,
             "paired": {"batch": args.batch, "policies": args.paired_policies.split(";"),
                        **two_b, **scan}, "memory": two_b,
             "compile_memory": two_b, "scaling": {"batch": args.batch, **two_b}}
