@@ -5,9 +5,10 @@
 TRACE is a perfetto trace written by ``profile_step.py`` (with ``$OUT`` set); DUMP_DIR an
 XLA dump of the same run (``XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text``), of
 which the ``*after_optimizations.txt`` modules are read. A kernel is matched to the HLO
-instruction of the same name ('.' written '_', as the profiler names XLA's kernels); its
-bytes are the sizes of the instruction's operands and results (an upper bound on what it
-reads, since a fusion may read a slice). Prints, per kernel, the milliseconds per step,
+instruction of the same name ('.' written '_', as the profiler names XLA's kernels), or to
+all the instructions that share its kernel (their ``deduplicated_name``); the bytes are the
+sizes of their operands and results (an upper bound on what they read, since a fusion may
+read a slice). Prints, per kernel, the milliseconds per step,
 the bytes, the GB/s they imply and the source line JAX recorded, so that the fusions far
 below the card's bandwidth stand out.
 """
@@ -99,10 +100,17 @@ def instructions(dump: pathlib.Path) -> dict[str, dict[str, dict]]:
         continue
       frame = re.search(r"stack_frame_id=(\d+)", rhs)
       op_name = re.search(r'op_name="([^"]+)"', rhs)
-      mod[name.replace(".", "_").replace("-", "_")] = {
-          "bytes": sizes[name] + sum(sizes.get(o, 0.0) for o in operands), "op": op,
+      # Alike fusions share one kernel, named after the first (its deduplicated_name):
+      # the profile's time for that name covers all of them, and so do the bytes here.
+      dedup = re.search(r'deduplicated_name="([^"]+)"', rhs)
+      key = (dedup.group(1) if dedup else name).replace(".", "_").replace("-", "_")
+      mod.setdefault("_group_of", {})[name.replace(".", "_").replace("-", "_")] = key
+      info = mod.setdefault(key, {
+          "bytes": 0.0, "instances": 0, "op": op,
           "source": _source(frames, frame.group(1) if frame else None),
-          "op_name": op_name.group(1)[-80:] if op_name else ""}
+          "op_name": op_name.group(1)[-80:] if op_name else ""})
+      info["bytes"] += sizes[name] + sum(sizes.get(o, 0.0) for o in operands)
+      info["instances"] += 1
   return out
 
 
@@ -130,10 +138,12 @@ def table(ms: collections.Counter, instrs: dict[str, dict], steps: int, top: int
   """The ``top`` kernels by time, with the bytes of their instructions in ``instrs``."""
   rows = []
   for name, t in ms.most_common(top):
-    info = instrs.get(name.replace(".", "_").replace("-", "_"), {})
+    own = name.replace(".", "_").replace("-", "_")
+    info = instrs.get(own) or instrs.get(instrs.get("_group_of", {}).get(own), {})
     per = t / steps
     b = info.get("bytes")
     rows.append({"kernel": name[:60], "ms_per_step": round(per, 3),
+                 "instances": info.get("instances"),
                  "mib": round(b / 2**20, 1) if b else None,
                  "gb_per_s": round(b / (per / 1e3) / 1e9) if b else None,
                  "source": info.get("source", ""), "op_name": info.get("op_name", "")})
@@ -152,10 +162,10 @@ def main():
   module = best_module(ms, modules)
   print(f"module {module}; {sum(ms.values()) / args.steps:.1f} ms of kernels per step")
   rows = table(ms, modules[module], args.steps, args.top)
-  print(f"{'ms/step':>8} {'MiB':>8} {'GB/s':>6}  kernel  [source]  op_name")
+  print(f"{'ms/step':>8} {'MiB':>8} {'GB/s':>6} {'n':>3}  kernel  [source]  op_name")
   for r in rows:
-    print(f"{r['ms_per_step']:8.3f} {r['mib'] or 0:8.1f} {r['gb_per_s'] or 0:6}  "
-          f"{r['kernel']}  [{r['source']}]  {r['op_name']}")
+    print(f"{r['ms_per_step']:8.3f} {r['mib'] or 0:8.1f} {r['gb_per_s'] or 0:6} "
+          f"{r['instances'] or 0:3}  {r['kernel']}  [{r['source']}]  {r['op_name']}")
   if args.json:
     args.json.write_text(json.dumps(rows, indent=1))
 
