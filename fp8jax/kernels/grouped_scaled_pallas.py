@@ -13,11 +13,12 @@ XLA simulation, ``fp8jax.gemm.grouped.tiled_matmul``, gathers a float32 weight p
 * :func:`grouped_scaled_wgrad` (Wgrad ``dW_g = X_g^T dY_g``): the contraction runs over
   the rows, both operands in contraction-last layout (X^T [K, N], dY^T [F, N]) or, with
   ``rows_first``, in the rows' layout the forward pass has (X [N, K], dY [N, F]: no
-  transposed copies), with one scale per 128-row interval and per column. Program ``(c, i, g)`` walks the intervals
-  that group ``g``'s rows touch, masking the rows of other groups: the rows may be
-  unpadded (an interval shared by two groups has one scale for both, as in the XLA
-  simulation) or each group padded to whole intervals (``pad_groups``; as real kernels
-  do, no scale spans two experts), where ``groups_aligned=True`` drops the row masks.
+  transposed copies), with one scale per 128-row interval and per column. Program
+  ``(c, i, g)`` walks the intervals that group ``g``'s rows touch, masking the rows of
+  other groups: the rows may be unpadded (an interval shared by two groups has one scale
+  for both, as in the XLA simulation) or each group padded to whole intervals
+  (``pad_groups``; as real kernels do, no scale spans two experts), where
+  ``groups_aligned=True`` drops the row masks.
 
 Inside an interval, ``bf16 x bf16 -> float32`` dots of ``block.k`` elements (FP8 payloads
 are exact in bfloat16: exact products, float32 sums in the tensor cores' order) chain in

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import os
 import pathlib
@@ -38,6 +37,7 @@ import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
 import _variants  # noqa: E402
+import fusion_bytes  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
@@ -69,16 +69,8 @@ def category(name: str) -> str:
 
 def kernel_times(trace_dir: pathlib.Path) -> dict[str, float]:
   """{kernel name: total microseconds} over the GPU events of the perfetto trace."""
-  path = next(trace_dir.rglob("perfetto_trace.json.gz"))
-  events = json.loads(gzip.open(path).read())
-  events = events.get("traceEvents", events)
-  gpu_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-              and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
-  out = collections.Counter()
-  for e in events:
-    if e.get("ph") == "X" and e.get("pid") in gpu_pids and "dur" in e:
-      out[e["name"]] += float(e["dur"])
-  return out
+  ms = fusion_bytes.kernel_ms(next(trace_dir.rglob("perfetto_trace.json.gz")))
+  return collections.Counter({name: t * 1e3 for name, t in ms.items()})
 
 
 def profile(fn, args, steps: int, label: str, keep: pathlib.Path | None):
