@@ -9,6 +9,8 @@ zero rows fill it up to the next multiple ``m``, and rows past the last group ar
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -96,3 +98,16 @@ def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
   source = lax.optimization_barrier(source)
   rows = jnp.take(x, source, axis=0, mode="fill", fill_value=0)
   return lax.optimization_barrier(rows), padded_sizes(sizes, multiple)
+
+
+def mask_padding_scales(qt, valid: jax.Array):
+  """``qt`` [N_pad, C] (a QTensor) with the scale_inv of blocks holding padding rows only
+  set to the smallest normal float32, which no real scale_inv is below: a scaling-aware
+  transpose then takes each new block's scale from its real rows, as on the unpadded
+  group. ``valid``: bool [N_pad], the real rows."""
+  rb = qt.full_block[-2]
+  real = jax.ops.segment_max(valid.astype(jnp.int32), jnp.arange(valid.shape[0]) // rb,
+                             num_segments=qt.scale_inv.shape[-2]) > 0
+  scale_inv = jnp.where(real[:, None], qt.scale_inv.astype(jnp.float32),
+                        jnp.finfo(jnp.float32).tiny)
+  return dataclasses.replace(qt, scale_inv=scale_inv)

@@ -150,7 +150,7 @@ def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_
     for i in range(interval // chunk):
       prod = dot_chunk(pl.multiple_of(jj * interval + i * chunk, chunk))
       part = prod if part is None else part + prod
-    sa = _load(sa_ref.at[jj, pl.ds(start, bm)], row_ok1)
+    sa = _load(sa_ref.at[pl.ds(start, bm), jj], row_ok1)  # a strided column of [N, J]
     sb = sb_ref[g, jj, pl.ds(c * bn, bn)]  # padded to whole column blocks
     return acc + part * (sa[:, None] * sb[None, :])
 
@@ -215,7 +215,11 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                      f"{a_scale_inv.shape} and {b_scale_inv.shape}")
   if n == 0 or f == 0:
     return jnp.zeros((n, f), out_dtype)
-  sa = jnp.swapaxes(a_scale_inv.astype(jnp.float32), 0, 1)  # [J, N]: one row per interval
+  # [N, J] as the quantization lays it out, read by the kernel a strided column per
+  # interval: no transposition for XLA to fuse into the tile amax (at the 2B shapes on an
+  # H200, one gate GEMM forward and backward 8.13 -> 7.57 ms; the recipe's whole pass
+  # unchanged, 331.5 -> 331.2 ms).
+  sa = a_scale_inv.astype(jnp.float32)
   sb = b_scale_inv.astype(jnp.float32)
   if transpose_b:
     sb = jnp.swapaxes(sb, 1, 2)
