@@ -42,6 +42,11 @@ def _bytes_of(text: str) -> float:
   return total
 
 
+def _key(name: str) -> str:
+  """An HLO instruction name as the profiler names its kernel ('.' and '-' as '_')."""
+  return name.replace(".", "_").replace("-", "_")
+
+
 def _frames(text: str):
   """The module's stack-frame table: {frame id: (file, line, parent id)}."""
   def section(name):
@@ -72,8 +77,8 @@ def _source(frames, frame_id: str | None, depth: int = 3) -> str:
 
 
 def instructions(dump: pathlib.Path) -> dict[str, dict[str, dict]]:
-  """{module: {kernel name: {bytes, op, source, op_name}}} over the dump's optimized
-  modules.
+  """{module: {kernel name: {bytes, instances, op, source, op_name}}} over the dump's
+  optimized modules; alike fusions that share a kernel share one record.
 
   Bytes: the instruction's result shapes plus its operands' (looked up by name in the
   module, where HLO names are unique)."""
@@ -102,13 +107,13 @@ def instructions(dump: pathlib.Path) -> dict[str, dict[str, dict]]:
       op_name = re.search(r'op_name="([^"]+)"', rhs)
       # Alike fusions share one kernel, named after the first (its deduplicated_name):
       # the profile's time for that name covers all of them, and so do the bytes here.
+      # Each instruction's own name and its group's point to the same record.
       dedup = re.search(r'deduplicated_name="([^"]+)"', rhs)
-      key = (dedup.group(1) if dedup else name).replace(".", "_").replace("-", "_")
-      mod.setdefault("_group_of", {})[name.replace(".", "_").replace("-", "_")] = key
-      info = mod.setdefault(key, {
+      info = mod.setdefault(_key(dedup.group(1) if dedup else name), {
           "bytes": 0.0, "instances": 0, "op": op,
           "source": _source(frames, frame.group(1) if frame else None),
           "op_name": op_name.group(1)[-80:] if op_name else ""})
+      mod[_key(name)] = info
       info["bytes"] += sizes[name] + sum(sizes.get(o, 0.0) for o in operands)
       info["instances"] += 1
   return out
@@ -130,7 +135,7 @@ def kernel_ms(trace: pathlib.Path) -> collections.Counter:
 def best_module(ms: collections.Counter, modules: dict[str, dict]) -> str:
   """The module whose instruction names cover the most of the trace's kernel time."""
   def cover(mod):
-    return sum(t for k, t in ms.items() if k.replace(".", "_").replace("-", "_") in mod)
+    return sum(t for k, t in ms.items() if _key(k) in mod)
   return max(modules, key=lambda m: cover(modules[m]))
 
 
@@ -138,8 +143,7 @@ def table(ms: collections.Counter, instrs: dict[str, dict], steps: int, top: int
   """The ``top`` kernels by time, with the bytes of their instructions in ``instrs``."""
   rows = []
   for name, t in ms.most_common(top):
-    own = name.replace(".", "_").replace("-", "_")
-    info = instrs.get(own) or instrs.get(instrs.get("_group_of", {}).get(own), {})
+    info = instrs.get(_key(name), {})
     per = t / steps
     b = info.get("bytes")
     rows.append({"kernel": name[:60], "ms_per_step": round(per, 3),

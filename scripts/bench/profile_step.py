@@ -67,12 +67,6 @@ def category(name: str) -> str:
   return "other"
 
 
-def kernel_times(trace_dir: pathlib.Path) -> dict[str, float]:
-  """{kernel name: total microseconds} over the GPU events of the perfetto trace."""
-  ms = fusion_bytes.kernel_ms(next(trace_dir.rglob("perfetto_trace.json.gz")))
-  return collections.Counter({name: t * 1e3 for name, t in ms.items()})
-
-
 def profile(fn, args, steps: int, label: str, keep: pathlib.Path | None):
   jax.block_until_ready(fn(*args))
   tmp = pathlib.Path(tempfile.mkdtemp())
@@ -80,18 +74,19 @@ def profile(fn, args, steps: int, label: str, keep: pathlib.Path | None):
     for _ in range(steps):
       out = fn(*args)
     jax.block_until_ready(out)
-  kt = kernel_times(tmp)
+  trace = next(tmp.rglob("perfetto_trace.json.gz"))
+  kt = fusion_bytes.kernel_ms(trace)  # {kernel: ms over the steps}
   if keep:
-    shutil.copy(next(tmp.rglob("perfetto_trace.json.gz")), keep / f"trace_{label}.json.gz")
+    shutil.copy(trace, keep / f"trace_{label}.json.gz")
   by = collections.Counter()
-  for name, us in kt.items():
-    by[category(name)] += us
+  for name, ms in kt.items():
+    by[category(name)] += ms
   total = sum(by.values())
-  record(f"{label}/breakdown", **{k: round(v / steps / 1e3, 3) for k, v in by.items()},
-         device_ms_per_step=total / steps / 1e3)
-  record(f"{label}/top_kernels", **{n[:90]: round(us / steps / 1e3, 3)
-                                     for n, us in kt.most_common(40)})
-  return total / steps / 1e3, by
+  record(f"{label}/breakdown", **{k: round(v / steps, 3) for k, v in by.items()},
+         device_ms_per_step=total / steps)
+  record(f"{label}/top_kernels", **{n[:90]: round(ms / steps, 3)
+                                     for n, ms in kt.most_common(40)})
+  return total / steps, by
 
 
 def main():
