@@ -177,6 +177,29 @@ def test_rows_match_numpy_reference_and_per_expert_gemm(case, transpose_b):
     start += size
 
 
+@pytest.mark.parametrize("b_block_n", [32, 1])
+def test_rows_aligned_groups_same_bits_as_masked(b_block_n):
+  """Groups of whole row tiles (``groups_aligned``: no row masks) give the masked kernel's
+  bits, with one weight scale per column block (32 columns per scale) or per column; the
+  rows past the groups (a partial tile) are zero, and every element is written."""
+  interval, sizes, extra, blocks = 32, [32, 0, 16, 48], 5, gsp.Blocks(m=16, n=32, k=32)
+  rng = np.random.default_rng(11)
+  n, k, f = sum(sizes) + extra, 64, 64
+  xq = _quantize(_varied(rng, (n, k), interval), "e4m3", fp8jax.tile(interval))
+  wq = _quantize(_varied(rng, (len(sizes), f, k), interval), "e4m3",
+                 fp8jax.block((b_block_n, interval)))
+  args = (xq.data, xq.scale_inv, wq.data, wq.scale_inv, jnp.asarray(sizes, jnp.int32))
+  aligned, masked = jax.jit(lambda *ops: [gsp.grouped_scaled_matmul(
+      *ops, transpose_b=True, interval=interval, b_block_n=b_block_n, blocks=blocks,
+      groups_aligned=a, convert_in_kernel=True, interpret=True) for a in (True, False)])(*args)
+  np.testing.assert_array_equal(aligned, masked)
+  assert np.all(np.asarray(aligned)[sum(sizes):] == 0) and np.all(np.isfinite(aligned))
+  sb_cols = np.repeat(_f64(wq.scale_inv), b_block_n, axis=1)[:, :f]  # [E, F, J]
+  want, mag = _np_rows(_f64(xq.data), _f64(xq.scale_inv), _f64(wq.data), sb_cols, sizes,
+                       interval)
+  _assert_close(aligned, want, mag, interval + k // interval + 1)
+
+
 def _wgrad_operands(rng, sizes, extra, k, f, interval, fmt):
   n = sum(sizes) + extra
   xt = _quantize(_varied(rng, (k, n), interval), fmt, fp8jax.tile(interval))  # X^T [K, N]

@@ -46,42 +46,10 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_tensor_core, hadamard, padding, transpose
+from fp8jax.gemm.tiled import tiled_matmul  # noqa: F401  (also this module's API)
 from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas, placement
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
-
-
-def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
-  """Grouped GEMM with static shapes: each group is padded to whole tiles of ``tile``
-  rows, every tile takes its group's weight, and one batched matmul runs over the tiles.
-
-  Rows: at most ``N + E * (tile - 1)`` after padding (a static bound), so the work is at
-  most that over N times the ideal, and nothing is dropped.
-
-  Args:
-    x: [N, d] rows sorted by group.
-    w: [E, d, f].
-    group_sizes: int32 [E] summing to at most N; rows past the sum give zeros.
-
-  Returns:
-    [N, f] in ``out_dtype`` (default x's dtype).
-  """
-  n, d = x.shape
-  e = w.shape[0]
-  n_tiles = -(-(n + e * (tile - 1)) // tile)
-  padded = (group_sizes + tile - 1) // tile * tile
-  pad_start = jnp.cumsum(padded) - padded
-  start = jnp.cumsum(group_sizes) - group_sizes
-  group = jnp.repeat(jnp.arange(e), group_sizes, total_repeat_length=n)
-  dest = pad_start[group] + jnp.arange(n) - start[group]
-  valid = (jnp.arange(n) < jnp.sum(group_sizes))[:, None]
-  x_pad = jnp.zeros((n_tiles * tile, d), x.dtype).at[dest].set(jnp.where(valid, x, 0))
-  tile_group = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(n_tiles) * tile, side="right")
-  w_tiles = jnp.take(w, jnp.minimum(tile_group, e - 1), axis=0)
-  y = jnp.einsum("tmd,tdf->tmf", x_pad.reshape(n_tiles, tile, d), w_tiles,
-                 preferred_element_type=jnp.float32)
-  y = jnp.where(valid, y.reshape(n_tiles * tile, -1)[dest], 0)
-  return y.astype(out_dtype or x.dtype)
 
 
 def _deq(qt):
@@ -139,12 +107,14 @@ def _interpret() -> bool:
   return jax.default_backend() != "gpu"
 
 
-def _kernel_rows(aq, bq, sizes, interval, out_dtype):
+def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int):
   """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K], the
-  float32 accumulator rounded once to ``out_dtype`` as it is stored."""
+  float32 accumulator rounded once to ``out_dtype`` as it is stored; groups laid out at
+  ``layout`` rows (whole row tiles where it is a multiple of the tile's)."""
   return grouped_scaled_pallas.grouped_scaled_matmul(
       aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
-      interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype, convert_in_kernel=True,
+      interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype,
+      groups_aligned=layout % grouped_scaled_pallas.ROWS.m == 0, convert_in_kernel=True,
       interpret=_interpret())
 
 
@@ -186,7 +156,7 @@ def _grouped(x, w, sizes, cfg, layout):
 
 
 def _forward(x, w, sizes, cfg, layout):
-  return _fprop(x, w, _layout_sizes(sizes, layout), cfg).astype(x.dtype)
+  return _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout).astype(x.dtype)
 
 
 def _layout_sizes(sizes, layout: int):
@@ -194,7 +164,7 @@ def _layout_sizes(sizes, layout: int):
   return sizes if layout == 1 else padding.padded_sizes(sizes, layout)
 
 
-def _fprop(x, w, sizes, cfg):
+def _fprop(x, w, sizes, cfg, layout):
   if cfg.fprop == "bf16":
     return _rdot(x, w, sizes, "bf16")
   xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
@@ -202,7 +172,7 @@ def _fprop(x, w, sizes, cfg):
   if _tensor_core(cfg):
     return grouped_tensor_core.rows_product(xq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, xq, wq):
-    return _kernel_rows(xq, wq, sizes, interval, x.dtype)
+    return _kernel_rows(xq, wq, sizes, interval, x.dtype, layout)
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
@@ -335,7 +305,7 @@ def _bwd(cfg, layout, res, dy):
     if _tensor_core(cfg):
       dx = grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
     elif interval := _kernel_interval(cfg, dyq, wq):
-      dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype)
+      dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype, layout)
     else:
       dx = _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
   if cfg.wgrad == "bf16":

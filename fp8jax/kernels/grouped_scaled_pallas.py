@@ -48,12 +48,12 @@ from fp8jax.kernels import grouped_matmul_triton as gmp
 from fp8jax.kernels import scaled_matmul_pallas as smp
 
 Blocks = gmp.Blocks
-ROWS = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
-"""Fprop / Dgrad default. On an H100 at the 2B shapes (``scripts/bench/grouped_scaled.py``,
-``docs/perf_raw/2026-11-23_h100_grouped_scaled.json``) it ties the fastest tile tried
-(64x128x128, 4 warps: 1.84 / 1.90 ms Fprop / Dgrad against 1.87 / 1.94 ms with
-``convert_in_kernel``, which also drops the bf16 payload copy: 6.5 MiB of temporaries
-against 424); tiles with k = 64 and 4 stages or n = 256 exceed the shared memory."""
+ROWS = Blocks(m=64, n=128, k=128, num_warps=4, num_stages=4)
+"""Fprop / Dgrad default: the fastest tile tried at the 2B shapes on an H200 with groups
+of whole 128-row tiles (``scripts/bench/grouped_scaled_variants.py library``,
+``docs/perf_raw/2026-11-26_h200_grouped_scaled_variants/``): Fprop 1.54 ms and Dgrad 1.56
+ms against 1.63 and 1.62 ms for 128x128x128 with 8 warps (the default before, which it
+ties on unaligned groups: H100, ``docs/perf_raw/2026-11-23_h100_grouped_scaled.json``)."""
 WGRAD = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
 """Wgrad default: the fastest of the tiles tried on the H100 (1.67 ms with
 ``convert_in_kernel``, 1.73 ms without)."""
@@ -115,18 +115,21 @@ def _params(blocks: Blocks, interpret: bool):
 
 
 def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *,
-                 blocks: Blocks, chunk: int, n_int: int, interval: int, transpose_b: bool):
-  """Program (t, c): o[start:end, c-block] = sum_j promote_j(x[start:end, I_j] . w_g[I_j])."""
+                 blocks: Blocks, chunk: int, n_int: int, interval: int, transpose_b: bool,
+                 aligned: bool, b_block_n: int):
+  """Program (c, t): o[start:end, c-block] = sum_j promote_j(x[start:end, I_j] . w_g[I_j])."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plgpu
 
-  t, c = pl.program_id(0), pl.program_id(1)
+  c, t = pl.program_id(0), pl.program_id(1)
   g, start, end = group_ref[t], start_ref[t], end_ref[t]
   bm, bn = blocks.m, blocks.n
   n_out, depth = o_ref.shape[1], a_ref.shape[1]
   e = b_ref.shape[0]
-  row_ok = start + lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < end
-  row_ok1 = start + lax.broadcasted_iota(jnp.int32, (bm,), 0) < end
+  tail_ok = start + lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < end
+  # Whole tiles of a group need no row masks (the rows past the groups keep theirs).
+  row_ok = None if aligned else tail_ok
+  row_ok1 = None if aligned else start + lax.broadcasted_iota(jnp.int32, (bm,), 0) < end
   col_ok = None  # [1, bn]; None where every column block is whole
   if n_out % bn:
     col_ok = c * bn + lax.broadcasted_iota(jnp.int32, (1, bn), 1) < n_out
@@ -151,28 +154,30 @@ def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_
       prod = dot_chunk(pl.multiple_of(jj * interval + i * chunk, chunk))
       part = prod if part is None else part + prod
     sa = _load(sa_ref.at[pl.ds(start, bm), jj], row_ok1)  # a strided column of [N, J]
-    sb = sb_ref[g, jj, pl.ds(c * bn, bn)]  # padded to whole column blocks
+    if b_block_n % bn == 0:  # one weight scale for the whole column block
+      return acc + part * (sa * sb_ref[g, jj, c * bn // b_block_n])[:, None]
+    sb = sb_ref[g, jj, pl.ds(c * bn, bn)]  # per column, padded to whole column blocks
     return acc + part * (sa[:, None] * sb[None, :])
 
-  def store(acc):
+  def store(acc, rows):
     plgpu.store(o_ref.at[pl.ds(start, bm), pl.ds(c * bn, bn)], acc.astype(o_ref.dtype),
-                mask=_and(row_ok, col_ok))
+                mask=_and(rows, col_ok))
 
   @pl.when((end > start) & (g < e))
   def _():  # a static trip count (Triton pipelines the loads across intervals)
-    store(lax.fori_loop(0, n_int, interval_step, jnp.zeros((bm, bn), jnp.float32)))
+    store(lax.fori_loop(0, n_int, interval_step, jnp.zeros((bm, bn), jnp.float32)), row_ok)
 
   @pl.when((end > start) & (g == e))
   def _():  # rows past sum(group_sizes)
-    store(jnp.zeros((bm, bn), jnp.float32))
+    store(jnp.zeros((bm, bn), jnp.float32), tail_ok)
 
 
 def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                           b_scale_inv: jax.Array, group_sizes: jax.Array, *,
                           transpose_b: bool = False, interval: int = 128,
                           b_block_n: int = 128, out_dtype=jnp.float32, blocks: Blocks = ROWS,
-                          convert_in_kernel: bool = False, interpret: bool = False
-                          ) -> jax.Array:
+                          groups_aligned: bool = False, convert_in_kernel: bool = False,
+                          interpret: bool = False) -> jax.Array:
   """Fprop / Dgrad: ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j]) * sa[n, j] * sb[g(n), j]``.
 
   Args:
@@ -190,6 +195,9 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     out_dtype: output dtype (float32 accumulation).
     blocks: output tile ``m x n`` per program, ``k`` elements of K per dot (dividing the
       interval), Triton warps and stages.
+    groups_aligned: every group size is a multiple of ``blocks.m`` (e.g. groups padded by
+      ``fp8jax.gemm.padding.pad_groups`` to 128 rows): whole row tiles, no row masks. With
+      other sizes the result is wrong.
     convert_in_kernel: load 8-bit payloads as they are, convert in the kernel.
     interpret: run with the Pallas interpreter (CPU).
 
@@ -222,16 +230,20 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
   sa = a_scale_inv.astype(jnp.float32)
   sb = b_scale_inv.astype(jnp.float32)
   if transpose_b:
-    sb = jnp.swapaxes(sb, 1, 2)
-  # Per column [E, J, F_pad] (E * J * F floats, 1/interval of the weight's elements).
-  sb = _pad_last(jnp.repeat(sb, b_block_n, axis=2)[:, :, :f], _cdiv(f, blocks.n) * blocks.n)
+    sb = jnp.swapaxes(sb, 1, 2)  # [E, J, n_sb]
+  if b_block_n % blocks.n:  # per column [E, J, F_pad] (1/interval of the weight's elements)
+    sb = _pad_last(jnp.repeat(sb, b_block_n, axis=2)[:, :, :f], _cdiv(f, blocks.n) * blocks.n)
   group, start, end = gmp.row_tiles(group_sizes.astype(jnp.int32), n, blocks.m)
   kernel = functools.partial(_rows_kernel, blocks=blocks, chunk=chunk, n_int=n_int,
-                             interval=interval, transpose_b=transpose_b)
+                             interval=interval, transpose_b=transpose_b,
+                             aligned=groups_aligned, b_block_n=b_block_n)
+  # Column blocks fastest: the programs in flight share their row tiles in L2 (at the 2B
+  # shapes on an H200, with the row masks and per-column weight scales gone, one Fprop
+  # 1.85 -> 1.64 ms: scripts/bench/grouped_scaled_variants.py).
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((n, f), out_dtype),
-      grid=(group.shape[0], pl.cdiv(f, blocks.n)),
+      grid=(pl.cdiv(f, blocks.n), group.shape[0]),
       compiler_params=_params(blocks, interpret),
       interpret=interpret,
       name="fp8jax_grouped_scaled_dgrad" if transpose_b else "fp8jax_grouped_scaled_rows",
