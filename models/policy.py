@@ -171,11 +171,12 @@ def record(policy: PrecisionPolicy, expression: str | None = None) -> dict:
   ``expression`` (default the policy's name), ``name``, ``rules`` (site, layers, spec with
   every QuantSpec field), ``gemm`` (every GemmConfig field, or None), ``gemm_layers``,
   ``gemm_bf16_tail``. Two policies that quantize alike and share the expression give
-  equal records. The GEMM's ``impl`` appears only when it is not ``"auto"``, so records
-  written before that field existed still match."""
+  equal records. The GEMM's ``impl`` and ``fp8_mma`` appear only when they are not the
+  defaults (``"auto"``, False), so records written before those fields existed still match."""
   fields = dataclasses.asdict(policy)
-  if fields["gemm"] is not None and fields["gemm"]["impl"] == "auto":
-    del fields["gemm"]["impl"]
+  for name, default in (("impl", "auto"), ("fp8_mma", False)):
+    if fields["gemm"] is not None and fields["gemm"][name] == default:
+      del fields["gemm"][name]
   out = {"expression": policy.name if expression is None else expression.strip(), **fields}
   return json.loads(json.dumps(out, sort_keys=True))
 

@@ -69,9 +69,43 @@ def test_grouped_impl_xla_never_takes_the_kernel(monkeypatch):
   np.testing.assert_allclose(y_pallas, y_xla, rtol=1e-5, atol=1e-5)
 
 
+def test_fp8_mma_reaches_the_grouped_kernel(monkeypatch):
+  """``fp8_mma`` (recipe ``fp32_blockwise_mma``) asks the grouped Fprop and Dgrad kernels for
+  FP8 tensor-core dots; in the interpreter those are exact products summed in float32, so
+  the gradients equal ``fp32_blockwise``'s to float32 rounding. Records show the field only
+  when it is set."""
+  kernel = grouped.grouped_scaled_pallas
+  calls, fn = [], kernel.grouped_scaled_matmul
+  monkeypatch.setattr(kernel, "grouped_scaled_matmul", lambda *a, **k: (
+      calls.append(k["fp8_dots"]), fn(*a, **k))[1])
+  x, w = _xw(t=256, k=128, n=128)
+  ws, sizes = jnp.stack([w[:, :128], w[:, :128] * 2]), jnp.asarray([100, 156], jnp.int32)
+  mma = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
+  assert mma == fp8jax.recipes.recipe("fp32_blockwise").replace(impl="pallas", fp8_mma=True)
+
+  def loss(cfg):
+    return jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped.fp8_ragged_dot(a, b, sizes, cfg))),
+                    argnums=(0, 1))(x, ws)
+
+  got = loss(mma)
+  assert calls == [True, True]  # Fprop, Dgrad
+  calls.clear()
+  want = loss(mma.replace(fp8_mma=False))
+  assert calls == [False, False]
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert "fp8_mma" in mma.describe() and "fp8_mma" not in mma.replace(fp8_mma=False).describe()
+  rec = policy_lib.record(policy_lib.parse_policy("gemm:fp32_blockwise_mma"))
+  assert rec["gemm"]["fp8_mma"] is True
+  assert "fp8_mma" not in policy_lib.record(policy_lib.parse_policy("gemm:fp32_blockwise"))[
+      "gemm"]
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(impl="triton"), "unknown GemmConfig impl 'triton'"),
     (dict(impl="pallas", accumulation=accumulate.HOPPER), "FP32 accumulation only"),
+    (dict(fp8_mma=True, accumulation=accumulate.HOPPER), "fp8_mma .* needs FP32 accumulation"),
+    (dict(fp8_mma=True, impl="xla"), "impl 'auto' or 'pallas', got .* impl='xla'"),
 ])
 def test_invalid_impl(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -82,6 +116,7 @@ def test_policy_record_shows_impl_only_when_chosen():
   """Records written before the field existed (no ``impl``) still equal the default's."""
   rec = policy_lib.record(policy_lib.parse_policy("gemm:fp32_blockwise"))
   assert "impl" not in rec["gemm"] and "transpose" in rec["gemm"]
+  assert "fp8_mma" not in rec["gemm"]
   chosen = policy_lib.PrecisionPolicy(gemm=gemm.GemmConfig(impl="xla"), name="x")
   assert policy_lib.record(chosen)["gemm"]["impl"] == "xla"
 

@@ -198,6 +198,11 @@ def test_rows_aligned_groups_same_bits_as_masked(b_block_n):
   want, mag = _np_rows(_f64(xq.data), _f64(xq.scale_inv), _f64(wq.data), sb_cols, sizes,
                        interval)
   _assert_close(aligned, want, mag, interval + k // interval + 1)
+  # FP8 dots: in the interpreter exact products summed in float32 (in XLA's order).
+  fp8 = jax.jit(lambda *ops: gsp.grouped_scaled_matmul(
+      *ops, transpose_b=True, interval=interval, b_block_n=b_block_n, blocks=blocks,
+      groups_aligned=True, fp8_dots=True, interpret=True))(*args)
+  _assert_close(fp8, want, mag, interval + k // interval + 1)
 
 
 def _wgrad_operands(rng, sizes, extra, k, f, interval, fmt):
@@ -281,6 +286,9 @@ def test_argument_errors():
     gsp.grouped_scaled_matmul(a, sa, w, sw, sizes, interval=64, interpret=True)
   with pytest.raises(ValueError, match="contraction axis"):
     gsp.grouped_scaled_matmul(a, sa, w, sw, sizes, transpose_b=True, interpret=True)
+  with pytest.raises(ValueError, match="fp8_dots needs 8-bit payloads of one format"):
+    gsp.grouped_scaled_matmul(a, sa, w.astype(jnp.float8_e5m2), sw, sizes, fp8_dots=True,
+                              interpret=True)
   with pytest.raises(ValueError, match="scales must be"):
     gsp.grouped_scaled_wgrad(a.T, sa.T, a.T, jnp.ones((128, 2)), sizes, interpret=True)
   with pytest.raises(ValueError, match=r"need a \[N, K\], b \[N, F\]"):

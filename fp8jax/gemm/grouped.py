@@ -107,15 +107,16 @@ def _interpret() -> bool:
   return jax.default_backend() != "gpu"
 
 
-def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int):
+def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int, cfg):
   """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K], the
   float32 accumulator rounded once to ``out_dtype`` as it is stored; groups laid out at
-  ``layout`` rows (whole row tiles where it is a multiple of the tile's)."""
+  ``layout`` rows (whole row tiles where it is a multiple of the tile's); with
+  ``cfg.fp8_mma`` the products on the FP8 tensor cores where both payloads share a format."""
   return grouped_scaled_pallas.grouped_scaled_matmul(
       aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
       interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype,
       groups_aligned=layout % grouped_scaled_pallas.ROWS.m == 0, convert_in_kernel=True,
-      interpret=_interpret())
+      fp8_dots=cfg.fp8_mma and aq.data.dtype == bq.data.dtype, interpret=_interpret())
 
 
 def _weight_q(w_t, spec):
@@ -172,7 +173,7 @@ def _fprop(x, w, sizes, cfg, layout):
   if _tensor_core(cfg):
     return grouped_tensor_core.rows_product(xq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, xq, wq):
-    return _kernel_rows(xq, wq, sizes, interval, x.dtype, layout)
+    return _kernel_rows(xq, wq, sizes, interval, x.dtype, layout, cfg)
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
@@ -305,7 +306,7 @@ def _bwd(cfg, layout, res, dy):
     if _tensor_core(cfg):
       dx = grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
     elif interval := _kernel_interval(cfg, dyq, wq):
-      dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype, layout)
+      dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype, layout, cfg)
     else:
       dx = _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
   if cfg.wgrad == "bf16":

@@ -116,7 +116,7 @@ def _params(blocks: Blocks, interpret: bool):
 
 def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *,
                  blocks: Blocks, chunk: int, n_int: int, interval: int, transpose_b: bool,
-                 aligned: bool, b_block_n: int):
+                 aligned: bool, b_block_n: int, fp8_dots: bool):
   """Program (c, t): o[start:end, c-block] = sum_j promote_j(x[start:end, I_j] . w_g[I_j])."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plgpu
@@ -137,16 +137,17 @@ def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_
 
   def dot_chunk(k0):
     k_ok = (k0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1) < depth) if k_tail else None
+    dtype = None if fp8_dots else jnp.bfloat16  # 8-bit payloads straight to the MMA
     x = _load(a_ref.at[pl.ds(start, bm), pl.ds(k0, chunk)], _and(row_ok, k_ok))
-    x = x.astype(jnp.bfloat16)
+    x = x.astype(dtype or x.dtype)
     if transpose_b:  # b[g] is [F, K]: load [bn, chunk], contract the last axes
       mask = _and(None if col_ok is None else col_ok.reshape(bn, 1), k_ok)
-      y = _load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, chunk)], mask).astype(jnp.bfloat16)
-      return lax.dot_general(x, y, (((1,), (1,)), ((), ())),
+      y = _load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, chunk)], mask)
+      return lax.dot_general(x, y.astype(dtype or y.dtype), (((1,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     mask = _and(None if k_ok is None else k_ok.reshape(chunk, 1), col_ok)  # b[g] is [K, F]
-    y = _load(b_ref.at[g, pl.ds(k0, chunk), pl.ds(c * bn, bn)], mask).astype(jnp.bfloat16)
-    return jnp.dot(x, y, preferred_element_type=jnp.float32)
+    y = _load(b_ref.at[g, pl.ds(k0, chunk), pl.ds(c * bn, bn)], mask)
+    return jnp.dot(x, y.astype(dtype or y.dtype), preferred_element_type=jnp.float32)
 
   def interval_step(jj, acc):
     part = None
@@ -177,7 +178,7 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                           transpose_b: bool = False, interval: int = 128,
                           b_block_n: int = 128, out_dtype=jnp.float32, blocks: Blocks = ROWS,
                           groups_aligned: bool = False, convert_in_kernel: bool = False,
-                          interpret: bool = False) -> jax.Array:
+                          fp8_dots: bool = False, interpret: bool = False) -> jax.Array:
   """Fprop / Dgrad: ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j]) * sa[n, j] * sb[g(n), j]``.
 
   Args:
@@ -199,6 +200,15 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       ``fp8jax.gemm.padding.pad_groups`` to 128 rows): whole row tiles, no row masks. With
       other sizes the result is wrong.
     convert_in_kernel: load 8-bit payloads as they are, convert in the kernel.
+    fp8_dots: multiply the 8-bit payloads (one format for both) on the FP8 tensor cores
+      instead of as bfloat16. The products stay exact, but each MMA instruction's sum
+      (32 products on Hopper) is formed by the tensor core, with its own alignment and
+      truncation, before the float32 accumulation (Triton adds each instruction's result
+      to a float32 accumulator, as FP8 kernels with FP32 promotion do): not the exact
+      float32 sums. On an H200 (``scripts/bench/grouped_scaled_variants.py``), 99.94% of
+      the float32 outputs of the 2B gate GEMM (2048 tokens) had the bits of the bfloat16
+      path (relative difference 2.6e-9), and one Fprop at 16384 tokens took 0.93 ms
+      against 1.54. In the interpreter: exact products, float32 sums.
     interpret: run with the Pallas interpreter (CPU).
 
   Returns:
@@ -216,6 +226,8 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     raise ValueError(f"a's K ({k}) does not match b's contraction axis ({depth}) for b of "
                      f"shape {b.shape} (transpose_b={transpose_b})")
   chunk = _chunk(interval, blocks, (a, b))
+  if fp8_dots and (a.dtype != b.dtype or a.dtype.itemsize != 1):
+    raise ValueError(f"fp8_dots needs 8-bit payloads of one format, got {a.dtype} and {b.dtype}")
   n_int, n_sb = _cdiv(k, interval), _cdiv(f, b_block_n)
   want_sb = (e, n_sb, n_int) if transpose_b else (e, n_int, n_sb)
   if a_scale_inv.shape != (n, n_int) or b_scale_inv.shape != want_sb:
@@ -236,7 +248,7 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
   group, start, end = gmp.row_tiles(group_sizes.astype(jnp.int32), n, blocks.m)
   kernel = functools.partial(_rows_kernel, blocks=blocks, chunk=chunk, n_int=n_int,
                              interval=interval, transpose_b=transpose_b,
-                             aligned=groups_aligned, b_block_n=b_block_n)
+                             aligned=groups_aligned, b_block_n=b_block_n, fp8_dots=fp8_dots)
   # Column blocks fastest: the programs in flight share their row tiles in L2 (at the 2B
   # shapes on an H200, with the row masks and per-column weight scales gone, one Fprop
   # 1.85 -> 1.64 ms: scripts/bench/grouped_scaled_variants.py).
@@ -247,7 +259,8 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       compiler_params=_params(blocks, interpret),
       interpret=interpret,
       name="fp8jax_grouped_scaled_dgrad" if transpose_b else "fp8jax_grouped_scaled_rows",
-  )(group, start, end, _payload(a, convert_in_kernel), sa, _payload(b, convert_in_kernel), sb)
+  )(group, start, end, _payload(a, convert_in_kernel or fp8_dots), sa,
+    _payload(b, convert_in_kernel or fp8_dots), sb)
 
 
 def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, blocks: Blocks,
