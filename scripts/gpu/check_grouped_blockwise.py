@@ -1,10 +1,13 @@
 """GPU check: the FP32-blockwise grouped GEMM in the kernel against its XLA simulation.
 
-    python scripts/gpu/check_grouped_blockwise.py   # with $OUT: $OUT/check_grouped_blockwise.json
+    python scripts/gpu/check_grouped_blockwise.py [RECIPE [GROUP_MULTIPLE]]
+    # with $OUT: $OUT/check_grouped_blockwise[_RECIPE_MULTIPLE].json
 
 At the 2B expert shapes (16384 tokens x top-7 rows sorted by expert, d 1280, f 896, 63
 experts, Zipf-skewed loads; ``bench/_moe_problem.py``), ``fp8_ragged_dot`` under
-``gemm:fp32_blockwise`` forward and backward (Y, dX, dW of the gate GEMM), once as
+``gemm:fp32_blockwise`` (or RECIPE; with GROUP_MULTIPLE m > 1 the rows laid out with each
+expert padded to m rows, as the model's dispatch does) forward and backward (Y, dX, dW of
+the gate GEMM), once as
 ``fp8jax`` takes it on one GPU (the grouped blockwise-scaled kernel,
 ``fp8jax.kernels.grouped_scaled_pallas``) and once with the kernels disabled (the XLA
 simulation on dequantized float32 operands): relative distance of each output (float32
@@ -26,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fp8jax  # noqa: E402
-from fp8jax.gemm import grouped  # noqa: E402
+from fp8jax.gemm import grouped, padding  # noqa: E402
 from fp8jax.kernels import placement  # noqa: E402
 from fp8jax.quant import qtensor  # noqa: E402
 
@@ -47,11 +50,16 @@ def main():
   x = jnp.repeat(p["x"], 7, axis=0)[order]
   sizes = jnp.bincount(ids, length=p["gate"].shape[0]).astype(jnp.int32)
   w = p["gate"]
+  name = sys.argv[1] if len(sys.argv) > 1 else "fp32_blockwise"
+  multiple = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+  cfg = fp8jax.recipes.recipe(name)
   dy = jax.random.normal(jax.random.key(9), (x.shape[0], w.shape[2]), jnp.bfloat16)
-  cfg = fp8jax.recipes.recipe("fp32_blockwise")
+  if multiple > 1:  # zero rows fill each expert's rows up to a multiple
+    x, _ = padding.pad_groups(x, sizes, multiple)
+    dy, _ = padding.pad_groups(dy, sizes, multiple)
 
   def fwd_bwd(x, w, dy):
-    y, vjp = jax.vjp(lambda a, b: grouped.fp8_ragged_dot(a, b, sizes, cfg), x, w)
+    y, vjp = jax.vjp(lambda a, b: grouped.fp8_ragged_dot(a, b, sizes, cfg, multiple), x, w)
     return (y, *vjp(dy))
 
   out, allowed = {}, placement.kernels_allowed
@@ -79,11 +87,13 @@ def main():
     out[f"y_vs_float64_{path}"] = float(np.linalg.norm(got - truth) / np.linalg.norm(truth))
   out["ok"] = all(out[f"nans_{n}"] == 0 and out[f"rel_{n}"] < 1e-3 for n in ("y", "dx", "dw")
                   ) and out["y_vs_float64_kernel"] <= 2 * out["y_vs_float64_xla"] + 1e-7
-  out["device"] = jax.devices()[0].device_kind
+  out["device"], out["recipe"], out["group_multiple"] = (
+      jax.devices()[0].device_kind, name, multiple)
   print(json.dumps({k: v for k, v in out.items() if k not in ("kernel", "xla")}, indent=1))
   print({p: {k: round(v, 3) for k, v in out[p].items() if k != "times"} for p in ("kernel", "xla")})
   if os.environ.get("OUT"):
-    pathlib.Path(os.environ["OUT"], "check_grouped_blockwise.json").write_text(
+    tag = "" if (name, multiple) == ("fp32_blockwise", 1) else f"_{name}_{multiple}"
+    pathlib.Path(os.environ["OUT"], f"check_grouped_blockwise{tag}.json").write_text(
         json.dumps(out, indent=1))
 
 
