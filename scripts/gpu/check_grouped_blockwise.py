@@ -73,9 +73,9 @@ def main():
     t, times = median_time(fn, [(x, w, dy)], runs=10)
     out[path] = {"ms": t * 1e3, "times": times, "temp_gib": mem.temp_size_in_bytes / 2**30}
     placement.kernels_allowed = allowed
-  for name, a, b in zip(("y", "dx", "dw"), results["kernel"], results["xla"], strict=True):
-    out[f"rel_{name}"] = float(np.linalg.norm(a - b) / np.linalg.norm(b))
-    out[f"nans_{name}"] = int(np.isnan(a).sum())
+  for what, a, b in zip(("y", "dx", "dw"), results["kernel"], results["xla"], strict=True):
+    out[f"rel_{what}"] = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    out[f"nans_{what}"] = int(np.isnan(a).sum())
   # Float64 truth for Y on the first expert's rows: the same quantized operands, dequantized
   # exactly in float64 (payload x scale), multiplied in float64.
   n0 = int(sizes[0])
