@@ -263,6 +263,11 @@ def test_wgrad_padded_groups_match_per_expert_gemm():
       for aligned in (True, False)])(*args)
   np.testing.assert_array_equal(rows_first[0], rows_first[1])
   _assert_close(rows_first[0], want, mag, terms)  # as above: to the reference's bound
+  fp8 = jax.jit(lambda *ops: gsp.grouped_scaled_wgrad(
+      *[o.T for o in ops[:4]], ops[4], interval=interval, groups_aligned=True,
+      rows_first=True, fp8_dots=True, blocks=gsp.Blocks(m=32, n=32, k=32), interpret=True)
+  )(*args)
+  _assert_close(fp8, want, mag, terms)
   np.testing.assert_array_equal(aligned, masked)
   assert np.all(np.asarray(aligned)[1] == 0)
   dw = _dense(_per_group(xt, sizes, 1, interval), _per_group(dyt, sizes, 1, interval))

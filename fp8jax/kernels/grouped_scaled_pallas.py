@@ -102,6 +102,11 @@ def _payload(x: jax.Array, convert_in_kernel: bool) -> jax.Array:
   return lax.optimization_barrier(x).astype(jnp.bfloat16)
 
 
+def _check_fp8_dots(fp8_dots: bool, a: jax.Array, b: jax.Array) -> None:
+  if fp8_dots and (a.dtype != b.dtype or a.dtype.itemsize != 1):
+    raise ValueError(f"fp8_dots needs 8-bit payloads of one format, got {a.dtype} and {b.dtype}")
+
+
 def _pad_last(x: jax.Array, size: int) -> jax.Array:
   extra = size - x.shape[-1]
   return x if extra == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
@@ -226,8 +231,7 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     raise ValueError(f"a's K ({k}) does not match b's contraction axis ({depth}) for b of "
                      f"shape {b.shape} (transpose_b={transpose_b})")
   chunk = _chunk(interval, blocks, (a, b))
-  if fp8_dots and (a.dtype != b.dtype or a.dtype.itemsize != 1):
-    raise ValueError(f"fp8_dots needs 8-bit payloads of one format, got {a.dtype} and {b.dtype}")
+  _check_fp8_dots(fp8_dots, a, b)
   n_int, n_sb = _cdiv(k, interval), _cdiv(f, b_block_n)
   want_sb = (e, n_sb, n_int) if transpose_b else (e, n_int, n_sb)
   if a_scale_inv.shape != (n, n_int) or b_scale_inv.shape != want_sb:
@@ -264,7 +268,8 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
 
 
 def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, blocks: Blocks,
-                  chunk: int, interval: int, aligned: bool, rows_first: bool):
+                  chunk: int, interval: int, aligned: bool, rows_first: bool,
+                  fp8_dots: bool):
   """Program (c, i, g): dw[g, i-block, c-block] over the intervals group g's rows touch."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plgpu
@@ -302,7 +307,8 @@ def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bl
         x = _load(a_ref.at[pl.ds(i * bm, bm), pl.ds(r0, chunk)], _and(k_ok, rows))
         y = _load(b_ref.at[pl.ds(c * bn, bn), pl.ds(r0, chunk)], _and(f_ok, rows))
         contract = (((1,), (1,)), ((), ()))
-      x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
+      if not fp8_dots:
+        x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
       prod = lax.dot_general(x, y, contract, preferred_element_type=jnp.float32)
       part = prod if part is None else part + prod
     sa = sa_ref[jj, pl.ds(i * bm, bm)]  # scales padded to whole blocks
@@ -321,7 +327,7 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                          interval: int = 128, groups_aligned: bool = False,
                          rows_first: bool = False, out_dtype=jnp.float32,
                          blocks: Blocks = WGRAD, convert_in_kernel: bool = False,
-                         interpret: bool = False) -> jax.Array:
+                         fp8_dots: bool = False, interpret: bool = False) -> jax.Array:
   """Wgrad: ``dw[g] = sum_j (a[:, R_gj] . b[:, R_gj]^T) * sa[:, j] sb[:, j]^T`` with
   ``R_gj`` the rows of group g in interval j.
 
@@ -339,8 +345,9 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     groups_aligned: every group starts and ends on an interval boundary (sizes multiples
       of ``interval``, e.g. from ``fp8jax.gemm.padding.pad_groups``): no row masks. With
       other sizes the result is wrong.
-    out_dtype, blocks, convert_in_kernel, interpret: as :func:`grouped_scaled_matmul`
-      (``blocks.m`` along K, ``blocks.n`` along F, ``blocks.k`` rows per dot).
+    out_dtype, blocks, convert_in_kernel, fp8_dots, interpret: as
+      :func:`grouped_scaled_matmul` (``blocks.m`` along K, ``blocks.n`` along F,
+      ``blocks.k`` rows per dot).
 
   Returns:
     [E, K, F] in ``out_dtype``; zeros for empty groups.
@@ -353,6 +360,7 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     raise ValueError(f"need {want} and group_sizes [E]; got {a.shape}, {b.shape} and "
                      f"{group_sizes.shape}")
   chunk = _chunk(interval, blocks, (a, b))
+  _check_fp8_dots(fp8_dots, a, b)
   n, kd, fd, e = a.shape[rows], a.shape[1 - rows], b.shape[1 - rows], group_sizes.shape[0]
   n_int = _cdiv(n, interval)
   want_a, want_b = ((n_int, kd), (n_int, fd)) if rows_first else ((kd, n_int), (fd, n_int))
@@ -369,7 +377,8 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
   sb = _pad_last(per_interval(b_scale_inv.astype(jnp.float32)),
                  _cdiv(fd, blocks.n) * blocks.n)  # [J, F_pad]
   kernel = functools.partial(_wgrad_kernel, blocks=blocks, chunk=chunk, interval=interval,
-                             aligned=groups_aligned, rows_first=rows_first)
+                             aligned=groups_aligned, rows_first=rows_first,
+                             fp8_dots=fp8_dots)
   # Column blocks fastest, then row blocks: the programs in flight share a group's rows.
   return pl.pallas_call(
       kernel,
@@ -378,8 +387,8 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       compiler_params=_params(blocks, interpret),
       interpret=interpret,
       name="fp8jax_grouped_scaled_wgrad",
-  )(ends - sizes, ends, _payload(a, convert_in_kernel), sa, _payload(b, convert_in_kernel),
-    sb)
+  )(ends - sizes, ends, _payload(a, convert_in_kernel or fp8_dots), sa,
+    _payload(b, convert_in_kernel or fp8_dots), sb)
 
 
 __all__ = ["ROWS", "WGRAD", "Blocks", "grouped_scaled_matmul", "grouped_scaled_wgrad"]
