@@ -77,7 +77,8 @@ def test_fp8_mma_reaches_the_grouped_kernel(monkeypatch):
   kernel = grouped.grouped_scaled_pallas
   calls, fn = [], kernel.grouped_scaled_matmul
   monkeypatch.setattr(kernel, "grouped_scaled_matmul", lambda *a, **k: (
-      calls.append(k["fp8_dots"]), fn(*a, **k))[1])
+      calls.append(k["fp8_dots"]), aligned.append(k["groups_aligned"]), fn(*a, **k))[2])
+  aligned = []
   x, w = _xw(t=256, k=128, n=128)
   ws, sizes = jnp.stack([w[:, :128], w[:, :128] * 2]), jnp.asarray([100, 156], jnp.int32)
   mma = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
@@ -89,6 +90,7 @@ def test_fp8_mma_reaches_the_grouped_kernel(monkeypatch):
 
   got = loss(mma)
   assert calls == [True, True]  # Fprop, Dgrad
+  assert aligned == [False, False]  # unpadded rows (group_multiple 1): row masks
   calls.clear()
   want = loss(mma.replace(fp8_mma=False))
   assert calls == [False, False]

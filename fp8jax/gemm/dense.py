@@ -69,14 +69,15 @@ class GemmConfig:
       XLA; :mod:`fp8jax.kernels.placement`), "xla", or "pallas" (the kernels, interpreted
       off GPU; the dense GEMM refuses scales its kernel does not take, the grouped GEMM
       runs those in XLA). Part of the config, so a jitted function traces once per choice.
-    fp8_mma: the grouped Fprop and Dgrad kernels multiply 8-bit payloads of one format on
-      the FP8 tensor cores, as real FP8 kernels with FP32 promotion do, instead of as
-      exact bfloat16 products summed in float32: each MMA instruction's 32 products are
-      summed by the tensor core (its alignment and truncation), then in float32. Faster
-      (one 2B Fprop 0.93 ms against 1.54 on an H200) and near the exact sums (99.94% of
-      outputs bit-equal there), but not bit for bit; see
-      ``grouped_scaled_pallas.grouped_scaled_matmul(fp8_dots=)``. FP32 accumulation only;
-      in the interpreter (off GPU) the products are exact and summed in float32.
+    fp8_mma: the grouped Fprop and Dgrad kernels multiply E4M3 (or E5M2) payloads of one
+      format on the FP8 tensor cores instead of as exact bfloat16 products summed in
+      float32: each MMA instruction's 32 products are summed by the tensor core (its
+      alignment and truncation), then added in float32 (promotion after every
+      instruction, not DeepGEMM's every 4). Faster (one 2B Fprop 0.93 ms against 1.57 on an
+      H200) and near the exact sums (99.94% of outputs bit-equal at 2048 tokens), but not
+      bit for bit; see ``grouped_scaled_pallas.grouped_scaled_matmul(fp8_dots=)``. FP32
+      accumulation only. It acts only where that kernel runs on such payloads; elsewhere
+      (XLA, other formats, the interpreter) the products stay exact, summed in float32.
   """
 
   roles: roles_lib.RoleSpecs = roles_lib.deepseek_v3_roles()

@@ -9,7 +9,7 @@ XLA simulation, ``fp8jax.gemm.grouped.tiled_matmul``, gathers a float32 weight p
 * :func:`grouped_scaled_matmul` (Fprop ``Y = X W_g``, Dgrad ``dX = dY W_g^T``): rows
   ``a`` [N, K] sorted by group, ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j, :]) *
   sa[n, j] * sb[g(n), j, :]``. Row tiles never cross a group boundary
-  (:func:`grouped_matmul_triton.row_tiles`); program ``(t, c)`` walks K in intervals.
+  (:func:`grouped_matmul_triton.row_tiles`); program ``(c, t)`` walks K in intervals.
 * :func:`grouped_scaled_wgrad` (Wgrad ``dW_g = X_g^T dY_g``): the contraction runs over
   the rows, both operands in contraction-last layout (X^T [K, N], dY^T [F, N]) or, with
   ``rows_first``, in the rows' layout the forward pass has (X [N, K], dY [N, F]: no
@@ -26,7 +26,8 @@ one float32 accumulator; at its end ``acc = acc + partial * (sa[:, None] * sb[No
 in float32 (Triton may fuse this into an FMA: at most one float32 ulp per promotion
 against the XLA reference, which rounds the product first). Output float32 (or
 ``out_dtype``). Payloads are 8-bit floats or bfloat16; 8-bit ones are converted to
-bfloat16 by XLA before the kernel (or in it: ``convert_in_kernel``). Two-level (NVFP4)
+bfloat16 by XLA before the kernel (or in it: ``convert_in_kernel``), or, with ``fp8_dots``,
+multiplied as they are on the FP8 tensor cores. Two-level (NVFP4)
 per-tensor levels are not applied: multiply the output by them.
 
 JAX has deprecated its Pallas Triton backend, but the project's GEMM kernels use it
@@ -49,11 +50,9 @@ from fp8jax.kernels import scaled_matmul_pallas as smp
 
 Blocks = gmp.Blocks
 ROWS = Blocks(m=64, n=128, k=128, num_warps=4, num_stages=4)
-"""Fprop / Dgrad default: the fastest tile tried at the 2B shapes on an H200 with groups
-of whole 128-row tiles (``scripts/bench/grouped_scaled_variants.py library``,
-``docs/perf_raw/2026-11-26_h200_grouped_scaled_variants/``): Fprop 1.54 ms and Dgrad 1.56
-ms against 1.63 and 1.62 ms for 128x128x128 with 8 warps (the default before, which it
-ties on unaligned groups: H100, ``docs/perf_raw/2026-11-23_h100_grouped_scaled.json``)."""
+"""Fprop / Dgrad default, the fastest tile tried at the 2B shapes on an H200
+(``docs/perf_raw/2026-11-26_h200_grouped_scaled_variants/``): Fprop / Dgrad 1.54 / 1.56 ms
+(with row masks 1.59 / 1.64) against 1.63 / 1.62 (1.68 / 1.68) for 128x128x128, 8 warps."""
 WGRAD = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
 """Wgrad default: the fastest of the tiles tried on the H100 (1.67 ms with
 ``convert_in_kernel``, 1.73 ms without)."""
@@ -102,9 +101,13 @@ def _payload(x: jax.Array, convert_in_kernel: bool) -> jax.Array:
   return lax.optimization_barrier(x).astype(jnp.bfloat16)
 
 
+_MMA_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))  # Hopper's FP8 MMA
+
+
 def _check_fp8_dots(fp8_dots: bool, a: jax.Array, b: jax.Array) -> None:
-  if fp8_dots and (a.dtype != b.dtype or a.dtype.itemsize != 1):
-    raise ValueError(f"fp8_dots needs 8-bit payloads of one format, got {a.dtype} and {b.dtype}")
+  if fp8_dots and (a.dtype != b.dtype or a.dtype not in _MMA_FP8):
+    raise ValueError(f"fp8_dots needs E4M3 or E5M2 payloads of one format, got {a.dtype} and "
+                     f"{b.dtype}")
 
 
 def _pad_last(x: jax.Array, size: int) -> jax.Array:
@@ -206,14 +209,15 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       other sizes the result is wrong.
     convert_in_kernel: load 8-bit payloads as they are, convert in the kernel.
     fp8_dots: multiply the 8-bit payloads (one format for both) on the FP8 tensor cores
-      instead of as bfloat16. The products stay exact, but each MMA instruction's sum
-      (32 products on Hopper) is formed by the tensor core, with its own alignment and
-      truncation, before the float32 accumulation (Triton adds each instruction's result
-      to a float32 accumulator, as FP8 kernels with FP32 promotion do): not the exact
-      float32 sums. On an H200 (``scripts/bench/grouped_scaled_variants.py``), 99.94% of
-      the float32 outputs of the 2B gate GEMM (2048 tokens) had the bits of the bfloat16
-      path (relative difference 2.6e-9), and one Fprop at 16384 tokens took 0.93 ms
-      against 1.54. In the interpreter: exact products, float32 sums.
+      instead of as bfloat16 (E4M3 or E5M2, one format for both). The products stay
+      exact, but each MMA instruction's sum (32 products on Hopper) is formed by the
+      tensor core, with its own alignment and truncation, and then added to the float32
+      accumulator (Triton's default for FP8 dots, ``max_num_imprecise_acc=0``, which
+      JAX's lowering does not set): not the exact float32 sums. On an H200
+      (``scripts/bench/grouped_scaled_variants.py``, the kernel's copy in this
+      configuration), 99.94% of the float32 outputs of the 2B gate GEMM at 2048 tokens
+      had the bits of the bfloat16 dots (relative 2.6e-9), and one Fprop at 16384 tokens
+      took 0.93 ms against 1.57. Interpreted: exact products, float32 sums.
     interpret: run with the Pallas interpreter (CPU).
 
   Returns:
@@ -254,8 +258,8 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                              interval=interval, transpose_b=transpose_b,
                              aligned=groups_aligned, b_block_n=b_block_n, fp8_dots=fp8_dots)
   # Column blocks fastest: the programs in flight share their row tiles in L2 (at the 2B
-  # shapes on an H200, with the row masks and per-column weight scales gone, one Fprop
-  # 1.85 -> 1.64 ms: scripts/bench/grouped_scaled_variants.py).
+  # shapes on an H200, one Fprop 1.848 -> 1.768 ms alone, 1.637 ms with the row masks and
+  # per-column weight scales gone: scripts/bench/grouped_scaled_variants.py).
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((n, f), out_dtype),
