@@ -104,6 +104,11 @@ def _payload(x: jax.Array, convert_in_kernel: bool) -> jax.Array:
 _MMA_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))  # Hopper's FP8 MMA
 
 
+def _mma_operand(v: jax.Array, fp8_dots: bool) -> jax.Array:
+  """A loaded payload tile as the dot takes it: as it is (FP8 MMA) or as bfloat16."""
+  return v if fp8_dots else v.astype(jnp.bfloat16)
+
+
 def _check_fp8_dots(fp8_dots: bool, a: jax.Array, b: jax.Array) -> None:
   if fp8_dots and (a.dtype != b.dtype or a.dtype not in _MMA_FP8):
     raise ValueError(f"fp8_dots needs E4M3 or E5M2 payloads of one format, got {a.dtype} and "
@@ -145,17 +150,16 @@ def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_
 
   def dot_chunk(k0):
     k_ok = (k0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1) < depth) if k_tail else None
-    dtype = None if fp8_dots else jnp.bfloat16  # 8-bit payloads straight to the MMA
     x = _load(a_ref.at[pl.ds(start, bm), pl.ds(k0, chunk)], _and(row_ok, k_ok))
-    x = x.astype(dtype or x.dtype)
+    x = _mma_operand(x, fp8_dots)
     if transpose_b:  # b[g] is [F, K]: load [bn, chunk], contract the last axes
       mask = _and(None if col_ok is None else col_ok.reshape(bn, 1), k_ok)
       y = _load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, chunk)], mask)
-      return lax.dot_general(x, y.astype(dtype or y.dtype), (((1,), (1,)), ((), ())),
+      return lax.dot_general(x, _mma_operand(y, fp8_dots), (((1,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     mask = _and(None if k_ok is None else k_ok.reshape(chunk, 1), col_ok)  # b[g] is [K, F]
     y = _load(b_ref.at[g, pl.ds(k0, chunk), pl.ds(c * bn, bn)], mask)
-    return jnp.dot(x, y.astype(dtype or y.dtype), preferred_element_type=jnp.float32)
+    return jnp.dot(x, _mma_operand(y, fp8_dots), preferred_element_type=jnp.float32)
 
   def interval_step(jj, acc):
     part = None
@@ -208,12 +212,11 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       ``fp8jax.gemm.padding.pad_groups`` to 128 rows): whole row tiles, no row masks. With
       other sizes the result is wrong.
     convert_in_kernel: load 8-bit payloads as they are, convert in the kernel.
-    fp8_dots: multiply the 8-bit payloads (one format for both) on the FP8 tensor cores
-      instead of as bfloat16 (E4M3 or E5M2, one format for both). The products stay
-      exact, but each MMA instruction's sum (32 products on Hopper) is formed by the
-      tensor core, with its own alignment and truncation, and then added to the float32
-      accumulator (Triton's default for FP8 dots, ``max_num_imprecise_acc=0``, which
-      JAX's lowering does not set): not the exact float32 sums. On an H200
+    fp8_dots: multiply the 8-bit payloads on the FP8 tensor cores instead of as bfloat16
+      (E4M3 or E5M2, one format for both). The products stay exact, but each MMA
+      instruction's sum (32 products on Hopper) is formed by the tensor core, with its
+      own alignment and truncation, then added to the float32 accumulator (Triton's FP8
+      default ``max_num_imprecise_acc=0``, not set by JAX): not the exact sums. On an H200
       (``scripts/bench/grouped_scaled_variants.py``, the kernel's copy in this
       configuration), 99.94% of the float32 outputs of the 2B gate GEMM at 2048 tokens
       had the bits of the bfloat16 dots (relative 2.6e-9), and one Fprop at 16384 tokens
@@ -311,9 +314,8 @@ def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bl
         x = _load(a_ref.at[pl.ds(i * bm, bm), pl.ds(r0, chunk)], _and(k_ok, rows))
         y = _load(b_ref.at[pl.ds(c * bn, bn), pl.ds(r0, chunk)], _and(f_ok, rows))
         contract = (((1,), (1,)), ((), ()))
-      if not fp8_dots:
-        x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
-      prod = lax.dot_general(x, y, contract, preferred_element_type=jnp.float32)
+      prod = lax.dot_general(_mma_operand(x, fp8_dots), _mma_operand(y, fp8_dots), contract,
+                             preferred_element_type=jnp.float32)
       part = prod if part is None else part + prod
     sa = sa_ref[jj, pl.ds(i * bm, bm)]  # scales padded to whole blocks
     sb = sb_ref[jj, pl.ds(c * bn, bn)]

@@ -84,15 +84,12 @@ def _kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, 
   row_ok = (start + lax.broadcasted_iota(jnp.int32, (bm, 1), 0) < end) if v.masks else None
   row_ok1 = (start + lax.broadcasted_iota(jnp.int32, (bm,), 0) < end) if v.masks else None
 
-  def load(ref, mask):
-    return plgpu.load(ref, mask=mask, other=None if mask is None else 0.0)
-
   def step(jj, acc):
     part = None
     for i in range(128 // bk):
       k0 = pl.multiple_of(jj * 128 + i * bk, bk)
-      x = load(a_ref.at[pl.ds(start, bm), pl.ds(k0, bk)], row_ok)
-      y = load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, bk)], None)
+      x = gsp._load(a_ref.at[pl.ds(start, bm), pl.ds(k0, bk)], row_ok)
+      y = gsp._load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, bk)], None)
       if v.ops == "cvt":
         x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
       if v.promote == "end":
@@ -103,7 +100,7 @@ def _kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, 
       part = prod if part is None else part + prod
     if v.promote == "end":
       return acc
-    sa = load(sa_ref.at[pl.ds(start, bm), jj], row_ok1)
+    sa = gsp._load(sa_ref.at[pl.ds(start, bm), jj], row_ok1)
     if v.sb == "column":
       return acc + part * (sa[:, None] * sb_ref[g, jj, pl.ds(c * bn, bn)][None, :])
     return acc + part * (sa * sb_ref[g, c, jj])[:, None]
