@@ -66,6 +66,16 @@ def _grads(cfg, x, w):
   return jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
 
 
+def _fprop_weight(w, cfg):
+  """Each expert's weight as the grouped Fprop quantizes it, dequantized: [E, F, K]."""
+  return jax.vmap(grouped._deq)(grouped._weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight))
+
+
+def _dgrad_weight(w, cfg):
+  """Each expert's weight as the grouped Dgrad quantizes it, dequantized, as [E, F, K]."""
+  return jax.vmap(lambda w_e: grouped._deq(grouped._dgrad_weight_q(w_e, cfg)).T)(w)
+
+
 def _rel(a, b):
   return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
@@ -161,13 +171,11 @@ def test_grouped_recipes_and_same_weight_in_fprop_and_dgrad():
         grouped.fp8_ragged_dot(x, w, sizes, cfg) ** 2), argnums=(0, 1)))(x, w)
     assert all(bool(jnp.all(jnp.isfinite(v))) for v in g), name
   cfg = recipes.recipe("nvfp4_recipe")  # 16x16 weight blocks: one quantized weight
-  fprop = grouped._quantized_weight(jnp.swapaxes(w, -1, -2), cfg.roles.weight)
-  dgrad = jax.vmap(lambda w_e: grouped._dgrad_weight(w_e, cfg))(w)
+  fprop, dgrad = _fprop_weight(w, cfg), _dgrad_weight(w, cfg)
   np.testing.assert_array_equal(np.asarray(fprop), np.asarray(dgrad))
   mx = recipes.recipe("mxfp8")  # 1x32 tiles along each GEMM's own contraction axis
   w = w * 2.0 ** (jnp.arange(48) % 7)  # tiles of rows and of columns in other binades
-  fprop = grouped._quantized_weight(jnp.swapaxes(w, -1, -2), mx.roles.weight)
-  dgrad = jax.vmap(lambda w_e: grouped._dgrad_weight(w_e, mx))(w)
+  fprop, dgrad = _fprop_weight(w, mx), _dgrad_weight(w, mx)
   assert not np.array_equal(np.asarray(fprop), np.asarray(dgrad))
 
 

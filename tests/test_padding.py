@@ -130,3 +130,54 @@ def test_fused_gate_up_dispatch_equals_two_gemms():
   for a, b, name in zip(g_fused, g_two, ("x", "weights", "gate", "up", "down"), strict=True):
     assert np.any(np.asarray(b) != 0), name
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max(), err_msg=name)
+
+
+def _spy(monkeypatch, module, name, calls, *keys):
+  fn = getattr(module, name)
+  monkeypatch.setattr(module, name, lambda *a, **k: (
+      calls.append((name, *(k.get(key) for key in keys))), fn(*a, **k))[1])
+
+
+@pytest.mark.parametrize("mma", [False, True])
+def test_padded_rows_quantized_once_for_both_gemms(mma, monkeypatch):
+  """In the padded layout, X (forward) and dY (backward) are each quantized for both of
+  their GEMMs in one kernel, and the forward pass keeps X^T's quantization for Wgrad: the
+  same Y and dX bits as the path that quantizes each operand apart (XLA), dW to float32
+  rounding (its kernel contracts transposed operands instead of the rows); with
+  ``fp8_mma``, FP8 dots in Wgrad too, in either layout."""
+  rng = np.random.default_rng(5)
+  sizes = jnp.asarray([130, 0, 100], jnp.int32)
+  n = padding.padded_count(int(sizes.sum()), 3, 128)
+  x, dy = (jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16) for d in (256, 128))
+  _, real = padding.padded_rows(sizes, int(sizes.sum()), n, 128)
+  x, dy = x * real[:, None], dy * real[:, None]  # zero padding rows, as the dispatch has
+  w = jnp.asarray(rng.standard_normal((3, 256, 128)) * 0.05, jnp.float32)
+  cfg = fp8jax.recipes.recipe("fp32_blockwise_mma" if mma else "fp32_blockwise").replace(
+      impl="pallas")
+
+  def run(layout, rows=x, grads=dy, sizes=sizes):
+    y, vjp = jax.vjp(lambda a, b: grouped.fp8_ragged_dot(a, b, sizes, cfg, layout), rows, w)
+    return (y, *vjp(grads))
+
+  calls = []
+  _spy(monkeypatch, grouped.tile_quant_pallas, "quantize_rows_and_columns", calls)
+  _spy(monkeypatch, grouped.grouped_scaled_pallas, "grouped_scaled_wgrad", calls,
+       "rows_first", "fp8_dots")
+  got = run(128)
+  assert calls == [("quantize_rows_and_columns",)] * 2 + [("grouped_scaled_wgrad", False, mma)]
+  calls.clear()
+  with monkeypatch.context() as m:
+    m.setattr(grouped, "_one_pass", lambda *a: False)
+    want = run(128)
+  assert calls == [("grouped_scaled_wgrad", not mma, mma)]  # fp8_mma: transposed operands
+  for g, r, what in zip(got, want, ("y", "dx", "dw"), strict=True):
+    g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+    assert np.any(g != 0), what
+    if what == "dw":
+      np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6 * np.abs(r).max())
+    else:
+      np.testing.assert_array_equal(g, r, err_msg=what)
+  calls.clear()
+  keep = np.asarray(real)
+  run(1, x[keep], dy[keep])  # unpadded rows: quantized apart, each GEMM its own
+  assert calls == [("grouped_scaled_wgrad", not mma, mma)]

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_tensor_core, hadamard, padding, transpose
 from fp8jax.gemm.tiled import tiled_matmul  # noqa: F401  (also this module's API)
-from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas, placement
+from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas, placement, tile_quant_pallas
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
 
@@ -125,11 +125,6 @@ def _weight_q(w_t, spec):
       w_t)
 
 
-def _quantized_weight(w_t, spec):
-  """:func:`_weight_q`, dequantized."""
-  return jax.vmap(_deq)(_weight_q(w_t, spec))
-
-
 def _dgrad_weight_q(w_e, cfg):
   """One expert's weight [K, F] quantized for Dgrad (contraction over F): the transpose of
   the Fprop operand W_e^T [F, K] by ``cfg.transpose``."""
@@ -137,11 +132,6 @@ def _dgrad_weight_q(w_e, cfg):
   w_t = w_e.T
   return transpose.transposed(w_t, qtensor.quantize(w_t, spec, key=gemm_lib.operand_key(
       w_t, spec, 2)), spec, cfg.transpose, gemm_lib.operand_key(w_e, spec, 3))  # [K, F]
-
-
-def _dgrad_weight(w_e, cfg):
-  """:func:`_dgrad_weight_q` dequantized and returned as [F, K]."""
-  return _deq(_dgrad_weight_q(w_e, cfg)).T
 
 
 def _buffers(*arrays):
@@ -165,10 +155,11 @@ def _layout_sizes(sizes, layout: int):
   return sizes if layout == 1 else padding.padded_sizes(sizes, layout)
 
 
-def _fprop(x, w, sizes, cfg, layout):
+def _fprop(x, w, sizes, cfg, layout, xq=None):
   if cfg.fprop == "bf16":
     return _rdot(x, w, sizes, "bf16")
-  xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
+  if xq is None:
+    xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
   wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
   if _tensor_core(cfg):
     return grouped_tensor_core.rows_product(xq, wq, sizes, cfg.accumulation)
@@ -177,8 +168,29 @@ def _fprop(x, w, sizes, cfg, layout):
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
+def _one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> bool:
+  """Whether X (forward) and dY (backward) are each quantized for both of their GEMMs in
+  one read (:func:`tile_quant_pallas.quantize_rows_and_columns`, the same bits as the XLA
+  quantizations): the three directions in FP8 with FP32 accumulation, the rows first
+  Wgrad policy (:func:`_rows_first`), the kernels allowed, one 1 x t tile spec that the
+  kernel takes for X and dY, and groups laid out at whole tiles (the model's padding).
+  The forward pass then keeps X's Wgrad quantization (8 bits) instead of X."""
+  r, tq = cfg.roles, tile_quant_pallas
+  t = tq.tile_of(r.input)
+  return (cfg.fprop == cfg.dgrad == cfg.wgrad == "fp8" and not _tensor_core(cfg)
+          and _rows_first(cfg) and cfg.impl != "xla" and t is not None
+          and (cfg.impl == "pallas" or placement.kernels_allowed())
+          and tq.tile_of(r.grad) == t and layout % t == 0
+          and tq.supports((n, k), r.input) and tq.supports((n, f), r.grad))
+
+
 def _fwd(x, w, sizes, cfg, layout):
   x = _buffers(x)
+  if _one_pass(cfg, layout, *x.shape, w.shape[-1]):
+    xq, xtq = tile_quant_pallas.quantize_rows_and_columns(x, cfg.roles.input,
+                                                          interpret=_interpret())
+    y = _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, xq)
+    return y.astype(x.dtype), (xtq, w, sizes)
   return _forward(x, w, sizes, cfg, layout), (x, w, sizes)
 
 
@@ -199,17 +211,24 @@ def _swap_blocks(q: qtensor.QTensor) -> qtensor.QTensor:
 
 def _wgrad_fp32(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with FP32 accumulation, on groups padded to whole token tiles and Hadamard
-  blocks (:func:`_wgrad_operands`): the blockwise-scaled kernel where it applies, else the
-  product of the dequantized operands."""
-  rows_first = _rows_first(cfg)
+  blocks (:func:`_wgrad_operands`); with ``fp8_mma`` the operands transposed, as the FP8
+  MMA reads them."""
+  rows_first = _rows_first(cfg) and not cfg.fp8_mma
   a, b, sizes = _wgrad_operands(x, dy, sizes, cfg, layout, rows_first)
+  return _wgrad_quantized(a, b, sizes, cfg, layout, rows_first)
+
+
+def _wgrad_quantized(a, b, sizes, cfg, layout, rows_first: bool = False):
+  """dW [E, K, F] from the quantized X^T [K, N] and dY^T [F, N] (``rows_first``: X [N, K]
+  and dY [N, F]): the blockwise-scaled kernel where it applies (FP8 dots with
+  ``fp8_mma``), else the product of the dequantized operands."""
   at, bt = (_swap_blocks(a), _swap_blocks(b)) if rows_first else (a, b)
   interval = _kernel_interval(cfg, at, bt)
   if interval and bt.block[-2] == 1 and max(group_multiple_of(cfg), layout) % interval == 0:
     return grouped_scaled_pallas.grouped_scaled_wgrad(
         a.data, a.scale_inv, b.data, b.scale_inv, sizes, interval=interval,
         groups_aligned=True, rows_first=rows_first, convert_in_kernel=True,
-        interpret=_interpret())
+        fp8_dots=cfg.fp8_mma and a.data.dtype == b.data.dtype, interpret=_interpret())
   if rows_first:
     return _wgrad_product(_deq(a), _deq(b), sizes)
   return _wgrad_product(jnp.swapaxes(_deq(a), 0, 1), jnp.swapaxes(_deq(b), 0, 1), sizes)
@@ -292,23 +311,32 @@ def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
   return grouped_tensor_core.wgrad_product(xtq, dytq, padded, cfg.accumulation)
 
 
+def _dgrad(dyq, w, sizes, cfg, layout, dtype):
+  """dX [N, K] from the quantized dY [N, F] and each expert's weight quantized for Dgrad."""
+  wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
+  if _tensor_core(cfg):
+    return grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
+  if interval := _kernel_interval(cfg, dyq, wq):
+    return _kernel_rows(dyq, wq, sizes, interval, dtype, layout, cfg)
+  return _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
+
+
 def _bwd(cfg, layout, res, dy):
   x, w, real_sizes = res
-  x, dy = _buffers(x, dy)
   sizes = _layout_sizes(real_sizes, layout)
+  if isinstance(x, qtensor.QTensor):  # _one_pass: x is X^T as quantized for Wgrad
+    dyq, dytq = tile_quant_pallas.quantize_rows_and_columns(_buffers(dy), cfg.roles.grad,
+                                                            interpret=_interpret())
+    dx = _dgrad(dyq, w, sizes, cfg, layout, x.dtype)
+    return dx.astype(x.dtype), _wgrad_quantized(x, dytq, sizes, cfg, layout).astype(
+        w.dtype), None
+  x, dy = _buffers(x, dy)
   dy_out, dy = dy, dy.astype(jnp.float32)  # dY in the output's dtype, and in float32
-  r = cfg.roles
   if cfg.dgrad == "bf16":
     dx = _rdot(dy, jnp.swapaxes(w, -1, -2), sizes, "bf16")
   else:
-    wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
-    dyq = qtensor.quantize(dy, r.grad, key=gemm_lib.operand_key(dy, r.grad, 4))
-    if _tensor_core(cfg):
-      dx = grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
-    elif interval := _kernel_interval(cfg, dyq, wq):
-      dx = _kernel_rows(dyq, wq, sizes, interval, x.dtype, layout, cfg)
-    else:
-      dx = _rdot(_deq(dyq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
+    dx = _dgrad(qtensor.quantize(dy, cfg.roles.grad, key=gemm_lib.operand_key(
+        dy, cfg.roles.grad, 4)), w, sizes, cfg, layout, x.dtype)
   if cfg.wgrad == "bf16":
     dw = _wgrad_product(x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), sizes)
   elif _tensor_core(cfg):

@@ -1,0 +1,87 @@
+"""The one-pass quantization of rows for both GEMMs (``tile_quant_pallas``, interpreted).
+
+In interpret mode on the CPU the kernel's FP8 conversion is XLA:CPU's, so these tests
+check its blocking, indexing, transposition, NaN handling and scales; the bits of the
+GPU's conversion and division are checked on the device by ``scripts/bench/tile_quant.py``.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax.kernels import tile_quant_pallas as tq
+from fp8jax.quant import qtensor
+from tests import reference as ref
+from tests import strategies as hs
+
+
+def _check(x, spec):
+  rows, cols = tq.quantize_rows_and_columns(jnp.asarray(x), spec, interpret=True)
+  g = spec.granularity
+  for got, operand in ((rows, x), (cols, x.T)):
+    payload, scale_inv, _ = ref.ref_quantize(np.asarray(operand), spec.format, "tile", g.axes,
+                                             g.sizes, eps=spec.eps, margin=spec.margin)
+    want = qtensor.quantize(jnp.asarray(operand), spec)
+    assert got.block == want.block and got.dtype == want.dtype
+    assert ref.same_bits(np.asarray(got.data), np.asarray(want.data))
+    assert ref.same_bits(np.asarray(got.scale_inv), np.asarray(want.scale_inv))
+    assert ref.same_bits(np.asarray(got.data), payload)  # the NumPy loops, independently
+    assert ref.same_bits(np.asarray(got.scale_inv), scale_inv)
+  return rows, cols
+
+
+@pytest.mark.parametrize("fmt,tile,dtype", [("e4m3", 128, "bfloat16"), ("e5m2", 32, "float32"),
+                                            ("e4m3", 16, "float16")])
+def test_both_quantizations_equal_quantize_bit_for_bit(fmt, tile, dtype):
+  """Rows and columns at different scales, NaN, ±inf, subnormals, zero rows and columns."""
+  rng = np.random.default_rng(3)
+  n, k = 2 * tile, 3 * tile
+  x = rng.standard_normal((n, k)) * np.exp2(rng.integers(-6, 6, (n, 1)))
+  x *= np.exp2(rng.integers(-4, 4, (1, k)))
+  x[0, :4] = [np.nan, np.inf, -np.inf, 1e-41 if dtype == "float32" else 3.0]
+  x[1, :] = 0.0
+  x[:, 5] = 0.0
+  x[tile + 2, tile + 1] = 6e4 if dtype == "float16" else 1e6  # one large value per block
+  x = x.astype(hs.DTYPES[dtype])
+  spec = fp8jax.QuantSpec(format=fmt, granularity=fp8jax.tile(tile))
+  rows, cols = _check(x, spec)
+  assert rows.data.shape == (n, k) and cols.data.shape == (k, n)
+  assert np.isnan(np.asarray(rows.scale_inv)[0, 0]) and np.isnan(np.asarray(cols.scale_inv)[0, 0])
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data())
+def test_drawn_inputs_and_specs(data):
+  tile = data.draw(st.sampled_from([16, 32]))
+  shape = (tile * data.draw(st.integers(1, 3)), tile * data.draw(st.integers(1, 3)))
+  x = data.draw(hs.arrays(shape))
+  spec = fp8jax.QuantSpec(format=data.draw(st.sampled_from(tq.FORMATS)),
+                          granularity=fp8jax.tile(tile),
+                          eps=data.draw(st.sampled_from([0.0, 1e-12, 1e-4])),
+                          margin=data.draw(st.integers(-2, 3)))
+  _check(x, spec)
+
+
+def test_refuses_what_it_does_not_handle():
+  spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.tile(128))
+  x = jnp.zeros((256, 200), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"multiples of the tile .* got shape \(256, 200\)"):
+    tq.quantize_rows_and_columns(x, spec, interpret=True)
+  for other in (spec.replace(format="e2m1"), spec.replace(rounding="stochastic"),
+                spec.replace(scale_format="pow2", pow2_rounding="floor"),
+                spec.replace(granularity=fp8jax.tile(128, axis=0))):
+    assert tq.tile_of(other) is None
+    with pytest.raises(ValueError, match="1 x t tile spec"):
+      tq.quantize_rows_and_columns(jnp.zeros((256, 256)), other, interpret=True)
+  with pytest.raises(TypeError, match="16- or 32-bit float input"):
+    tq.quantize_rows_and_columns(jnp.zeros((128, 128), jnp.float8_e4m3fn), spec,
+                                 interpret=True)
+  assert tq.supports((128, 256), spec) and not tq.supports((2, 128, 256), spec)
+  assert jax.eval_shape(lambda v: tq.quantize_rows_and_columns(v, spec, interpret=True)[1],
+                        x[:, :128]).scale_inv.shape == (128, 2)
