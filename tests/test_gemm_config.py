@@ -69,6 +69,29 @@ def test_grouped_impl_xla_never_takes_the_kernel(monkeypatch):
   np.testing.assert_allclose(y_pallas, y_xla, rtol=1e-5, atol=1e-5)
 
 
+def test_fp8_mma_reaches_the_dense_kernel(monkeypatch):
+  """``fp8_mma`` asks the dense blockwise kernel for FP8 dots in Fprop, Dgrad and Wgrad;
+  interpreted, the gradients equal those without it to float32 rounding."""
+  kernel = accumulate.scaled_matmul_pallas
+  calls, fn = [], kernel.scaled_matmul_pallas
+  monkeypatch.setattr(kernel, "scaled_matmul_pallas", lambda *a, **k: (
+      calls.append(k["fp8_dots"]), fn(*a, **k))[1])
+  x, w = _xw(t=128, k=256, n=128)
+  mma = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
+
+  def grads(cfg):
+    return jax.grad(lambda a, b: jnp.sum(jnp.sin(gemm.fp8_dot_general(a, b, DN, config=cfg))),
+                    argnums=(0, 1))(x, w)
+
+  got = grads(mma)
+  assert calls == [True] * 3
+  calls.clear()
+  want = grads(mma.replace(fp8_mma=False))
+  assert calls == [False] * 3
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_fp8_mma_reaches_the_grouped_kernel(monkeypatch):
   """``fp8_mma`` (recipe ``fp32_blockwise_mma``) asks the grouped Fprop and Dgrad kernels for
   FP8 tensor-core dots; in the interpreter those are exact products summed in float32, so

@@ -107,3 +107,28 @@ def test_supports_and_argument_errors():
     kernel.scaled_matmul_pallas(a, a, s, s, block_k=256, interpret=True)
   with pytest.raises(ValueError, match="schedule must be"):
     kernel.scaled_matmul_pallas(a, a, s, s, schedule="async", interpret=True)
+
+
+def test_fp8_dots_take_the_payloads_as_they_are(monkeypatch):
+  """``fp8_dots``: E4M3 payloads reach the kernel's dots unconverted (no bfloat16 copy
+  before it); interpreted, the products are exact, so the result agrees with the XLA loop
+  to float32 rounding. Mixed formats and bfloat16 payloads are refused by name."""
+  qa, qb = _quantized(2, 1, 40, 24, 384, "tile128/block128", "e4m3")
+  want = accumulate.scaled_matmul(qa, qb, impl="xla")
+  seen, dot = [], jax.lax.dot_general
+  monkeypatch.setattr(kernel.lax, "dot_general", lambda x, y, *a, **k: (
+      seen.append((x.dtype, y.dtype)), dot(x, y, *a, **k))[1])
+  got = accumulate.scaled_matmul(qa, qb, impl="pallas", fp8_mma=True)
+  assert seen and set(seen) == {(jnp.dtype(jnp.float8_e4m3fn),) * 2}
+  _assert_agree(got, want, qa, qb)
+  seen.clear()
+  accumulate.scaled_matmul(qa, qb, impl="pallas")
+  assert set(seen) == {(jnp.dtype(jnp.bfloat16),) * 2}
+  assert kernel.fp8_dots_apply(jnp.float8_e5m2, jnp.float8_e5m2)
+  assert not kernel.fp8_dots_apply(jnp.float8_e4m3fn, jnp.float8_e5m2)
+  assert not kernel.fp8_dots_apply(jnp.bfloat16, jnp.bfloat16)
+  s = jnp.ones((1, 16, 1), jnp.float32)
+  a = jnp.zeros((1, 16, 128), jnp.float8_e4m3fn)
+  for other in (a.astype(jnp.float8_e5m2), a.astype(jnp.bfloat16)):
+    with pytest.raises(ValueError, match="fp8_dots needs E4M3 or E5M2 payloads of one format"):
+      kernel.scaled_matmul_pallas(a, other, s, s, fp8_dots=True, interpret=True)

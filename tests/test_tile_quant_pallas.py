@@ -22,18 +22,18 @@ from tests import strategies as hs
 
 
 def _check(x, spec):
-  rows, cols = tq.quantize_rows_and_columns(jnp.asarray(x), spec, interpret=True)
+  q, s, qt, st = tq.quantize_rows_and_columns(jnp.asarray(x), spec, interpret=True)
   g = spec.granularity
-  for got, operand in ((rows, x), (cols, x.T)):
-    payload, scale_inv, _ = ref.ref_quantize(np.asarray(operand), spec.format, "tile", g.axes,
-                                             g.sizes, eps=spec.eps, margin=spec.margin)
+  for data, scale_inv, operand in ((q, s, x), (qt, st.T, x.T)):
+    want_data, want_scales, _ = ref.ref_quantize(np.asarray(operand), spec.format, "tile",
+                                                 g.axes, g.sizes, eps=spec.eps,
+                                                 margin=spec.margin)
     want = qtensor.quantize(jnp.asarray(operand), spec)
-    assert got.block == want.block and got.dtype == want.dtype
-    assert ref.same_bits(np.asarray(got.data), np.asarray(want.data))
-    assert ref.same_bits(np.asarray(got.scale_inv), np.asarray(want.scale_inv))
-    assert ref.same_bits(np.asarray(got.data), payload)  # the NumPy loops, independently
-    assert ref.same_bits(np.asarray(got.scale_inv), scale_inv)
-  return rows, cols
+    assert ref.same_bits(np.asarray(data), np.asarray(want.data))
+    assert ref.same_bits(np.asarray(scale_inv), np.asarray(want.scale_inv))
+    assert ref.same_bits(np.asarray(data), want_data)  # the NumPy loops, independently
+    assert ref.same_bits(np.asarray(scale_inv), want_scales)
+  return q, s, qt, st
 
 
 @pytest.mark.parametrize("fmt,tile,dtype", [("e4m3", 128, "bfloat16"), ("e5m2", 32, "float32"),
@@ -50,9 +50,10 @@ def test_both_quantizations_equal_quantize_bit_for_bit(fmt, tile, dtype):
   x[tile + 2, tile + 1] = 6e4 if dtype == "float16" else 1e6  # one large value per block
   x = x.astype(hs.DTYPES[dtype])
   spec = fp8jax.QuantSpec(format=fmt, granularity=fp8jax.tile(tile))
-  rows, cols = _check(x, spec)
-  assert rows.data.shape == (n, k) and cols.data.shape == (k, n)
-  assert np.isnan(np.asarray(rows.scale_inv)[0, 0]) and np.isnan(np.asarray(cols.scale_inv)[0, 0])
+  q, s, qt, st = _check(x, spec)
+  assert q.shape == (n, k) and s.shape == (n, k // tile)
+  assert qt.shape == (k, n) and st.shape == (n // tile, k)
+  assert np.isnan(np.asarray(s)[0, 0]) and np.isnan(np.asarray(st)[0, 0])
 
 
 @settings(max_examples=12, deadline=None)
@@ -83,5 +84,5 @@ def test_refuses_what_it_does_not_handle():
     tq.quantize_rows_and_columns(jnp.zeros((128, 128), jnp.float8_e4m3fn), spec,
                                  interpret=True)
   assert tq.supports((128, 256), spec) and not tq.supports((2, 128, 256), spec)
-  assert jax.eval_shape(lambda v: tq.quantize_rows_and_columns(v, spec, interpret=True)[1],
-                        x[:, :128]).scale_inv.shape == (128, 2)
+  assert jax.eval_shape(lambda v: tq.quantize_rows_and_columns(v, spec, interpret=True)[3],
+                        x[:, :128]).shape == (2, 128)

@@ -299,7 +299,8 @@ def fp32_impl(interval: int, payload_dtypes=(), impl: str = "auto",
 
 
 def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
-                  acc: Accumulation = FP32, impl: str = "auto") -> jax.Array:
+                  acc: Accumulation = FP32, impl: str = "auto",
+                  fp8_mma: bool = False) -> jax.Array:
   """Blockwise-scaled FP8 product of contraction-last operands.
 
   Args:
@@ -309,6 +310,9 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
     impl: FP32 mode only: ``"auto"``, ``"xla"`` or ``"pallas"`` (see :func:`fp32_impl`;
       ``"pallas"`` runs interpreted off GPU). ``fp8jax.gemm.dense`` passes
       ``GemmConfig.impl``.
+    fp8_mma: where the Pallas kernel runs on E4M3 (or E5M2) payloads of one format, its
+      products on the FP8 tensor cores (``scaled_matmul_pallas(fp8_dots=True)``;
+      ``GemmConfig.fp8_mma``); elsewhere exact products, as without it.
 
   Returns:
     float32 [B, M, N].
@@ -324,7 +328,7 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
       a.shape[2] != bt.shape[2]:
     raise ValueError(f"scaled_matmul needs A [B, M, K] and Bt [B, N, K], got {a.shape} "
                      f"and {bt.shape}")
-  y = _scaled_matmul(a, bt, acc, impl)
+  y = _scaled_matmul(a, bt, acc, impl, fp8_mma)
   if a.tensor_scale_inv is None and bt.tensor_scale_inv is None:
     return y
   # Two-level (NVFP4) scales: the per-tensor levels scale the output, as a GEMM's alpha.
@@ -334,7 +338,7 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
   return y * alpha
 
 
-def _scaled_matmul(a, bt, acc, impl):
+def _scaled_matmul(a, bt, acc, impl, fp8_mma=False):
   k = a.shape[-1]
   ga, gb = min(_k_block(a), k), min(_k_block(bt), k)
   if acc.mode == "fp32":
@@ -348,8 +352,10 @@ def _scaled_matmul(a, bt, acc, impl):
   if acc.mode == "fp32":
     if fp32_impl(interval, (a.data.dtype, bt.data.dtype), impl) == "pallas":
       # The payloads go to the kernel as they are (a custom call: no GEMM rewriting).
+      fp8_dots = fp8_mma and scaled_matmul_pallas.fp8_dots_apply(a.data.dtype, bt.data.dtype)
       return scaled_matmul_pallas.scaled_matmul_pallas(
-          a.data, bt.data, sa, sb, interval=interval, interpret=jax.default_backend() != "gpu")
+          a.data, bt.data, sa, sb, interval=interval, fp8_dots=fp8_dots,
+          interpret=jax.default_backend() != "gpu")
     # The barrier keeps XLA:GPU's GEMM rewriter from turning convert(fp8) -> dot into a
     # real FP8 cuBLASLt GEMM, whose own accumulation would replace the simulated one.
     a_p, b_p = _dot_payload(a.data), _dot_payload(bt.data)

@@ -69,15 +69,17 @@ class GemmConfig:
       XLA; :mod:`fp8jax.kernels.placement`), "xla", or "pallas" (the kernels, interpreted
       off GPU; the dense GEMM refuses scales its kernel does not take, the grouped GEMM
       runs those in XLA). Part of the config, so a jitted function traces once per choice.
-    fp8_mma: the grouped Fprop and Dgrad kernels multiply E4M3 (or E5M2) payloads of one
-      format on the FP8 tensor cores instead of as exact bfloat16 products summed in
-      float32: each MMA instruction's 32 products are summed by the tensor core (its
-      alignment and truncation), then added in float32 (promotion after every
-      instruction, not DeepGEMM's every 4). Faster (one 2B Fprop 0.93 ms against 1.57 on an
-      H200) and near the exact sums (99.94% of outputs bit-equal at 2048 tokens), but not
-      bit for bit; see ``grouped_scaled_pallas.grouped_scaled_matmul(fp8_dots=)``. FP32
-      accumulation only. It acts only where that kernel runs on such payloads; elsewhere
-      (XLA, other formats, the interpreter) the products stay exact, summed in float32.
+    fp8_mma: the Pallas blockwise kernels (dense and grouped, all three directions)
+      multiply E4M3 (or E5M2) payloads of one format on the FP8 tensor cores instead of
+      as exact bfloat16 products summed in float32: each MMA instruction's 32 products
+      are summed by the tensor core (its alignment and truncation), then added in float32
+      (promotion after every instruction, not DeepGEMM's every 4). Faster (one 2B grouped
+      Fprop 0.93 ms against 1.57 on an H200) and near the exact sums (99.94% of outputs
+      bit-equal at 2048 tokens), but not bit for bit; see
+      ``grouped_scaled_pallas.grouped_scaled_matmul(fp8_dots=)``. The grouped Wgrad then
+      takes its operands transposed, the layout the FP8 MMA reads. FP32 accumulation
+      only. It acts only where a kernel runs on such payloads; elsewhere (XLA, other
+      formats, the interpreter) the products stay exact, summed in float32.
   """
 
   roles: roles_lib.RoleSpecs = roles_lib.deepseek_v3_roles()
@@ -200,7 +202,7 @@ def _fp8_matmul(aq, btq, cfg, mode):
     y = jnp.einsum("bmk,bnk->bmn", aq.data, btq.data, preferred_element_type=jnp.float32)
     scale = aq.scale_inv.astype(jnp.float32) * btq.scale_inv.astype(jnp.float32)
     return y * scale.reshape(())
-  return accumulate.scaled_matmul(aq, btq, cfg.accumulation, cfg.impl)
+  return accumulate.scaled_matmul(aq, btq, cfg.accumulation, cfg.impl, cfg.fp8_mma)
 
 
 def operand_key(x, spec, stream: int):

@@ -12,23 +12,18 @@ transpose policy of a :class:`fp8jax.GemmConfig`:
   quantized, so that no tile spans two experts, as when each expert's GEMM runs on its own
   rows.
 
-With FP32 accumulation the products run through :func:`tiled_matmul` (static shapes;
-``lax.ragged_dot`` falls back to a dense rewrite that runs out of memory at 2B shapes on the
-GPU image) on the dequantized operands in float32 (per-element instead of per-interval
-scaling, which differs only by float32 rounding), or on one GPU through the grouped
-blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled_pallas`) where the scales are
-float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3). ``config.impl`` chooses: "auto" takes
-the kernel on one GPU, "xla" never, "pallas" wherever the scales suit it (interpreted off
-GPU).
+With FP32 accumulation the products run through :func:`tiled_matmul` on the dequantized
+operands in float32 (``lax.ragged_dot``'s dense rewrite runs out of memory at 2B shapes), or
+through the grouped blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled_pallas`)
+where the scales are float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3): ``config.impl``
+"auto" takes it on one GPU, "xla" never, "pallas" wherever the scales suit it (interpreted
+off GPU). The two differ by float32 rounding (per-element against per-interval scaling).
 
-With the tensor-core accumulation model (``config.accumulation.mode == "tensor_core"``) the
-three GEMMs run through :mod:`fp8jax.gemm.grouped_tensor_core` instead: every expert's rows of Y and
-dX and every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit
-for bit, wherever the rows' scales are the same (tiles and blocks, not the per-tensor levels
-that all experts share, see below). This is always the XLA simulation: the Pallas grouped
-kernels (``fp8jax.kernels.grouped_gpu``, used by ``moe_impl="pallas"`` without a GEMM
-policy) multiply BF16 operands with the tensor cores' own FP32 accumulation and never stand
-in for a simulated FP8 GEMM.
+With the tensor-core accumulation model the three GEMMs run through
+:mod:`fp8jax.gemm.grouped_tensor_core` (always XLA): every expert's rows of Y and dX and
+every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit for bit,
+wherever the rows' scales are the same (not the per-tensor levels all experts share).
+In the padded layout X and dY are each quantized for both GEMMs in one read (:func:`_one_pass`).
 
 Each expert's weight is quantized as a tensor of its own (its own per-tensor level with
 two-level NVFP4 scales); the rows X and dY share one per-tensor level over all experts.
@@ -116,7 +111,8 @@ def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int, cfg):
       aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
       interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype,
       groups_aligned=layout % grouped_scaled_pallas.ROWS.m == 0, convert_in_kernel=True,
-      fp8_dots=cfg.fp8_mma and aq.data.dtype == bq.data.dtype, interpret=_interpret())
+      fp8_dots=cfg.fp8_mma and grouped_scaled_pallas.smp.fp8_dots_apply(
+          aq.data.dtype, bq.data.dtype), interpret=_interpret())
 
 
 def _weight_q(w_t, spec):
@@ -169,12 +165,10 @@ def _fprop(x, w, sizes, cfg, layout, xq=None):
 
 
 def _one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> bool:
-  """Whether X (forward) and dY (backward) are each quantized for both of their GEMMs in
-  one read (:func:`tile_quant_pallas.quantize_rows_and_columns`, the same bits as the XLA
-  quantizations): the three directions in FP8 with FP32 accumulation, the rows first
-  Wgrad policy (:func:`_rows_first`), the kernels allowed, one 1 x t tile spec that the
-  kernel takes for X and dY, and groups laid out at whole tiles (the model's padding).
-  The forward pass then keeps X's Wgrad quantization (8 bits) instead of X."""
+  """Whether X and dY are each quantized for both of their GEMMs in one read (the same
+  bits as apart; :func:`_both_ways`): all FP8, FP32 accumulation, :func:`_rows_first`, the
+  kernels allowed, one tile spec the kernel takes and groups of whole tiles. The forward
+  pass then keeps X^T's quantization (8 bits) instead of X."""
   r, tq = cfg.roles, tile_quant_pallas
   t = tq.tile_of(r.input)
   return (cfg.fprop == cfg.dgrad == cfg.wgrad == "fp8" and not _tensor_core(cfg)
@@ -184,11 +178,19 @@ def _one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> 
           and tq.supports((n, k), r.input) and tq.supports((n, f), r.grad))
 
 
+def _both_ways(x, spec):
+  """``quantize(x, spec)`` and ``quantize(x.T, spec)`` from one kernel
+  (:func:`tile_quant_pallas.quantize_rows_and_columns`)."""
+  t = tile_quant_pallas.tile_of(spec)
+  q, s, qt, st = tile_quant_pallas.quantize_rows_and_columns(x, spec, interpret=_interpret())
+  return (qtensor.QTensor(q, s, (1, t), x.dtype),
+          qtensor.QTensor(qt, jnp.swapaxes(st, 0, 1), (1, t), x.dtype))
+
+
 def _fwd(x, w, sizes, cfg, layout):
   x = _buffers(x)
   if _one_pass(cfg, layout, *x.shape, w.shape[-1]):
-    xq, xtq = tile_quant_pallas.quantize_rows_and_columns(x, cfg.roles.input,
-                                                          interpret=_interpret())
+    xq, xtq = _both_ways(x, cfg.roles.input)
     y = _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, xq)
     return y.astype(x.dtype), (xtq, w, sizes)
   return _forward(x, w, sizes, cfg, layout), (x, w, sizes)
@@ -228,7 +230,8 @@ def _wgrad_quantized(a, b, sizes, cfg, layout, rows_first: bool = False):
     return grouped_scaled_pallas.grouped_scaled_wgrad(
         a.data, a.scale_inv, b.data, b.scale_inv, sizes, interval=interval,
         groups_aligned=True, rows_first=rows_first, convert_in_kernel=True,
-        fp8_dots=cfg.fp8_mma and a.data.dtype == b.data.dtype, interpret=_interpret())
+        fp8_dots=cfg.fp8_mma and grouped_scaled_pallas.smp.fp8_dots_apply(
+            a.data.dtype, b.data.dtype), interpret=_interpret())
   if rows_first:
     return _wgrad_product(_deq(a), _deq(b), sizes)
   return _wgrad_product(jnp.swapaxes(_deq(a), 0, 1), jnp.swapaxes(_deq(b), 0, 1), sizes)
@@ -325,8 +328,7 @@ def _bwd(cfg, layout, res, dy):
   x, w, real_sizes = res
   sizes = _layout_sizes(real_sizes, layout)
   if isinstance(x, qtensor.QTensor):  # _one_pass: x is X^T as quantized for Wgrad
-    dyq, dytq = tile_quant_pallas.quantize_rows_and_columns(_buffers(dy), cfg.roles.grad,
-                                                            interpret=_interpret())
+    dyq, dytq = _both_ways(_buffers(dy), cfg.roles.grad)
     dx = _dgrad(dyq, w, sizes, cfg, layout, x.dtype)
     return dx.astype(x.dtype), _wgrad_quantized(x, dytq, sizes, cfg, layout).astype(
         w.dtype), None

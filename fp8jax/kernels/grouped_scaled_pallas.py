@@ -101,18 +101,9 @@ def _payload(x: jax.Array, convert_in_kernel: bool) -> jax.Array:
   return lax.optimization_barrier(x).astype(jnp.bfloat16)
 
 
-_MMA_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))  # Hopper's FP8 MMA
-
-
 def _mma_operand(v: jax.Array, fp8_dots: bool) -> jax.Array:
   """A loaded payload tile as the dot takes it: as it is (FP8 MMA) or as bfloat16."""
   return v if fp8_dots else v.astype(jnp.bfloat16)
-
-
-def _check_fp8_dots(fp8_dots: bool, a: jax.Array, b: jax.Array) -> None:
-  if fp8_dots and (a.dtype != b.dtype or a.dtype not in _MMA_FP8):
-    raise ValueError(f"fp8_dots needs E4M3 or E5M2 payloads of one format, got {a.dtype} and "
-                     f"{b.dtype}")
 
 
 def _pad_last(x: jax.Array, size: int) -> jax.Array:
@@ -238,7 +229,7 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     raise ValueError(f"a's K ({k}) does not match b's contraction axis ({depth}) for b of "
                      f"shape {b.shape} (transpose_b={transpose_b})")
   chunk = _chunk(interval, blocks, (a, b))
-  _check_fp8_dots(fp8_dots, a, b)
+  smp.check_fp8_dots(fp8_dots, a.dtype, b.dtype)
   n_int, n_sb = _cdiv(k, interval), _cdiv(f, b_block_n)
   want_sb = (e, n_sb, n_int) if transpose_b else (e, n_int, n_sb)
   if a_scale_inv.shape != (n, n_int) or b_scale_inv.shape != want_sb:
@@ -366,7 +357,7 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     raise ValueError(f"need {want} and group_sizes [E]; got {a.shape}, {b.shape} and "
                      f"{group_sizes.shape}")
   chunk = _chunk(interval, blocks, (a, b))
-  _check_fp8_dots(fp8_dots, a, b)
+  smp.check_fp8_dots(fp8_dots, a.dtype, b.dtype)
   n, kd, fd, e = a.shape[rows], a.shape[1 - rows], b.shape[1 - rows], group_sizes.shape[0]
   n_int = _cdiv(n, interval)
   want_a, want_b = ((n_int, kd), (n_int, fd)) if rows_first else ((kd, n_int), (fd, n_int))

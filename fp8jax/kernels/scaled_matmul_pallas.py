@@ -52,6 +52,23 @@ def supports_payload(dtype) -> bool:
   return dtype == jnp.bfloat16 or (jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize == 1)
 
 
+MMA_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+"""The 8-bit formats that Hopper's FP8 tensor cores multiply (``fp8_dots``)."""
+
+
+def fp8_dots_apply(a_dtype, b_dtype) -> bool:
+  """Whether payloads of these dtypes can go to the FP8 tensor cores: one format of
+  :data:`MMA_FP8` for both."""
+  return jnp.dtype(a_dtype) == jnp.dtype(b_dtype) and jnp.dtype(a_dtype) in MMA_FP8
+
+
+def check_fp8_dots(fp8_dots: bool, a_dtype, b_dtype) -> None:
+  """A ValueError naming both dtypes where ``fp8_dots`` is asked for and cannot apply."""
+  if fp8_dots and not fp8_dots_apply(a_dtype, b_dtype):
+    raise ValueError(f"fp8_dots needs E4M3 or E5M2 payloads of one format, got "
+                     f"{jnp.dtype(a_dtype)} and {jnp.dtype(b_dtype)}")
+
+
 def _block(size: int, block: int) -> int:
   """``block`` (a power of two >= 16), or less for a small ``size``: the smallest power
   of two >= ``size``, at least 16 (Triton's smallest dot)."""
@@ -73,7 +90,7 @@ SCHEDULES = ("interval", "overlap", "flat")
 
 
 def _kernel(a_ref, b_ref, sa_ref, sb_ref, o_ref, *, n_int: int, chunks: int, chunk: int,
-            schedule: str):
+            schedule: str, fp8_dots: bool):
   # a_ref [bm, K], b_ref [bn, K], sa_ref [J, bm], sb_ref [J, bn], o_ref [bm, bn].
   from jax.experimental import pallas as pl
 
@@ -82,8 +99,9 @@ def _kernel(a_ref, b_ref, sa_ref, sb_ref, o_ref, *, n_int: int, chunks: int, chu
   def dot_chunk(c, part):
     # A static start (peeled intervals) needs no hint; the Triton lowering refuses one.
     k0 = c * chunk if isinstance(c, int) else pl.multiple_of(c * chunk, chunk)
-    x = a_ref[:, pl.ds(k0, chunk)].astype(jnp.bfloat16)
-    y = b_ref[:, pl.ds(k0, chunk)].astype(jnp.bfloat16)
+    x, y = a_ref[:, pl.ds(k0, chunk)], b_ref[:, pl.ds(k0, chunk)]
+    if not fp8_dots:  # exact bf16 products; else the FP8 MMA's own
+      x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
     return part + lax.dot_general(x, y, (((1,), (1,)), ((), ())),
                                   preferred_element_type=jnp.float32)
 
@@ -130,7 +148,8 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
                          block_k: int = 128,
                          num_warps: int | None = 8, num_stages: int | None = 3,
                          schedule: str = "interval", n_fastest: bool | None = None,
-                         convert_in_kernel: bool = False, interpret: bool = False) -> jax.Array:
+                         convert_in_kernel: bool = False, fp8_dots: bool = False,
+                         interpret: bool = False) -> jax.Array:
   """``Y[b] = sum_j (A_j . Bt_j) * (sa_j sb_j^T)`` over the K intervals j, in float32.
 
   Args:
@@ -155,7 +174,11 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
       between the shared-memory pipeline and the tensor cores); by default they are
       converted by XLA before the kernel (exact; behind ``lax.optimization_barrier`` so
       that XLA cannot fold an f32 -> fp8 -> bf16 round trip away).
-    interpret: run with the Pallas interpreter (CPU).
+    fp8_dots: multiply E4M3 (or E5M2) payloads of one format on the FP8 tensor cores as
+      they are, without a bfloat16 copy: Triton adds each MMA instruction's products (32
+      on Hopper, summed by the tensor core with its alignment and truncation) to the
+      float32 partial sum, so the result is near the exact products', not equal to it.
+    interpret: run with the Pallas interpreter (CPU; the products are then exact).
 
   Returns:
     float32 [B, M, N].
@@ -174,9 +197,10 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
   if sa.shape != (nb, m, n_int) or sb.shape != (nb, n, n_int):
     raise ValueError(f"scales must be [B, M, {n_int}] and [B, N, {n_int}], got {sa.shape} "
                      f"and {sb.shape}")
+  check_fp8_dots(fp8_dots, a.dtype, bt.dtype)
   from jax.experimental import pallas as pl  # lazy: no import-time cost
 
-  if not convert_in_kernel:
+  if not (convert_in_kernel or fp8_dots):
     a, bt = (x if x.dtype == jnp.bfloat16 else lax.optimization_barrier(x).astype(jnp.bfloat16)
              for x in (a, bt))
   bm, bn = _block(m, block_m), _block(n, block_n)
@@ -211,7 +235,7 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
 
   out = pl.pallas_call(
       functools.partial(_kernel, n_int=n_int, chunks=interval // chunk, chunk=chunk,
-                        schedule=schedule),
+                        schedule=schedule, fp8_dots=fp8_dots),
       out_shape=jax.ShapeDtypeStruct((nb, mp, np_), jnp.float32),
       grid=grid,
       in_specs=[
@@ -228,4 +252,5 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
   return out[:, :m, :n]
 
 
-__all__ = ["SCHEDULES", "scaled_matmul_pallas", "supports_interval", "supports_payload"]
+__all__ = ["MMA_FP8", "SCHEDULES", "check_fp8_dots", "fp8_dots_apply", "scaled_matmul_pallas",
+           "supports_interval", "supports_payload"]

@@ -38,7 +38,6 @@ import jax.numpy as jnp
 
 from fp8jax.numerics import blocks, scales
 from fp8jax.numerics import spec as spec_lib
-from fp8jax.quant import qtensor
 
 FORMATS = ("e4m3", "e5m2")  # rounded exactly by Triton's FP8 conversion (sm_90+)
 
@@ -85,8 +84,9 @@ def _kernel(x_ref, q_ref, s_ref, qt_ref, st_ref, *, spec: spec_lib.QuantSpec):
 
 def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
                               num_warps: int = 4, interpret: bool = False
-                              ) -> tuple[qtensor.QTensor, qtensor.QTensor]:
-  """``(quantize(x, spec), quantize(x.T, spec))`` in one pass over ``x``.
+                              ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """The payloads and scales of ``quantize(x, spec)`` and ``quantize(x.T, spec)`` in one
+  pass over ``x``.
 
   Args:
     x: [N, K] float32, bfloat16 or float16, N and K multiples of the tile t.
@@ -95,9 +95,9 @@ def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
     interpret: run in the Pallas interpreter (CPU tests).
 
   Returns:
-    Two QTensors: payload [N, K] with ``scale_inv`` [N, K / t] (1 x t blocks), and
-    payload [K, N] with ``scale_inv`` [K, N / t] (the transpose of the [N / t, K] that the
-    kernel writes; XLA folds it into a consumer that transposes it back).
+    ``(rows [N, K], rows_scale_inv [N, K / t], cols [K, N], cols_scale_inv [N / t, K])``:
+    the rows' payload and float32 scales (1 x t blocks), and those of x^T with its scales
+    one row per interval of t rows (the transpose of ``quantize(x.T).scale_inv``).
   """
   if not supports(tuple(x.shape), spec):
     raise ValueError(
@@ -116,7 +116,7 @@ def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
   if not interpret:
     from jax.experimental.pallas import triton as plgpu
     params = plgpu.CompilerParams(num_warps=num_warps)
-  q, s, qt, st = pl.pallas_call(
+  return pl.pallas_call(
       functools.partial(_kernel, spec=spec),
       out_shape=(jax.ShapeDtypeStruct((n, k), dtype),
                  jax.ShapeDtypeStruct((n, k // t), jnp.float32),
@@ -132,9 +132,6 @@ def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
       interpret=interpret,
       name="fp8jax_quantize_rows_and_columns",
   )(x)
-  in_dtype = jnp.dtype(x.dtype)
-  return (qtensor.QTensor(q, s, (1, t), in_dtype),
-          qtensor.QTensor(qt, jnp.swapaxes(st, 0, 1), (1, t), in_dtype))
 
 
 __all__ = ["FORMATS", "quantize_rows_and_columns", "supports", "tile_of"]

@@ -8,10 +8,10 @@ A: E4M3 1x128 tiles, Bt: E4M3 128x128 blocks (the input and weight roles of
 the old formula (``[M, N, J]`` partial products, float32 HIGHEST einsum): max |diff| /
 max |y|. Times (median over ``--runs`` of 10 back-to-back calls after warm-up, synchronised
 with ``block_until_ready``) the old formula, the XLA loop, the Pallas kernel per
-configuration (``parse_config``) and a plain bf16 ``a @ b.T`` with float32 output; with
-``--chained``, the kernel with one promotion for the whole of K (a bound on its cost).
-With ``$OUT`` set, writes ``$OUT/scaled_matmul_bench.json``. Without a GPU: small shapes,
-the Pallas interpreter.
+configuration (``parse_config``; with FP8 dots too) and a plain bf16 ``a @ b.T`` with
+float32 output; with ``--chained``, the kernel with one promotion for the whole of K (a
+bound on its cost). With ``$OUT`` set, writes ``$OUT/scaled_matmul_bench.json``. Without a
+GPU: small shapes, the Pallas interpreter.
 """
 
 from __future__ import annotations
@@ -55,13 +55,15 @@ def old_einsum(qa, qb):
 def parse_config(cfg):
   """``BMxBNxBKxWARPSxSTAGES`` and letters: b bfloat16 payloads converted before the
   kernel (as ``accumulate.scaled_matmul`` does; else FP8 converted in it), o / f the
-  "overlap" / "flat" schedule, m output tiles along M launched together."""
-  digits = cfg.rstrip("bmof")
+  "overlap" / "flat" schedule, m output tiles along M launched together, q FP8 dots (the
+  payloads as they are on the FP8 tensor cores, ``fp8_dots``; ``GemmConfig.fp8_mma``)."""
+  digits = cfg.rstrip("bmofq")
   bm, bn, bk, warps, stages = (int(v) for v in digits.split("x"))
   flags = cfg[len(digits):]
   schedule = "overlap" if "o" in flags else "flat" if "f" in flags else "interval"
   return dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
-              schedule=schedule, n_fastest=False if "m" in flags else None), "b" in flags
+              schedule=schedule, n_fastest=False if "m" in flags else None,
+              fp8_dots="q" in flags), "b" in flags
 
 
 def pallas_fn(cfg, interpret, interval=128):
@@ -87,7 +89,8 @@ def main():
   p.add_argument("--k", type=int, default=2048 if gpu else 512)
   p.add_argument("--runs", type=int, default=20 if gpu else 3)
   p.add_argument("--configs", default="128x128x128x8x3b,128x128x128x8x3,64x128x128x4x4b,"
-                 "128x64x128x4x4b,128x256x128x8x2b,128x128x128x8x3bo,128x128x64x8x4bf"
+                 "128x64x128x4x4b,128x256x128x8x2b,128x128x128x8x3bo,128x128x64x8x4bf,"
+                 "128x128x128x8x3q,128x128x128x4x4q,64x128x128x4x4q,128x256x128x8x3q"
                  if gpu else "64x64x64x4x3b,32x32x64x4x3",
                  help="Pallas configurations, comma-separated (see parse_config)")
   p.add_argument("--chained", default="128x256x64x8x3b" if gpu else "",

@@ -99,29 +99,27 @@ def main():
       t, times = median_time(fn, [(v,)], runs)
       record(f"xla_{path}_{name}", ms=t * 1e3, times=times)
     for label, rows in (("bench", v), ("wide", _wide(v.shape, 1))):
-      (r, c), (r0, c0) = one_pass(4)(rows), xla["rows_and_transposed"](rows)
-      record(f"same_bits_{name}_{label}", rows_payload=_same(r.data, r0.data),
-             rows_scales=_same(r.scale_inv, r0.scale_inv),
-             transposed_payload=_same(c.data, c0.data),
-             transposed_scales=_same(c.scale_inv, c0.scale_inv),
-             nan_blocks=int(np.isnan(np.asarray(r.scale_inv)).sum()))
+      (q, s, qt, st), (r0, c0) = one_pass(4)(rows), xla["rows_and_transposed"](rows)
+      record(f"same_bits_{name}_{label}", rows_payload=_same(q, r0.data),
+             rows_scales=_same(s, r0.scale_inv), transposed_payload=_same(qt, c0.data),
+             transposed_scales=_same(st.T, c0.scale_inv),
+             nan_blocks=int(np.isnan(np.asarray(s)).sum()))
   t, times = median_time(jax.jit(lambda a: a + 1), [(x,)], runs)
   record("copy_x", ms=t * 1e3, gb_s=x.size * 4 / t / 1e9, times=times)
 
-  def wgrad(a, b, rows_first, fp8_dots=False):
-    return gsp.grouped_scaled_wgrad(a.data, a.scale_inv, b.data, b.scale_inv, padded,
-                                    groups_aligned=True, rows_first=rows_first,
-                                    convert_in_kernel=True, fp8_dots=fp8_dots,
-                                    interpret=interpret)
+  def wgrad(a, sa, b, sb, rows_first, fp8_dots=False):
+    return gsp.grouped_scaled_wgrad(a, sa, b, sb, padded, groups_aligned=True,
+                                    rows_first=rows_first, convert_in_kernel=True,
+                                    fp8_dots=fp8_dots, interpret=interpret)
 
   def old(a, b):
-    qs = xla["rows_and_columns"](a), xla["rows_and_columns"](b)
-    return qs[0][0], qs[1][0], wgrad(qs[0][1], qs[1][1], True)
+    (ra, ca), (rb, cb) = xla["rows_and_columns"](a), xla["rows_and_columns"](b)
+    return ra, rb, wgrad(ca.data, ca.scale_inv, cb.data, cb.scale_inv, True)
 
   def new(a, b, fp8_dots):
-    (ra, ca), (rb, cb) = tq.quantize_rows_and_columns(a, spec, interpret=interpret), \
-        tq.quantize_rows_and_columns(b, spec, interpret=interpret)
-    return ra, rb, wgrad(ca, cb, False, fp8_dots)
+    qa, sa, qta, sta = tq.quantize_rows_and_columns(a, spec, interpret=interpret)
+    qb, sb, qtb, stb = tq.quantize_rows_and_columns(b, spec, interpret=interpret)
+    return (qa, sa), (qb, sb), wgrad(qta, sta.T, qtb, stb.T, False, fp8_dots)
 
   dws = {}
   for name, fn in (("old_rows_first", old), ("new_bf16_dots", lambda a, b: new(a, b, False)),
