@@ -355,6 +355,7 @@ def _scaled_matmul(a, bt, acc, impl, fp8_mma=False):
       fp8_dots = fp8_mma and scaled_matmul_pallas.fp8_dots_apply(a.data.dtype, bt.data.dtype)
       return scaled_matmul_pallas.scaled_matmul_pallas(
           a.data, bt.data, sa, sb, interval=interval, fp8_dots=fp8_dots,
+          **(scaled_matmul_pallas.FP8_DOTS if fp8_dots else {}),
           interpret=jax.default_backend() != "gpu")
     # The barrier keeps XLA:GPU's GEMM rewriter from turning convert(fp8) -> dot into a
     # real FP8 cuBLASLt GEMM, whose own accumulation would replace the simulated one.
