@@ -1,6 +1,6 @@
 """Where the grouped blockwise-scaled Fprop kernel loses its time: a sweep of variants.
 
-    python scripts/bench/grouped_scaled_variants.py [variants,library,tc]   # GPU, ~2 min
+    python scripts/bench/grouped_scaled_variants.py [variants,library,tc,mma]   # GPU, ~2 min
 
 The 2B gate GEMM's Fprop (``_moe_problem``: 16384 tokens x top 7, d 1280, f 896, 63
 experts, Zipf loads), with every group padded to whole 128-row tiles as
@@ -25,7 +25,8 @@ each variant's largest difference from the library kernel as it is now (bf16 out
 expected where the numerics are the recipe's), with the library kernel and the BF16
 grouped GEMM (``grouped_gpu``) timed in the same process. Part ``library``: the library
 kernel per tile, masked and aligned, Fprop and Dgrad; part ``tc``: FP8 dots against the
-FP32 kernel and the tensor-core model, float32 outputs, 2048 tokens.
+FP32 kernel and the tensor-core model, float32 outputs, 2048 tokens; part ``mma``: the
+library kernels with FP8 dots per tile, Fprop, Dgrad and Wgrad (transposed operands).
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from fp8jax.gemm import accumulate, grouped_tensor_core, padding  # noqa: E402
-from fp8jax.kernels import grouped_gpu  # noqa: E402
+from fp8jax.kernels import (
+  grouped_gpu,  # noqa: E402
+  tile_quant_pallas,  # noqa: E402
+)
 from fp8jax.kernels import grouped_matmul_triton as gmp  # noqa: E402
 from fp8jax.kernels import grouped_scaled_pallas as gsp  # noqa: E402
 from fp8jax.numerics import roles as roles_lib  # noqa: E402
@@ -244,6 +248,49 @@ def part_library(gpu: bool):
               same_bits_as_first=bool(jnp.all(out == want)))
 
 
+MMA_ROWS = (gsp.ROWS, gsp.Blocks(128, 128, 128, 8, 3), gsp.Blocks(128, 128, 128, 4, 4),
+            gsp.Blocks(64, 128, 128, 4, 3), gsp.Blocks(128, 256, 128, 8, 3),
+            gsp.Blocks(64, 256, 128, 8, 3), gsp.Blocks(64, 64, 128, 4, 4))
+MMA_WGRAD = (gsp.WGRAD, gsp.Blocks(128, 128, 128, 4, 4), gsp.Blocks(64, 128, 128, 4, 4),
+             gsp.Blocks(128, 256, 128, 8, 3), gsp.Blocks(256, 128, 128, 8, 3),
+             gsp.Blocks(128, 128, 64, 4, 4))
+
+
+def _tag(b: gsp.Blocks) -> str:
+  return f"{b.m}x{b.n}x{b.k}w{b.num_warps}s{b.num_stages}"
+
+
+def _time_or_error(name, fn, args, flop):
+  try:
+    _time(name, fn, args, flop)
+  except Exception as err:  # noqa: BLE001 - a tile that fails to compile
+    record(name, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+
+
+def part_mma(gpu: bool):
+  """FP8 dots (``fp8_dots``; ``GemmConfig.fp8_mma``) per tile: Fprop and Dgrad on aligned
+  groups, and Wgrad on the transposed operands of the one-pass quantization."""
+  x, dy, gate, padded, flop = _problem(16384, gpu)
+  small = (gsp.Blocks(32, 32, 32),)
+  for name, rows, w_t in (("fprop", x, jnp.swapaxes(gate, 1, 2)), ("dgrad", dy, gate)):
+    rq, wq = _operands(rows, w_t)
+    args = (rq.data, rq.scale_inv, wq.data, wq.scale_inv, padded)
+    for blocks in MMA_ROWS if gpu else small:
+      fn = jax.jit(lambda a, sa, b, sb, s, blocks=blocks: gsp.grouped_scaled_matmul(
+          a, sa, b, sb, s, transpose_b=True, out_dtype=jnp.bfloat16, blocks=blocks,
+          groups_aligned=True, convert_in_kernel=True, fp8_dots=True, interpret=not gpu))
+      _time_or_error(f"mma_{name}_{_tag(blocks)}", fn, args, flop)
+  both = jax.jit(lambda v: tile_quant_pallas.quantize_rows_and_columns(
+      v, ROLES.input, interpret=not gpu))
+  (*_, xt, sxt), (*_, dyt, sdyt) = both(x), both(dy)
+  args = (xt, sxt.T, dyt, sdyt.T, padded)
+  for blocks in MMA_WGRAD if gpu else small:
+    fn = jax.jit(lambda a, sa, b, sb, s, blocks=blocks: gsp.grouped_scaled_wgrad(
+        a, sa, b, sb, s, groups_aligned=True, blocks=blocks, convert_in_kernel=True,
+        fp8_dots=True, interpret=not gpu))
+    _time_or_error(f"mma_wgrad_{_tag(blocks)}", fn, args, flop)
+
+
 def part_tensor_core(gpu: bool):
   """FP8 x FP8 tensor-core dots per interval of 128 (the hardware's accumulator) against
   the tensor-core model (``grouped_tensor_core.rows_product``, ``accumulate.HOPPER``)
@@ -271,7 +318,8 @@ def main():
   gpu = jax.default_backend() == "gpu"  # elsewhere: small problems, interpreted
   parts = sys.argv[1].split(",") if len(sys.argv) > 1 else ["variants", "library", "tc"]
   for part in parts:
-    {"variants": part_variants, "library": part_library, "tc": part_tensor_core}[part](gpu)
+    {"variants": part_variants, "library": part_library, "tc": part_tensor_core,
+     "mma": part_mma}[part](gpu)
   if os.environ.get("OUT"):
     path = pathlib.Path(os.environ["OUT"]) / "grouped_scaled_variants.json"
     path.write_text(json.dumps({"device": jax.devices()[0].device_kind,

@@ -7,7 +7,7 @@ experts, groups padded to 128 rows) X [N, 1280] and dY [N, 896] (bf16) are quant
 ``gemm:fp32_blockwise`` needs them (E4M3, 1 x 128 tiles along each GEMM's contraction):
 
 * ``one_pass``: :func:`fp8jax.kernels.tile_quant_pallas.quantize_rows_and_columns` (num_warps
-  4 and 8), against XLA: ``qtensor.quantize`` for the rows plus
+  2, 4 and 8), against XLA: ``qtensor.quantize`` for the rows plus
   ``transpose.quantize_columns`` (rows first, what the Wgrad used) or
   ``transpose.quantize_swapped`` (transposed);
 * ``same_bits``: the kernel's payloads and scales against XLA's, on the benchmark rows and on
@@ -92,7 +92,7 @@ def main():
                                                    transpose.quantize_swapped(a, spec)))}
   for name, v in (("x", x), ("dy", dy)):
     mb = v.size * 4 / 1e6  # bf16 read, two 8-bit payloads written
-    for warps in (4, 8):
+    for warps in (2, 4, 8):
       t, times = median_time(one_pass(warps), [(v,)], runs)
       record(f"one_pass_{name}_w{warps}", ms=t * 1e3, gb_s=mb / t / 1e3, times=times)
     for path, fn in xla.items():
