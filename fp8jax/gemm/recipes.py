@@ -10,9 +10,10 @@ name                recipe
                     and dY, 128x128 blocks for W, FP32 scales, FP32 accumulation
 ``hopper_blockwise`` the same with the Hopper tensor-core accumulator model (promotion
                     every 128; see ``fp8jax.gemm.accumulate``)
-``fp32_blockwise_mma`` ``fp32_blockwise`` with the experts' Fprop and Dgrad products on
-                    the FP8 tensor cores (``GemmConfig.fp8_mma``: FP32 promotion after
-                    each MMA instruction, near but not bit for bit the exact FP32 sums)
+``fp32_blockwise_mma`` ``fp32_blockwise`` with every kernel's products (dense and experts,
+                    Fprop, Dgrad, Wgrad) on the FP8 tensor cores (``GemmConfig.fp8_mma``:
+                    FP32 promotion after each MMA instruction, near but not bit for bit
+                    the exact FP32 sums)
 ``fp8_tensor``      per-tensor current scaling, E4M3 for X and W, E5M2 for dY (Transformer
                     Engine's Float8CurrentScaling with the HYBRID format)
 ``mxfp8``           MXFP8 for every operand: E4M3, 1x32, E8M0 scales rounded up (the MXFP8
