@@ -160,14 +160,15 @@ def test_padded_rows_quantized_once_for_both_gemms(mma, monkeypatch):
     return (y, *vjp(grads))
 
   calls = []
-  _spy(monkeypatch, grouped.tile_quant_pallas, "quantize_rows_and_columns", calls)
+  _spy(monkeypatch, grouped.grouped_operands.tile_quant_pallas, "quantize_rows_and_columns",
+       calls)
   _spy(monkeypatch, grouped.grouped_scaled_pallas, "grouped_scaled_wgrad", calls,
        "rows_first", "fp8_dots")
   got = run(128)
   assert calls == [("quantize_rows_and_columns",)] * 2 + [("grouped_scaled_wgrad", False, mma)]
   calls.clear()
   with monkeypatch.context() as m:
-    m.setattr(grouped, "_one_pass", lambda *a: False)
+    m.setattr(grouped.grouped_operands, "one_pass", lambda *a: False)
     want = run(128)
   assert calls == [("grouped_scaled_wgrad", not mma, mma)]  # fp8_mma: transposed operands
   for g, r, what in zip(got, want, ("y", "dx", "dw"), strict=True):

@@ -127,8 +127,12 @@ def test_fp8_dots_take_the_payloads_as_they_are(monkeypatch):
   assert kernel.fp8_dots_apply(jnp.float8_e5m2, jnp.float8_e5m2)
   assert not kernel.fp8_dots_apply(jnp.float8_e4m3fn, jnp.float8_e5m2)
   assert not kernel.fp8_dots_apply(jnp.bfloat16, jnp.bfloat16)
+  assert not kernel.fp8_dots_apply(jnp.float8_e4m3fn, jnp.float8_e4m3fn, 16)  # dots of 16
   s = jnp.ones((1, 16, 1), jnp.float32)
   a = jnp.zeros((1, 16, 128), jnp.float8_e4m3fn)
   for other in (a.astype(jnp.float8_e5m2), a.astype(jnp.bfloat16)):
     with pytest.raises(ValueError, match="fp8_dots needs E4M3 or E5M2 payloads of one format"):
       kernel.scaled_matmul_pallas(a, other, s, s, fp8_dots=True, interpret=True)
+  with pytest.raises(ValueError, match="fp8_dots needs dots of at least 32 elements of K, got 16"):
+    kernel.scaled_matmul_pallas(a, a, jnp.ones((1, 16, 8)), jnp.ones((1, 16, 8)), interval=16,
+                                fp8_dots=True, interpret=True)

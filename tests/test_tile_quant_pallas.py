@@ -86,3 +86,26 @@ def test_refuses_what_it_does_not_handle():
   assert tq.supports((128, 256), spec) and not tq.supports((2, 128, 256), spec)
   assert jax.eval_shape(lambda v: tq.quantize_rows_and_columns(v, spec, interpret=True)[3],
                         x[:, :128]).shape == (2, 128)
+
+
+def test_older_gpus_keep_the_separate_quantizations(monkeypatch):
+  """Below compute capability 9.0 Triton's FP8 conversion is not round to nearest even, so
+  the grouped GEMM does not take the one-pass kernel there (and the kernel refuses to run);
+  FP8 dots need 8.9."""
+  from fp8jax.gemm import grouped_operands
+  from fp8jax.kernels import placement
+  from fp8jax.kernels import scaled_matmul_pallas as smp
+
+  cfg = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
+  assert grouped_operands.one_pass(cfg, 128, 256, 256, 128) and tq.rounds_exactly()
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  for cc, exact, dots in (((8, 0), False, False), ((8, 9), False, True), ((9, 0), True, True)):
+    monkeypatch.setattr(placement, "compute_capability", lambda cc=cc: cc)
+    assert tq.rounds_exactly() is exact
+    assert grouped_operands.one_pass(cfg, 128, 256, 256, 128) is exact
+    assert smp.fp8_dots_apply(jnp.float8_e4m3fn, jnp.float8_e4m3fn) is dots
+    assert grouped_operands.fp8_wgrad(cfg) is dots
+  monkeypatch.setattr(placement, "compute_capability", lambda: (8, 0))
+  spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.tile(128))
+  with pytest.raises(ValueError, match="compute capability 9.0"):
+    tq.quantize_rows_and_columns(jnp.zeros((128, 128)), spec)

@@ -352,7 +352,8 @@ def _scaled_matmul(a, bt, acc, impl, fp8_mma=False):
   if acc.mode == "fp32":
     if fp32_impl(interval, (a.data.dtype, bt.data.dtype), impl) == "pallas":
       # The payloads go to the kernel as they are (a custom call: no GEMM rewriting).
-      fp8_dots = fp8_mma and scaled_matmul_pallas.fp8_dots_apply(a.data.dtype, bt.data.dtype)
+      fp8_dots = fp8_mma and scaled_matmul_pallas.fp8_dots_apply(a.data.dtype, bt.data.dtype,
+                                                                  interval)
       return scaled_matmul_pallas.scaled_matmul_pallas(
           a.data, bt.data, sa, sb, interval=interval, fp8_dots=fp8_dots,
           **(scaled_matmul_pallas.FP8_DOTS if fp8_dots else {}),

@@ -18,12 +18,13 @@ through the grouped blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled
 where the scales are float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3): ``config.impl``
 "auto" takes it on one GPU, "xla" never, "pallas" wherever the scales suit it (interpreted
 off GPU). The two differ by float32 rounding (per-element against per-interval scaling).
+On the kernels in the padded layout, X and dY are each quantized for both of their GEMMs in
+one read (:mod:`fp8jax.gemm.grouped_operands`).
 
 With the tensor-core accumulation model the three GEMMs run through
 :mod:`fp8jax.gemm.grouped_tensor_core` (always XLA): every expert's rows of Y and dX and
 every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit for bit,
 wherever the rows' scales are the same (not the per-tensor levels all experts share).
-In the padded layout X and dY are each quantized for both GEMMs in one read (:func:`_one_pass`).
 
 Each expert's weight is quantized as a tensor of its own (its own per-tensor level with
 two-level NVFP4 scales); the rows X and dY share one per-tensor level over all experts.
@@ -40,9 +41,9 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_tensor_core, hadamard, padding, transpose
+from fp8jax.gemm import grouped_operands, grouped_tensor_core, hadamard, padding, transpose
 from fp8jax.gemm.tiled import tiled_matmul  # noqa: F401  (also this module's API)
-from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas, placement, tile_quant_pallas
+from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
 
@@ -83,8 +84,7 @@ def _kernel_interval(cfg: gemm_lib.GemmConfig, a, b) -> int:
   (:mod:`fp8jax.kernels.grouped_scaled_pallas`), else 0: ``cfg.impl`` "pallas", or "auto"
   on one GPU; FP32 accumulation, one-level float32 scales in 1 x I tiles along the
   contraction for ``a`` and ``[c, I]`` blocks (c = 1 or I) for ``b``."""
-  if _tensor_core(cfg) or cfg.impl == "xla" or (
-      cfg.impl == "auto" and not placement.kernels_allowed()):
+  if not grouped_operands.kernels_on(cfg):
     return 0
   ok = all(q.tensor_scale_inv is None and q.scale_inv.dtype == jnp.float32
            and grouped_scaled_pallas.smp.supports_payload(q.data.dtype) for q in (a, b))
@@ -107,12 +107,14 @@ def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int, cfg):
   float32 accumulator rounded once to ``out_dtype`` as it is stored; groups laid out at
   ``layout`` rows (whole row tiles where it is a multiple of the tile's); with
   ``cfg.fp8_mma`` the products on the FP8 tensor cores where both payloads share a format."""
-  return grouped_scaled_pallas.grouped_scaled_matmul(
+  gsp = grouped_scaled_pallas
+  fp8 = cfg.fp8_mma and gsp.smp.fp8_dots_apply(aq.data.dtype, bq.data.dtype, interval)
+  blocks = gsp.ROWS_FP8 if fp8 else gsp.ROWS
+  return gsp.grouped_scaled_matmul(
       aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
-      interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype,
-      groups_aligned=layout % grouped_scaled_pallas.ROWS.m == 0, convert_in_kernel=True,
-      fp8_dots=cfg.fp8_mma and grouped_scaled_pallas.smp.fp8_dots_apply(
-          aq.data.dtype, bq.data.dtype), interpret=_interpret())
+      interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype, blocks=blocks,
+      groups_aligned=layout % blocks.m == 0, convert_in_kernel=True, fp8_dots=fp8,
+      interpret=_interpret())
 
 
 def _weight_q(w_t, spec):
@@ -164,46 +166,13 @@ def _fprop(x, w, sizes, cfg, layout, xq=None):
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
-def _one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> bool:
-  """Whether X and dY are each quantized for both of their GEMMs in one read (the same
-  bits as apart; :func:`_both_ways`): all FP8, FP32 accumulation, :func:`_rows_first`, the
-  kernels allowed, one tile spec the kernel takes and groups of whole tiles. The forward
-  pass then keeps X^T's quantization (8 bits) instead of X."""
-  r, tq = cfg.roles, tile_quant_pallas
-  t = tq.tile_of(r.input)
-  return (cfg.fprop == cfg.dgrad == cfg.wgrad == "fp8" and not _tensor_core(cfg)
-          and _rows_first(cfg) and cfg.impl != "xla" and t is not None
-          and (cfg.impl == "pallas" or placement.kernels_allowed())
-          and tq.tile_of(r.grad) == t and layout % t == 0
-          and tq.supports((n, k), r.input) and tq.supports((n, f), r.grad))
-
-
-def _both_ways(x, spec):
-  """``quantize(x, spec)`` and ``quantize(x.T, spec)`` from one kernel
-  (:func:`tile_quant_pallas.quantize_rows_and_columns`)."""
-  t = tile_quant_pallas.tile_of(spec)
-  q, s, qt, st = tile_quant_pallas.quantize_rows_and_columns(x, spec, interpret=_interpret())
-  return (qtensor.QTensor(q, s, (1, t), x.dtype),
-          qtensor.QTensor(qt, jnp.swapaxes(st, 0, 1), (1, t), x.dtype))
-
-
 def _fwd(x, w, sizes, cfg, layout):
   x = _buffers(x)
-  if _one_pass(cfg, layout, *x.shape, w.shape[-1]):
-    xq, xtq = _both_ways(x, cfg.roles.input)
+  if grouped_operands.one_pass(cfg, layout, *x.shape, w.shape[-1]):
+    xq, xtq = grouped_operands.both_ways(x, cfg.roles.input)
     y = _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, xq)
     return y.astype(x.dtype), (xtq, w, sizes)
   return _forward(x, w, sizes, cfg, layout), (x, w, sizes)
-
-
-def _rows_first(cfg: gemm_lib.GemmConfig) -> bool:
-  """Whether Wgrad's operands stay in the rows' layout, X [N, K] and dY [N, F] quantized in
-  blocks of rows (:func:`transpose.quantize_columns`), instead of being transposed: the
-  requant policy without a Hadamard transform, rounding to nearest, without a noise control
-  (whose noise, like stochastic rounding's bits, is drawn in the layout quantized)."""
-  specs = (cfg.roles.input, cfg.roles.grad)
-  return (cfg.transpose == "requant" and not cfg.wgrad_hadamard
-          and all(s.rounding == "nearest" and not s.noise_control for s in specs))
 
 
 def _swap_blocks(q: qtensor.QTensor) -> qtensor.QTensor:
@@ -213,9 +182,8 @@ def _swap_blocks(q: qtensor.QTensor) -> qtensor.QTensor:
 
 def _wgrad_fp32(x, dy, sizes, cfg, layout):
   """dW [E, K, F] with FP32 accumulation, on groups padded to whole token tiles and Hadamard
-  blocks (:func:`_wgrad_operands`); with ``fp8_mma`` the operands transposed, as the FP8
-  MMA reads them."""
-  rows_first = _rows_first(cfg) and not cfg.fp8_mma
+  blocks (:func:`_wgrad_operands`); transposed where the kernel multiplies FP8 payloads."""
+  rows_first = grouped_operands.rows_first(cfg) and not grouped_operands.fp8_wgrad(cfg)
   a, b, sizes = _wgrad_operands(x, dy, sizes, cfg, layout, rows_first)
   return _wgrad_quantized(a, b, sizes, cfg, layout, rows_first)
 
@@ -231,7 +199,7 @@ def _wgrad_quantized(a, b, sizes, cfg, layout, rows_first: bool = False):
         a.data, a.scale_inv, b.data, b.scale_inv, sizes, interval=interval,
         groups_aligned=True, rows_first=rows_first, convert_in_kernel=True,
         fp8_dots=cfg.fp8_mma and grouped_scaled_pallas.smp.fp8_dots_apply(
-            a.data.dtype, b.data.dtype), interpret=_interpret())
+            a.data.dtype, b.data.dtype, interval), interpret=_interpret())
   if rows_first:
     return _wgrad_product(_deq(a), _deq(b), sizes)
   return _wgrad_product(jnp.swapaxes(_deq(a), 0, 1), jnp.swapaxes(_deq(b), 0, 1), sizes)
@@ -272,7 +240,7 @@ def _wgrad_operands(x, dy, sizes, cfg, layout, rows_first: bool = False):
     cfg: the GEMM config (roles, transpose policy, Hadamard transform, accumulation).
     layout: the row multiple of the rows as given: 1, or a multiple of the padding's.
     rows_first: return the same quantization untransposed, X [N_pad, K] and dY [N_pad, F]
-      (:func:`_rows_first` configs only).
+      (``grouped_operands.rows_first`` configs only).
 
   Returns:
     ``(xt, dyt, sizes_pad [E])``, two QTensors and the group sizes in their layout.
@@ -327,8 +295,8 @@ def _dgrad(dyq, w, sizes, cfg, layout, dtype):
 def _bwd(cfg, layout, res, dy):
   x, w, real_sizes = res
   sizes = _layout_sizes(real_sizes, layout)
-  if isinstance(x, qtensor.QTensor):  # _one_pass: x is X^T as quantized for Wgrad
-    dyq, dytq = _both_ways(_buffers(dy), cfg.roles.grad)
+  if isinstance(x, qtensor.QTensor):  # one_pass: x is X^T as quantized for Wgrad
+    dyq, dytq = grouped_operands.both_ways(_buffers(dy), cfg.roles.grad)
     dx = _dgrad(dyq, w, sizes, cfg, layout, x.dtype)
     return dx.astype(x.dtype), _wgrad_quantized(x, dytq, sizes, cfg, layout).astype(
         w.dtype), None

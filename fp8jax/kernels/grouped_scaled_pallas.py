@@ -234,7 +234,7 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                      f"shape {b.shape} (transpose_b={transpose_b})")
   blocks = blocks or (ROWS_FP8 if fp8_dots else ROWS)
   chunk = _chunk(interval, blocks, (a, b))
-  smp.check_fp8_dots(fp8_dots, a.dtype, b.dtype)
+  smp.check_fp8_dots(fp8_dots, a.dtype, b.dtype, chunk)
   n_int, n_sb = _cdiv(k, interval), _cdiv(f, b_block_n)
   want_sb = (e, n_sb, n_int) if transpose_b else (e, n_int, n_sb)
   if a_scale_inv.shape != (n, n_int) or b_scale_inv.shape != want_sb:
@@ -363,7 +363,7 @@ def grouped_scaled_wgrad(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
                      f"{group_sizes.shape}")
   blocks = blocks or (WGRAD_FP8 if fp8_dots else WGRAD)
   chunk = _chunk(interval, blocks, (a, b))
-  smp.check_fp8_dots(fp8_dots, a.dtype, b.dtype)
+  smp.check_fp8_dots(fp8_dots, a.dtype, b.dtype, chunk)
   n, kd, fd, e = a.shape[rows], a.shape[1 - rows], b.shape[1 - rows], group_sizes.shape[0]
   n_int = _cdiv(n, interval)
   want_a, want_b = ((n_int, kd), (n_int, fd)) if rows_first else ((kd, n_int), (fd, n_int))

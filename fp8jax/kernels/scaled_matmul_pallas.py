@@ -62,17 +62,31 @@ FP8_DOTS = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
 takes 0.263 ms with bfloat16 products (``scripts/bench/scaled_matmul.py``)."""
 
 
-def fp8_dots_apply(a_dtype, b_dtype) -> bool:
-  """Whether payloads of these dtypes can go to the FP8 tensor cores: one format of
-  :data:`MMA_FP8` for both."""
-  return jnp.dtype(a_dtype) == jnp.dtype(b_dtype) and jnp.dtype(a_dtype) in MMA_FP8
+def fp8_dots_apply(a_dtype, b_dtype, interval: int = _CHUNK) -> bool:
+  """Whether payloads of these dtypes can go to the FP8 tensor cores here: one format of
+  :data:`MMA_FP8` for both, dots of at least 32 elements of K (one Hopper FP8 MMA; an
+  interval of 16 would make them shorter), and off GPU (interpreted: exact products) or on
+  a GPU of compute capability 8.9 or newer."""
+  if not (jnp.dtype(a_dtype) == jnp.dtype(b_dtype) and jnp.dtype(a_dtype) in MMA_FP8
+          and min(interval, _CHUNK) >= 32):
+    return False
+  if jax.default_backend() != "gpu":
+    return True
+  from fp8jax.kernels import placement
+
+  cc = placement.compute_capability()
+  return cc is not None and cc >= (8, 9)
 
 
-def check_fp8_dots(fp8_dots: bool, a_dtype, b_dtype) -> None:
-  """A ValueError naming both dtypes where ``fp8_dots`` is asked for and cannot apply."""
-  if fp8_dots and not fp8_dots_apply(a_dtype, b_dtype):
+def check_fp8_dots(fp8_dots: bool, a_dtype, b_dtype, chunk: int = _CHUNK) -> None:
+  """A ValueError naming the dtypes (or the dot's length) where ``fp8_dots`` is asked for
+  and cannot apply."""
+  if fp8_dots and not (jnp.dtype(a_dtype) == jnp.dtype(b_dtype)
+                       and jnp.dtype(a_dtype) in MMA_FP8):
     raise ValueError(f"fp8_dots needs E4M3 or E5M2 payloads of one format, got "
                      f"{jnp.dtype(a_dtype)} and {jnp.dtype(b_dtype)}")
+  if fp8_dots and chunk < 32:
+    raise ValueError(f"fp8_dots needs dots of at least 32 elements of K, got {chunk}")
 
 
 def _block(size: int, block: int) -> int:
@@ -203,7 +217,7 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
   if sa.shape != (nb, m, n_int) or sb.shape != (nb, n, n_int):
     raise ValueError(f"scales must be [B, M, {n_int}] and [B, N, {n_int}], got {sa.shape} "
                      f"and {sb.shape}")
-  check_fp8_dots(fp8_dots, a.dtype, bt.dtype)
+  check_fp8_dots(fp8_dots, a.dtype, bt.dtype, min(interval, block_k))
   from jax.experimental import pallas as pl  # lazy: no import-time cost
 
   if not (convert_in_kernel or fp8_dots):

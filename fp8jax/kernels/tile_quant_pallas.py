@@ -24,7 +24,7 @@ converts with ``cvt.rn.satfinite``, round to nearest even; see
 min and max drop it). Both results equal ``qtensor.quantize(x, spec)`` and
 ``qtensor.quantize(x.T, spec)`` bit for bit where the backend's float32 division does, as
 the fused fake-quant kernel does (``tests/test_tile_quant_pallas.py`` on the CPU;
-``scripts/bench/tile_quant.py`` on the GPU).
+``scripts/bench/tile_quant.py`` on the GPU, with E4M3: the recipes' format).
 
 Pallas is imported when the kernel is called; on CPU pass ``interpret=True``.
 """
@@ -62,6 +62,18 @@ def supports(shape: tuple[int, ...], spec: spec_lib.QuantSpec) -> bool:
   t = tile_of(spec)
   return (t is not None and len(shape) == 2 and shape[0] > 0 and shape[1] > 0
           and shape[0] % t == 0 and shape[1] % t == 0)
+
+
+def rounds_exactly() -> bool:
+  """Whether the kernel's FP8 conversion rounds to nearest even here: off GPU (interpreted,
+  XLA's conversion) or on compute capability 9.0 or newer (below it Triton converts
+  through float16 rounded toward zero)."""
+  if jax.default_backend() != "gpu":
+    return True
+  from fp8jax.kernels import placement
+
+  cc = placement.compute_capability()
+  return cc is not None and cc >= (9, 0)
 
 
 def _payload(v, fmt):
@@ -107,6 +119,9 @@ def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
   if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype).itemsize == 1:
     raise TypeError(f"quantize_rows_and_columns needs a 16- or 32-bit float input, got "
                     f"{x.dtype}")
+  if not interpret and not rounds_exactly():
+    raise ValueError("quantize_rows_and_columns needs a GPU of compute capability 9.0 or "
+                     "newer, where Triton's FP8 conversion rounds to nearest even")
   from jax.experimental import pallas as pl
 
   t = tile_of(spec)
@@ -134,4 +149,4 @@ def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
   )(x)
 
 
-__all__ = ["FORMATS", "quantize_rows_and_columns", "supports", "tile_of"]
+__all__ = ["FORMATS", "quantize_rows_and_columns", "rounds_exactly", "supports", "tile_of"]

@@ -47,10 +47,7 @@ from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from fp8jax.gemm import accumulate, grouped_tensor_core, padding  # noqa: E402
-from fp8jax.kernels import (
-  grouped_gpu,  # noqa: E402
-  tile_quant_pallas,  # noqa: E402
-)
+from fp8jax.kernels import grouped_gpu, tile_quant_pallas  # noqa: E402
 from fp8jax.kernels import grouped_matmul_triton as gmp  # noqa: E402
 from fp8jax.kernels import grouped_scaled_pallas as gsp  # noqa: E402
 from fp8jax.numerics import roles as roles_lib  # noqa: E402
@@ -260,9 +257,13 @@ def _tag(b: gsp.Blocks) -> str:
   return f"{b.m}x{b.n}x{b.k}w{b.num_warps}s{b.num_stages}"
 
 
-def _time_or_error(name, fn, args, flop):
+def _time_or_error(name, fn, args, flop, first: list):
+  """Times ``fn`` and records whether its output has the bits of the first tile's."""
   try:
-    _time(name, fn, args, flop)
+    out = fn(*args)
+    if not first:
+      first.append(out)
+    _time(name, fn, args, flop, same_bits_as_first=bool(jnp.all(out == first[0])))
   except Exception as err:  # noqa: BLE001 - a tile that fails to compile
     record(name, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
 
@@ -275,20 +276,22 @@ def part_mma(gpu: bool):
   for name, rows, w_t in (("fprop", x, jnp.swapaxes(gate, 1, 2)), ("dgrad", dy, gate)):
     rq, wq = _operands(rows, w_t)
     args = (rq.data, rq.scale_inv, wq.data, wq.scale_inv, padded)
+    first = []
     for blocks in MMA_ROWS if gpu else small:
       fn = jax.jit(lambda a, sa, b, sb, s, blocks=blocks: gsp.grouped_scaled_matmul(
           a, sa, b, sb, s, transpose_b=True, out_dtype=jnp.bfloat16, blocks=blocks,
           groups_aligned=True, convert_in_kernel=True, fp8_dots=True, interpret=not gpu))
-      _time_or_error(f"mma_{name}_{_tag(blocks)}", fn, args, flop)
+      _time_or_error(f"mma_{name}_{_tag(blocks)}", fn, args, flop, first)
   both = jax.jit(lambda v: tile_quant_pallas.quantize_rows_and_columns(
       v, ROLES.input, interpret=not gpu))
   (*_, xt, sxt), (*_, dyt, sdyt) = both(x), both(dy)
   args = (xt, sxt.T, dyt, sdyt.T, padded)
+  first = []
   for blocks in MMA_WGRAD if gpu else small:
     fn = jax.jit(lambda a, sa, b, sb, s, blocks=blocks: gsp.grouped_scaled_wgrad(
         a, sa, b, sb, s, groups_aligned=True, blocks=blocks, convert_in_kernel=True,
         fp8_dots=True, interpret=not gpu))
-    _time_or_error(f"mma_wgrad_{_tag(blocks)}", fn, args, flop)
+    _time_or_error(f"mma_wgrad_{_tag(blocks)}", fn, args, flop, first)
 
 
 def part_tensor_core(gpu: bool):

@@ -1,0 +1,80 @@
+"""How the grouped GEMM's row operands are laid out and quantized for its kernels.
+
+X (forward) and dY (backward) each enter two GEMMs of :func:`fp8jax.gemm.grouped.fp8_ragged_dot`:
+Fprop or Dgrad read them in 1 x t tiles along their columns, Wgrad in 1 x t tiles along the
+tokens. Wgrad's quantization can stay in the rows' layout (:func:`rows_first`, no transposed
+copy) or be transposed, the layout the FP8 tensor cores read (:func:`fp8_wgrad`). In the
+padded layout on the kernels, :func:`one_pass` quantizes each operand both ways in one read
+(:mod:`fp8jax.kernels.tile_quant_pallas`), with the bits of the separate quantizations.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax.gemm import dense as gemm_lib
+from fp8jax.kernels import placement, tile_quant_pallas
+from fp8jax.kernels import scaled_matmul_pallas as smp
+from fp8jax.quant import qtensor
+
+
+def kernels_on(cfg: gemm_lib.GemmConfig) -> bool:
+  """Whether ``cfg``'s products may run in the Pallas kernels here: FP32 accumulation and
+  ``impl`` "pallas" (interpreted off GPU), or "auto" on one GPU."""
+  return cfg.accumulation.mode == "fp32" and (
+      cfg.impl == "pallas" or (cfg.impl == "auto" and placement.kernels_allowed()))
+
+
+def rows_first(cfg: gemm_lib.GemmConfig) -> bool:
+  """Whether Wgrad's operands may stay in the rows' layout, X [N, K] and dY [N, F] quantized
+  in blocks of rows (``transpose.quantize_columns``) instead of transposed: the requant
+  policy without a Hadamard transform, rounding to nearest, without a noise control (whose
+  noise, like stochastic rounding's bits, is drawn in the layout quantized). Also the
+  condition of :func:`one_pass`."""
+  specs = (cfg.roles.input, cfg.roles.grad)
+  return (cfg.transpose == "requant" and not cfg.wgrad_hadamard
+          and all(s.rounding == "nearest" and not s.noise_control for s in specs))
+
+
+def _tile(cfg: gemm_lib.GemmConfig) -> int | None:
+  """The one 1 x t tile spec of X and dY that the one-pass kernel takes, else None."""
+  t = tile_quant_pallas.tile_of(cfg.roles.input)
+  return t if t is not None and tile_quant_pallas.tile_of(cfg.roles.grad) == t else None
+
+
+def fp8_wgrad(cfg: gemm_lib.GemmConfig) -> bool:
+  """Whether Wgrad's kernel multiplies the FP8 payloads (``cfg.fp8_mma``): the operands
+  then come transposed, the layout the FP8 MMA reads (rows first, Triton transposes them
+  and the 2B Wgrad took 3.5 against 1.4 ms)."""
+  t = _tile(cfg)
+  r = cfg.roles
+  return (cfg.fp8_mma and kernels_on(cfg) and t is not None
+          and smp.fp8_dots_apply(r.input.fmt.storage_dtype, r.grad.fmt.storage_dtype, t))
+
+
+def one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> bool:
+  """Whether X [N, K] and dY [N, F] are each quantized for both of their GEMMs in one read
+  (:func:`both_ways`): all three directions in FP8 on the kernels, :func:`rows_first`, one
+  tile spec the kernel takes for both, groups laid out at whole tiles (``layout``, the
+  model's padding) and a conversion that rounds as XLA's does. The forward pass then keeps
+  X^T's 8-bit quantization for Wgrad instead of X."""
+  t = _tile(cfg)
+  r, tq = cfg.roles, tile_quant_pallas
+  return (cfg.fprop == cfg.dgrad == cfg.wgrad == "fp8" and kernels_on(cfg)
+          and rows_first(cfg) and t is not None and layout % t == 0
+          and tq.supports((n, k), r.input) and tq.supports((n, f), r.grad)
+          and tq.rounds_exactly())
+
+
+def both_ways(x: jax.Array, spec) -> tuple[qtensor.QTensor, qtensor.QTensor]:
+  """``quantize(x, spec)`` and ``quantize(x.T, spec)`` for x [N, K], from one kernel
+  (interpreted off GPU)."""
+  t = tile_quant_pallas.tile_of(spec)
+  q, s, qt, st = tile_quant_pallas.quantize_rows_and_columns(
+      x, spec, interpret=jax.default_backend() != "gpu")
+  return (qtensor.QTensor(q, s, (1, t), x.dtype),
+          qtensor.QTensor(qt, jnp.swapaxes(st, 0, 1), (1, t), x.dtype))
+
+
+__all__ = ["both_ways", "fp8_wgrad", "kernels_on", "one_pass", "rows_first"]
