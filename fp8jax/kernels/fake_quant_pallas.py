@@ -222,8 +222,7 @@ def auto_applies(x_shape: tuple[int, ...], dtype, spec: spec_lib.QuantSpec) -> b
     return False
   if not placement.kernels_allowed():
     return False
-  cc = placement.compute_capability()
-  return cc is not None and cc[0] >= 9
+  return placement.capability_at_least(9)
 
 
 def fake_quant_pallas(x: jax.Array, spec: spec_lib.QuantSpec, *, block_rows: int = 32,

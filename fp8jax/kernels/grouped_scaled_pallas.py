@@ -105,11 +105,6 @@ def _payload(x: jax.Array, convert_in_kernel: bool) -> jax.Array:
   return lax.optimization_barrier(x).astype(jnp.bfloat16)
 
 
-def _mma_operand(v: jax.Array, fp8_dots: bool) -> jax.Array:
-  """A loaded payload tile as the dot takes it: as it is (FP8 MMA) or as bfloat16."""
-  return v if fp8_dots else v.astype(jnp.bfloat16)
-
-
 def _pad_last(x: jax.Array, size: int) -> jax.Array:
   extra = size - x.shape[-1]
   return x if extra == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
@@ -146,15 +141,15 @@ def _rows_kernel(group_ref, start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_
   def dot_chunk(k0):
     k_ok = (k0 + lax.broadcasted_iota(jnp.int32, (1, chunk), 1) < depth) if k_tail else None
     x = _load(a_ref.at[pl.ds(start, bm), pl.ds(k0, chunk)], _and(row_ok, k_ok))
-    x = _mma_operand(x, fp8_dots)
+    x = smp.mma_operand(x, fp8_dots)
     if transpose_b:  # b[g] is [F, K]: load [bn, chunk], contract the last axes
       mask = _and(None if col_ok is None else col_ok.reshape(bn, 1), k_ok)
       y = _load(b_ref.at[g, pl.ds(c * bn, bn), pl.ds(k0, chunk)], mask)
-      return lax.dot_general(x, _mma_operand(y, fp8_dots), (((1,), (1,)), ((), ())),
+      return lax.dot_general(x, smp.mma_operand(y, fp8_dots), (((1,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     mask = _and(None if k_ok is None else k_ok.reshape(chunk, 1), col_ok)  # b[g] is [K, F]
     y = _load(b_ref.at[g, pl.ds(k0, chunk), pl.ds(c * bn, bn)], mask)
-    return jnp.dot(x, _mma_operand(y, fp8_dots), preferred_element_type=jnp.float32)
+    return jnp.dot(x, smp.mma_operand(y, fp8_dots), preferred_element_type=jnp.float32)
 
   def interval_step(jj, acc):
     part = None
@@ -310,7 +305,7 @@ def _wgrad_kernel(start_ref, end_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bl
         x = _load(a_ref.at[pl.ds(i * bm, bm), pl.ds(r0, chunk)], _and(k_ok, rows))
         y = _load(b_ref.at[pl.ds(c * bn, bn), pl.ds(r0, chunk)], _and(f_ok, rows))
         contract = (((1,), (1,)), ((), ()))
-      prod = lax.dot_general(_mma_operand(x, fp8_dots), _mma_operand(y, fp8_dots), contract,
+      prod = lax.dot_general(smp.mma_operand(x, fp8_dots), smp.mma_operand(y, fp8_dots), contract,
                              preferred_element_type=jnp.float32)
       part = prod if part is None else part + prod
     sa = sa_ref[jj, pl.ds(i * bm, bm)]  # scales padded to whole blocks

@@ -20,6 +20,12 @@ def kernels_allowed(backend: str | None = None) -> bool:
   return mesh.empty or mesh.size == 1
 
 
+def capability_at_least(major: int, minor: int = 0) -> bool:
+  """Whether the first device is a CUDA GPU of compute capability (major, minor) or newer."""
+  cc = compute_capability()
+  return cc is not None and cc >= (major, minor)
+
+
 def compute_capability() -> tuple[int, int] | None:
   """(major, minor) of the first device when it is a CUDA GPU, else None."""
   cc = getattr(jax.devices()[0], "compute_capability", None)

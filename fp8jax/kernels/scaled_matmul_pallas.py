@@ -35,6 +35,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from fp8jax.kernels import placement
+
 _CHUNK = 128  # K elements per dot
 
 
@@ -62,27 +64,30 @@ FP8_DOTS = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
 takes 0.263 ms with bfloat16 products (``scripts/bench/scaled_matmul.py``)."""
 
 
+def _mma_pair(a_dtype, b_dtype) -> bool:
+  return jnp.dtype(a_dtype) == jnp.dtype(b_dtype) and jnp.dtype(a_dtype) in MMA_FP8
+
+
+def mma_operand(v: jax.Array, fp8_dots: bool) -> jax.Array:
+  """A loaded payload tile as a kernel's dot takes it: as it is (FP8 MMA) or as bfloat16
+  (exact products)."""
+  return v if fp8_dots else v.astype(jnp.bfloat16)
+
+
 def fp8_dots_apply(a_dtype, b_dtype, interval: int = _CHUNK) -> bool:
   """Whether payloads of these dtypes can go to the FP8 tensor cores here: one format of
   :data:`MMA_FP8` for both, dots of at least 32 elements of K (one Hopper FP8 MMA; an
   interval of 16 would make them shorter), and off GPU (interpreted: exact products) or on
   a GPU of compute capability 8.9 or newer."""
-  if not (jnp.dtype(a_dtype) == jnp.dtype(b_dtype) and jnp.dtype(a_dtype) in MMA_FP8
-          and min(interval, _CHUNK) >= 32):
+  if not (_mma_pair(a_dtype, b_dtype) and min(interval, _CHUNK) >= 32):
     return False
-  if jax.default_backend() != "gpu":
-    return True
-  from fp8jax.kernels import placement
-
-  cc = placement.compute_capability()
-  return cc is not None and cc >= (8, 9)
+  return jax.default_backend() != "gpu" or placement.capability_at_least(8, 9)
 
 
 def check_fp8_dots(fp8_dots: bool, a_dtype, b_dtype, chunk: int = _CHUNK) -> None:
   """A ValueError naming the dtypes (or the dot's length) where ``fp8_dots`` is asked for
   and cannot apply."""
-  if fp8_dots and not (jnp.dtype(a_dtype) == jnp.dtype(b_dtype)
-                       and jnp.dtype(a_dtype) in MMA_FP8):
+  if fp8_dots and not _mma_pair(a_dtype, b_dtype):
     raise ValueError(f"fp8_dots needs E4M3 or E5M2 payloads of one format, got "
                      f"{jnp.dtype(a_dtype)} and {jnp.dtype(b_dtype)}")
   if fp8_dots and chunk < 32:
@@ -119,9 +124,8 @@ def _kernel(a_ref, b_ref, sa_ref, sb_ref, o_ref, *, n_int: int, chunks: int, chu
   def dot_chunk(c, part):
     # A static start (peeled intervals) needs no hint; the Triton lowering refuses one.
     k0 = c * chunk if isinstance(c, int) else pl.multiple_of(c * chunk, chunk)
-    x, y = a_ref[:, pl.ds(k0, chunk)], b_ref[:, pl.ds(k0, chunk)]
-    if not fp8_dots:  # exact bf16 products; else the FP8 MMA's own
-      x, y = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
+    x = mma_operand(a_ref[:, pl.ds(k0, chunk)], fp8_dots)
+    y = mma_operand(b_ref[:, pl.ds(k0, chunk)], fp8_dots)
     return part + lax.dot_general(x, y, (((1,), (1,)), ((), ())),
                                   preferred_element_type=jnp.float32)
 
@@ -272,5 +276,5 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
   return out[:, :m, :n]
 
 
-__all__ = ["MMA_FP8", "SCHEDULES", "check_fp8_dots", "fp8_dots_apply", "scaled_matmul_pallas",
-           "supports_interval", "supports_payload"]
+__all__ = ["MMA_FP8", "SCHEDULES", "check_fp8_dots", "fp8_dots_apply", "mma_operand",
+           "scaled_matmul_pallas", "supports_interval", "supports_payload"]

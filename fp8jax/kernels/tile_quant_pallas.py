@@ -36,10 +36,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from fp8jax.kernels import fake_quant_pallas, placement
 from fp8jax.numerics import blocks, scales
 from fp8jax.numerics import spec as spec_lib
 
-FORMATS = ("e4m3", "e5m2")  # rounded exactly by Triton's FP8 conversion (sm_90+)
+FORMATS = fake_quant_pallas.CAST_FORMATS  # rounded exactly by Triton's FP8 conversion (sm_90+)
 
 
 def tile_of(spec: spec_lib.QuantSpec) -> int | None:
@@ -68,12 +69,7 @@ def rounds_exactly() -> bool:
   """Whether the kernel's FP8 conversion rounds to nearest even here: off GPU (interpreted,
   XLA's conversion) or on compute capability 9.0 or newer (below it Triton converts
   through float16 rounded toward zero)."""
-  if jax.default_backend() != "gpu":
-    return True
-  from fp8jax.kernels import placement
-
-  cc = placement.compute_capability()
-  return cc is not None and cc >= (9, 0)
+  return jax.default_backend() != "gpu" or placement.capability_at_least(9)
 
 
 def _payload(v, fmt):

@@ -39,14 +39,14 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _moe_problem import moe_problem  # noqa: E402
+from _moe_problem import padded_problem  # noqa: E402
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
 import jax  # noqa: E402
 from jax import lax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from fp8jax.gemm import accumulate, grouped_tensor_core, padding  # noqa: E402
+from fp8jax.gemm import accumulate, grouped_tensor_core  # noqa: E402
 from fp8jax.kernels import grouped_gpu, tile_quant_pallas  # noqa: E402
 from fp8jax.kernels import grouped_matmul_triton as gmp  # noqa: E402
 from fp8jax.kernels import grouped_scaled_pallas as gsp  # noqa: E402
@@ -168,21 +168,6 @@ def variants() -> list[Variant]:
   return out
 
 
-def _problem(tokens: int, gpu: bool):
-  """Rows X [N_pad, d] sorted by expert and padded to 128 per group, dY [N_pad, f], the
-  gate weight [E, d, f], padded sizes and the FLOPs of one GEMM on the real rows."""
-  p = moe_problem(tokens) if gpu else moe_problem(64, d=256, f=256, e=4, k=2)
-  ids = p["ids"].reshape(-1)
-  e, top_k = p["gate"].shape[0], p["ids"].shape[1]
-  order = jnp.argsort(ids, stable=True)
-  sizes = jnp.bincount(ids, length=e).astype(jnp.int32)
-  x, padded = padding.pad_groups(jnp.take(p["x"], order // top_k, axis=0), sizes, 128)
-  dy = jax.random.normal(jax.random.key(9), (x.shape[0], p["gate"].shape[2]), jnp.bfloat16)
-  dy, _ = padding.pad_groups(dy[:ids.shape[0]], sizes, 128)
-  flop = 2 * ids.shape[0] * p["gate"].shape[1] * p["gate"].shape[2]
-  return x, dy, p["gate"], padded, flop
-
-
 def _operands(rows, w_t):
   """Quantized rows [N, K] (1 x 128 tiles) and weights [E, F, K] (128 x 128 blocks)."""
   rq = jax.jit(lambda t: qtensor.quantize(t, ROLES.input))(rows)
@@ -197,7 +182,7 @@ def _library(blocks, aligned, interpret, out_dtype=jnp.bfloat16):
 
 
 def part_variants(gpu: bool):
-  x, _, gate, padded, flop = _problem(16384, gpu)
+  x, _, gate, padded, flop = padded_problem(16384, gpu)
   xq, wq = _operands(x, jnp.swapaxes(gate, 1, 2))
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}: N {x.shape[0]} (padded), "
         f"K {x.shape[1]}, F {gate.shape[2]}, E {gate.shape[0]}", flush=True)
@@ -229,7 +214,7 @@ LIBRARY_BLOCKS = (gsp.Blocks(128, 128, 128, 8, 3), gsp.Blocks(64, 128, 128, 4, 4
 
 def part_library(gpu: bool):
   """The library kernel, Fprop and Dgrad, masked against aligned, per tile."""
-  x, dy, gate, padded, flop = _problem(16384, gpu)
+  x, dy, gate, padded, flop = padded_problem(16384, gpu)
   for name, rows, w_t in (("fprop", x, jnp.swapaxes(gate, 1, 2)), ("dgrad", dy, gate)):
     rq, wq = _operands(rows, w_t)
     args = (rq.data, rq.scale_inv, wq.data, wq.scale_inv, padded)
@@ -271,7 +256,7 @@ def _time_or_error(name, fn, args, flop, first: list):
 def part_mma(gpu: bool):
   """FP8 dots (``fp8_dots``; ``GemmConfig.fp8_mma``) per tile: Fprop and Dgrad on aligned
   groups, and Wgrad on the transposed operands of the one-pass quantization."""
-  x, dy, gate, padded, flop = _problem(16384, gpu)
+  x, dy, gate, padded, flop = padded_problem(16384, gpu)
   small = (gsp.Blocks(32, 32, 32),)
   for name, rows, w_t in (("fprop", x, jnp.swapaxes(gate, 1, 2)), ("dgrad", dy, gate)):
     rq, wq = _operands(rows, w_t)
@@ -300,7 +285,7 @@ def part_tensor_core(gpu: bool):
   and against the FP32-accumulation kernel, float32 outputs, on a smaller problem."""
   if not gpu:
     return
-  x, _, gate, padded, _ = _problem(2048, gpu)
+  x, _, gate, padded, _ = padded_problem(2048, gpu)
   xq, wq = _operands(x, jnp.swapaxes(gate, 1, 2))
   args = (xq.data, xq.scale_inv, wq.data, wq.scale_inv, padded)
   lean = Variant(ops="fp8", masks=False, sb="block", order="cols")

@@ -23,7 +23,7 @@ Medians of 20 runs (``_timing.median_time``). On a CPU, a small interpreted prob
 import argparse
 import json
 
-from _moe_problem import moe_problem
+from _moe_problem import padded_problem
 import _repo  # noqa: F401
 from _results import RESULTS, record
 from _timing import median_time
@@ -32,23 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp8jax
-from fp8jax.gemm import padding, transpose
+from fp8jax.gemm import transpose
 from fp8jax.kernels import grouped_scaled_pallas as gsp
 from fp8jax.kernels import tile_quant_pallas as tq
 from fp8jax.quant import qtensor
-
-
-def _rows(tokens: int, interpret: bool):
-  """X [N, d] and dY [N, f] in the padded layout, bf16, and the padded group sizes."""
-  p = moe_problem(tokens, d=256, f=128, e=8, k=2) if interpret else moe_problem(tokens)
-  top_k = p["ids"].shape[1]
-  ids = p["ids"].reshape(-1)
-  sizes = jnp.bincount(ids, length=p["gate"].shape[0]).astype(jnp.int32)
-  order = jnp.argsort(ids, stable=True)
-  x, padded = padding.pad_groups(jnp.repeat(p["x"], top_k, axis=0)[order], sizes, 128)
-  dy = jax.random.normal(jax.random.key(9), (ids.shape[0], p["gate"].shape[2]), jnp.bfloat16)
-  dy, _ = padding.pad_groups(dy, sizes, 128)
-  return x, dy, padded
 
 
 def _wide(shape, seed):
@@ -75,9 +62,8 @@ def main():
   ap.add_argument("--tokens", type=int, default=16384)
   args = ap.parse_args()
   interpret = jax.default_backend() != "gpu"
-  tokens = 256 if interpret else args.tokens
   runs = 3 if interpret else 20
-  x, dy, padded = _rows(tokens, interpret)
+  x, dy, _, padded, _ = padded_problem(args.tokens, not interpret)
   spec = fp8jax.recipes.recipe("fp32_blockwise").roles.input
   RESULTS["device"] = jax.devices()[0].device_kind
   RESULTS["rows"] = int(x.shape[0])
