@@ -102,17 +102,20 @@ def _interpret() -> bool:
   return jax.default_backend() != "gpu"
 
 
-def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int, cfg):
-  """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K], the
-  float32 accumulator rounded once to ``out_dtype`` as it is stored; groups laid out at
-  ``layout`` rows (whole row tiles where it is a multiple of the tile's); with
-  ``cfg.fp8_mma`` the products on the FP8 tensor cores where both payloads share a format."""
+def _kernel_rows(aq, bq, sizes, interval, out_dtype, layout: int, cfg,
+                 transpose_b: bool = True):
+  """Fprop / Dgrad in the kernel: rows [N, K] x contraction-last weights [E, F, K] (or
+  [E, K, F] without ``transpose_b``), the float32 accumulator rounded once to ``out_dtype``
+  as it is stored; groups laid out at ``layout`` rows (whole row tiles where it is a
+  multiple of the tile's); with ``cfg.fp8_mma`` the products on the FP8 tensor cores where
+  both payloads share a format."""
   gsp = grouped_scaled_pallas
   fp8 = cfg.fp8_mma and gsp.smp.fp8_dots_apply(aq.data.dtype, bq.data.dtype, interval)
   blocks = gsp.ROWS_FP8 if fp8 else gsp.ROWS
   return gsp.grouped_scaled_matmul(
-      aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=True,
-      interval=interval, b_block_n=bq.block[-2], out_dtype=out_dtype, blocks=blocks,
+      aq.data, aq.scale_inv, bq.data, bq.scale_inv, sizes, transpose_b=transpose_b,
+      interval=interval, b_block_n=bq.block[-2 if transpose_b else -1],
+      out_dtype=out_dtype, blocks=blocks,
       groups_aligned=layout % blocks.m == 0, convert_in_kernel=True, fp8_dots=fp8,
       interpret=_interpret())
 
@@ -145,7 +148,8 @@ def _grouped(x, w, sizes, cfg, layout):
 
 
 def _forward(x, w, sizes, cfg, layout):
-  return _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout).astype(x.dtype)
+  return _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, None,
+                grouped_operands.weight_quantized_once(w, cfg)).astype(x.dtype)
 
 
 def _layout_sizes(sizes, layout: int):
@@ -153,12 +157,26 @@ def _layout_sizes(sizes, layout: int):
   return sizes if layout == 1 else padding.padded_sizes(sizes, layout)
 
 
-def _fprop(x, w, sizes, cfg, layout, xq=None):
+def _fprop(x, w, sizes, cfg, layout, xq=None, w_once=None):
+  """Y [N, F]; ``w_once``: the weights quantized in their own layout
+  (``grouped_operands.weight_quantized_once``), read transposed by the kernel (or swapped:
+  the same bits as quantizing W^T)."""
   if cfg.fprop == "bf16":
     return _rdot(x, w, sizes, "bf16")
   if xq is None:
     xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
-  wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
+  if w_once is not None:
+    wq = _swap_blocks(dataclasses.replace(w_once, data=jnp.swapaxes(w_once.data, -1, -2),
+                                          scale_inv=jnp.swapaxes(w_once.scale_inv, -1, -2)))
+    if interval := _kernel_interval(cfg, xq, wq):
+      fp8 = cfg.fp8_mma and grouped_scaled_pallas.smp.fp8_dots_apply(
+          xq.data.dtype, wq.data.dtype, interval)
+      if grouped_operands.fprop_reads_transposed(fp8):
+        return _kernel_rows(xq, w_once, sizes, interval, x.dtype, layout, cfg,
+                            transpose_b=False)
+      return _kernel_rows(xq, wq, sizes, interval, x.dtype, layout, cfg)
+  else:
+    wq = _weight_q(jnp.swapaxes(w, -1, -2), cfg.roles.weight)  # [E, F, K]
   if _tensor_core(cfg):
     return grouped_tensor_core.rows_product(xq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, xq, wq):
@@ -168,11 +186,14 @@ def _fprop(x, w, sizes, cfg, layout, xq=None):
 
 def _fwd(x, w, sizes, cfg, layout):
   x = _buffers(x)
+  w_once = grouped_operands.weight_quantized_once(w, cfg)
+  w_res = w if w_once is None else w_once  # the 8-bit weight, for Dgrad
   if grouped_operands.one_pass(cfg, layout, *x.shape, w.shape[-1]):
     xq, xtq = grouped_operands.both_ways(x, cfg.roles.input)
-    y = _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, xq)
-    return y.astype(x.dtype), (xtq, w, sizes)
-  return _forward(x, w, sizes, cfg, layout), (x, w, sizes)
+    y = _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, xq, w_once)
+    return y.astype(x.dtype), (xtq, w_res, sizes)
+  y = _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, None, w_once)
+  return y.astype(x.dtype), (x, w_res, sizes)
 
 
 def _swap_blocks(q: qtensor.QTensor) -> qtensor.QTensor:
@@ -283,8 +304,12 @@ def _wgrad_tensor_core(x, dy, sizes, cfg, layout):
 
 
 def _dgrad(dyq, w, sizes, cfg, layout, dtype):
-  """dX [N, K] from the quantized dY [N, F] and each expert's weight quantized for Dgrad."""
-  wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
+  """dX [N, K] from the quantized dY [N, F] and each expert's weight quantized for Dgrad
+  (``w`` as quantized by ``grouped_operands.weight_quantized_once``, or [E, K, F])."""
+  if isinstance(w, qtensor.QTensor):
+    wq = w
+  else:
+    wq = jax.vmap(lambda w_e: _dgrad_weight_q(w_e, cfg))(w)  # [E, K, F]
   if _tensor_core(cfg):
     return grouped_tensor_core.rows_product(dyq, wq, sizes, cfg.accumulation)
   if interval := _kernel_interval(cfg, dyq, wq):

@@ -2,15 +2,18 @@
 
 X (forward) and dY (backward) each enter two GEMMs of :func:`fp8jax.gemm.grouped.fp8_ragged_dot`:
 Fprop or Dgrad read them in 1 x t tiles along their columns, Wgrad in 1 x t tiles along the
-tokens. Wgrad's quantization can stay in the rows' layout (:func:`rows_first`, no transposed
-copy) or be transposed, the layout the FP8 tensor cores read (:func:`fp8_wgrad`). In the
-padded layout on the kernels, :func:`one_pass` quantizes each operand both ways in one read
-(:mod:`fp8jax.kernels.tile_quant_pallas`), with the bits of the separate quantizations.
+tokens. Each expert's weight is quantized once for Fprop and Dgrad where its scale blocks
+are square (:func:`weight_once`). Wgrad's quantization can stay in the rows' layout
+(:func:`rows_first`, no transposed copy) or be transposed, the layout the FP8 tensor cores
+read (:func:`fp8_wgrad`). In the padded layout on the kernels, :func:`one_pass` quantizes
+each operand both ways in one read (:mod:`fp8jax.kernels.tile_quant_pallas`), with the bits
+of the separate quantizations.
 """
 
 from __future__ import annotations
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
@@ -67,6 +70,42 @@ def one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> b
           and tq.rounds_exactly())
 
 
+def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
+  """Whether each expert's weight W_e [K, F] is quantized once, in its own layout, for both
+  Fprop (which reads it as W_e^T [F, K]) and Dgrad (contraction over F): FP8 Fprop and
+  Dgrad on the kernels, square scale blocks (``b x b``: the blocks of W_e and of W_e^T are
+  the same elements, so one quantization is the other's transpose, bit for bit), rounding
+  to nearest without a noise control, and a transpose policy that quantizes W_e itself
+  ("requant") or leaves square blocks as they are ("scaling_aware"). The forward pass then
+  keeps the 8-bit weight for the backward one instead of quantizing it twice more."""
+  spec, g = cfg.roles.weight, cfg.roles.weight.granularity
+  axes = sorted(a - 2 if a >= 0 else a for a in g.axes)
+  square = g.kind == "block" and axes == [-2, -1] and len(set(g.sizes)) == 1
+  return (cfg.fprop == cfg.dgrad == "fp8" and kernels_on(cfg) and square
+          and spec.rounding == "nearest" and not spec.noise_control
+          and cfg.transpose in ("requant", "scaling_aware"))
+
+
+def fprop_reads_transposed(fp8_dots: bool) -> bool:
+  """Whether Fprop's kernel reads the once-quantized weight [E, K, F] as it is (else XLA
+  swaps its 8-bit payload to [E, F, K] first; the same bits). Not with FP8 dots: the FP8
+  MMA reads its operands K-major: in a 2B pass on an H100 the Fprop kernels took 34.5 ms
+  reading W as it is, the Dgrad kernels (same sizes, K-major) 21 ms. With bfloat16 dots
+  reading W as it is was the faster (``scripts/bench/weight_once.py``)."""
+  return not fp8_dots
+
+
+def weight_quantized_once(w: jax.Array, cfg: gemm_lib.GemmConfig) -> qtensor.QTensor | None:
+  """Each expert's weight of ``w`` [E, K, F] quantized on its own, in its own layout, for
+  both Fprop and Dgrad where :func:`weight_once` holds, else None."""
+  if not weight_once(cfg):
+    return None
+  spec = cfg.roles.weight
+  # Materialized: fused into its consumers, XLA quantized W once more for the swapped
+  # payload (reading float32 W transposed) instead of swapping the 8-bit one.
+  return lax.optimization_barrier(jax.vmap(lambda m: qtensor.quantize(m, spec))(w))
+
+
 def both_ways(x: jax.Array, spec) -> tuple[qtensor.QTensor, qtensor.QTensor]:
   """``quantize(x, spec)`` and ``quantize(x.T, spec)`` for x [N, K], from one kernel
   (interpreted off GPU)."""
@@ -77,4 +116,5 @@ def both_ways(x: jax.Array, spec) -> tuple[qtensor.QTensor, qtensor.QTensor]:
           qtensor.QTensor(qt, jnp.swapaxes(st, 0, 1), (1, t), x.dtype))
 
 
-__all__ = ["both_ways", "fp8_wgrad", "kernels_on", "one_pass", "rows_first"]
+__all__ = ["both_ways", "fp8_wgrad", "kernels_on", "one_pass", "rows_first",
+           "weight_once", "weight_quantized_once"]

@@ -74,11 +74,40 @@ def _layer_mask(masks: Mapping | None, layer: int, n_experts: int, path: str):
   return mask if mask.dtype == jnp.bool_ else mask != 0
 
 
-def _fill(x: jax.Array, mask: jax.Array | None) -> jax.Array:
-  """Zero-fills the expert slices of ``x`` [E, ...] where ``mask`` [E] is False."""
-  if mask is None:
-    return x
-  return jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+def _sums(g_bf16: jax.Array, g_fp8: jax.Array, mask_bf16: jax.Array | None,
+          mask_fp8: jax.Array | None, per_slice: bool) -> tuple[jax.Array, jax.Array]:
+  """(:func:`leaf_sums`, whether the sums of squares of ``g_fp8`` are finite).
+
+  One read of each gradient: the sums over the raw slices (no zero-filled copies), each
+  slice's then chosen by the masks; a slice's sums of zeros are 0, so they equal the sums
+  of the zero-filled gradients. The second covers masked slices too: where it is True,
+  every element of ``g_fp8`` is finite."""
+  masked = mask_bf16 is not None or mask_fp8 is not None
+  b = jnp.asarray(g_bf16).astype(jnp.float32)
+  f = jnp.asarray(g_fp8).astype(jnp.float32)
+  if (per_slice or masked) and b.ndim >= 1:
+    b, f = b.reshape(b.shape[0], -1), f.reshape(f.shape[0], -1)
+    axis = 1
+  else:
+    axis = None
+  d = f - b
+  dd, bb, ff, bf = (jnp.sum(t, axis=axis) for t in (d * d, b * b, f * f, b * f))
+  # all() of the slices' sums: a sum over all elements XLA would fold into a second read
+  whole = jnp.all(jnp.isfinite(ff))
+  if masked:
+    yes = jnp.ones(jnp.shape(dd), jnp.bool_)
+    mb = yes if mask_bf16 is None else mask_bf16
+    mf = yes if mask_fp8 is None else mask_fp8
+    both, zero = mb & mf, jnp.zeros((), jnp.float32)
+    union = jnp.where(both, dd, jnp.where(mb, bb, jnp.where(mf, ff, zero)))
+    dd, bf, inter_b = (jnp.where(both, t, zero) for t in (dd, bf, bb))
+    bb, ff = jnp.where(mb, bb, zero), jnp.where(mf, ff, zero)
+    sums = jnp.stack([union, dd, bb, ff, bf, inter_b], axis=-1)
+  else:
+    sums = jnp.stack([dd, dd, bb, ff, bf, bb], axis=-1)
+  if masked and not per_slice:
+    return jnp.sum(sums, axis=0), whole
+  return sums, whole
 
 
 def leaf_sums(g_bf16: jax.Array, g_fp8: jax.Array, mask_bf16: jax.Array | None = None,
@@ -95,18 +124,7 @@ def leaf_sums(g_bf16: jax.Array, g_fp8: jax.Array, mask_bf16: jax.Array | None =
     ``diff_sq``, ``inter_diff_sq``, ``bf16_sq`` and ``fp8_sq`` of the zero-filled
     gradients, their ``dot`` product and ``inter_bf16_sq`` (see :data:`SUM_KEYS`).
   """
-  axis = tuple(range(1, jnp.ndim(g_bf16))) if per_slice else None
-  b = _fill(jnp.asarray(g_bf16).astype(jnp.float32), mask_bf16)
-  f = _fill(jnp.asarray(g_fp8).astype(jnp.float32), mask_fp8)
-  d = f - b
-  if mask_bf16 is None and mask_fp8 is None:
-    inter_d, inter_b = d, b
-  else:
-    both = mask_bf16 if mask_fp8 is None else mask_fp8 if mask_bf16 is None else (
-        mask_bf16 & mask_fp8)
-    inter_d, inter_b = _fill(d, both), _fill(b, both)
-  terms = (d * d, inter_d * inter_d, b * b, f * f, b * f, inter_b * inter_b)
-  return jnp.stack([jnp.sum(t, axis=axis) for t in terms], axis=-1)
+  return _sums(g_bf16, g_fp8, mask_bf16, mask_fp8, per_slice)[0]
 
 
 def _ratio(num: jax.Array, den: jax.Array) -> jax.Array:
@@ -180,7 +198,8 @@ def direct_share(paths: list[str], totals: jax.Array, direct: Any,
 def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
                   mask_fp8: Mapping | None = None, *, direct: Any = None,
                   loss_bf16: jax.Array | None = None, loss_fp8: jax.Array | None = None,
-                  classifier: paths_lib.Classifier) -> dict[str, Any]:
+                  classifier: paths_lib.Classifier, finite_probe: bool = False
+                  ) -> dict[str, Any]:
   """Compares two gradient trees of the same params tree (pure JAX, jittable).
 
   Args:
@@ -191,6 +210,10 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     direct: which parameters are directly quantized (a callable on the path, path
       prefixes or ``(module, layer)`` pairs; static under jit: use a frozenset or tuple).
     loss_bf16, loss_fp8: the two losses (scalars), both or neither.
+    finite_probe: also return ``fp8_sq_finite``, bool [L]: whether the sums of squares of
+      each leaf of ``g_fp8`` (all of it, masked experts too; per expert for expert stacks)
+      are finite, in leaf order, from the same read as the other sums. Where True, every
+      element of the leaf is finite; where False, one is not or a sum overflowed.
     classifier: how the paths group into modules, layers and expert stacks
       (the model's :class:`~fp8jax.metrics.paths.Classifier`, static under jit). A model without
       expert stacks gets empty ``per_expert`` and ``by_expert`` tables.
@@ -211,7 +234,7 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     raise ValueError("give both losses or neither")
   cls = classifier
   flat_b, flat_f = paths_lib.flatten(g_bf16), paths_lib.flatten(g_fp8)
-  totals, per_slice = [], {}
+  totals, per_slice, probe = [], {}, []
   for path, b in flat_b.items():
     f = flat_f[path]
     if jnp.shape(b) != jnp.shape(f):
@@ -219,10 +242,12 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     if cls.is_expert_stack(path) and jnp.ndim(b) >= 1:
       layer = cls.layer_of(path)
       masks = (_layer_mask(m, layer, jnp.shape(b)[0], path) for m in (mask_bf16, mask_fp8))
-      per_slice[path] = leaf_sums(b, f, *masks, per_slice=True)
+      per_slice[path], whole = _sums(b, f, *masks, per_slice=True)
       totals.append(jnp.sum(per_slice[path], axis=0))
     else:
-      totals.append(leaf_sums(b, f))
+      sums, whole = _sums(b, f, None, None, per_slice=False)
+      totals.append(sums)
+    probe.append(whole)
   paths = list(flat_b)
   totals = jnp.stack(totals)
   out = aggregate.grouped(paths, totals, stats_from_sums, cls)
@@ -232,4 +257,6 @@ def compare_grads(g_bf16: Any, g_fp8: Any, mask_bf16: Mapping | None = None,
     out["direct"] = direct_share(paths, totals, direct, cls)
   if loss_bf16 is not None:
     out["loss"] = loss_errors(loss_bf16, loss_fp8)
+  if finite_probe:
+    out["fp8_sq_finite"] = jnp.stack(probe)
   return out

@@ -33,6 +33,7 @@ import functools
 from typing import Any, NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import optax
 
@@ -76,10 +77,14 @@ def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
 
 def _result(base: Baseline, loss, lm, aux, routing, grads, direct, classifier) -> dict:
   """The comparison of one gradient pass against the baseline (small arrays)."""
-  finite, first = _finiteness(loss, grads)
   result = metrics.compare_grads(base.grads, grads, base.routing or None, routing or None,
                                  direct=direct, loss_bf16=base.loss, loss_fp8=loss,
-                                 classifier=classifier)
+                                 classifier=classifier, finite_probe=True)
+  # Each leaf's sums of squares, from the comparison's read of the gradients, are finite
+  # where all its elements are: only otherwise are the gradients read again, element-wise.
+  probe = result.pop("fp8_sq_finite")
+  leaf_ok = lax.cond(jnp.all(probe), lambda: probe, lambda: _leaves_finite(grads))
+  finite, first = _finite_leaves(loss, leaf_ok)
   return {"compare": result, "routing": metrics.routing_divergence(base.routing, routing),
           "lm_loss_fp8": lm, "aux_loss_fp8": aux, "finite": finite, "nonfinite": first}
 
@@ -95,9 +100,18 @@ def _telemetry(tel: dict) -> dict:
   return out
 
 
+def _leaves_finite(grads):
+  """bool [L]: whether every element of each gradient leaf is finite."""
+  return jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+
+
 def _finiteness(loss, grads):
   """(all finite, index of the first non-finite gradient leaf or -1)."""
-  leaf_ok = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+  return _finite_leaves(loss, _leaves_finite(grads))
+
+
+def _finite_leaves(loss, leaf_ok):
+  """(all finite, index of the first False of ``leaf_ok`` [L] or -1)."""
   first = jnp.where(jnp.all(leaf_ok), -1, jnp.argmin(leaf_ok)).astype(jnp.int32)
   return jnp.isfinite(loss) & jnp.all(leaf_ok), first
 

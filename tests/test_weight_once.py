@@ -1,0 +1,101 @@
+"""Each expert weight quantized once for the grouped GEMM's Fprop and Dgrad
+(``grouped_operands.weight_once``): with square scale blocks the quantization of W is the
+transpose of that of W^T, so the GEMM keeps one 8-bit weight for both directions."""
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax.gemm import grouped, grouped_operands, padding
+from fp8jax.numerics import granularity
+from fp8jax.numerics.spec import QuantSpec
+from fp8jax.quant import qtensor
+
+
+@pytest.mark.slow
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 70), cols=st.integers(1, 70),
+       size=st.sampled_from([4, 16, 32]), fmt=st.sampled_from(["e4m3", "e5m2"]),
+       pow2=st.sampled_from([None, "rceil"]), spread=st.floats(0, 30))
+@settings(max_examples=25, deadline=None)  # a compilation each
+def test_square_blocks_quantize_the_transpose_to_the_same_bits(seed, rows, cols, size, fmt,
+                                                               pow2, spread):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((rows, cols)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)))
+  x = jnp.asarray(x, jnp.float32)
+  spec = QuantSpec(format=fmt, granularity=granularity.block((size, size)),
+                   scale_format="pow2" if pow2 else "fp32", pow2_rounding=pow2)
+  q, qt = qtensor.quantize(x, spec), qtensor.quantize(x.T, spec)
+  # payload bits compared through uint8: NaN payloads compare too
+  np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8),
+                                np.asarray(qt.data).T.view(np.uint8))
+  np.testing.assert_array_equal(np.asarray(q.scale_inv), np.asarray(qt.scale_inv).T)
+  # and against ml_dtypes' cast of the scaled elements, for the whole tensor
+  scale = np.repeat(np.repeat(np.asarray(q.scale_inv), size, 0), size, 1)[:rows, :cols]
+  dtype = ml_dtypes.float8_e4m3fn if fmt == "e4m3" else ml_dtypes.float8_e5m2
+  top = float(ml_dtypes.finfo(dtype).max)
+  want = np.clip(np.asarray(x, np.float64) / scale, -top, top).astype(dtype)
+  np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), want.view(np.uint8))
+
+
+def test_weight_once_only_where_the_bits_cannot_change():
+  base = fp8jax.recipes.recipe("fp32_blockwise").replace(impl="pallas")
+  assert grouped_operands.weight_once(base)
+  assert grouped_operands.weight_once(base.replace(transpose="scaling_aware"))
+  assert not grouped_operands.weight_once(base.replace(transpose="double"))
+  assert not grouped_operands.weight_once(base.replace(impl="xla"))
+  assert not grouped_operands.weight_once(base.replace(dgrad="bf16"))
+  w = base.roles.weight
+  for spec in (w.replace(granularity=granularity.block((128, 64))),
+               w.replace(granularity=granularity.tile(128)),
+               w.replace(rounding="stochastic")):
+    cfg = base.replace(roles=dataclasses.replace(base.roles, weight=spec))
+    assert not grouped_operands.weight_once(cfg), spec
+
+
+@pytest.mark.parametrize("recipe,transpose", [("fp32_blockwise", "requant"),
+                                              ("fp32_blockwise_mma", "scaling_aware")])
+def test_fprop_and_dgrad_read_one_quantization_with_the_same_bits(recipe, transpose,
+                                                                   monkeypatch):
+  """Y, dX and dW bit for bit those of the path that quantizes W^T for Fprop and W for
+  Dgrad, and no weight is quantized again."""
+  rng = np.random.default_rng(7)
+  sizes = jnp.asarray([130, 0, 100], jnp.int32)
+  n = padding.padded_count(int(sizes.sum()), 3, 128)
+  x, dy = (jnp.asarray(rng.standard_normal((n, d)), jnp.bfloat16) for d in (256, 384))
+  _, real = padding.padded_rows(sizes, int(sizes.sum()), n, 128)
+  x, dy = x * real[:, None], dy * real[:, None]
+  w = jnp.asarray(rng.standard_normal((3, 256, 384)) * 0.05, jnp.float32)
+  w = w.at[1, :128, 256:].multiply(1e4)  # blocks of very different scales
+  cfg = fp8jax.recipes.recipe(recipe).replace(impl="pallas", transpose=transpose)
+
+  def run():
+    y, vjp = jax.vjp(lambda a, b: grouped.fp8_ragged_dot(a, b, sizes, cfg, 128), x, w)
+    return (y, *vjp(dy))
+
+  calls = []
+  for name in ("_weight_q", "_dgrad_weight_q"):
+    fn = getattr(grouped, name)
+    monkeypatch.setattr(grouped, name, lambda *a, _f=fn, _n=name: (calls.append(_n),
+                                                                   _f(*a))[1])
+  kernel = grouped.grouped_scaled_pallas.grouped_scaled_matmul
+  monkeypatch.setattr(grouped.grouped_scaled_pallas, "grouped_scaled_matmul",
+                      lambda *a, **k: (calls.append(k["transpose_b"]), kernel(*a, **k))[1])
+  got = run()
+  # Fprop reads W [E, K, F] transposed, or (FP8 dots) XLA's swapped payload; Dgrad as it is
+  assert calls == [recipe.endswith("mma"), True]
+  calls.clear()
+  with monkeypatch.context() as m:
+    m.setattr(grouped.grouped_operands, "weight_once", lambda cfg: False)
+    want = run()
+  assert calls == ["_weight_q", True, "_dgrad_weight_q", True]
+  for g, r, what in zip(got, want, ("y", "dx", "dw"), strict=True):
+    g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+    assert np.any(g != 0), what
+    np.testing.assert_array_equal(g, r, err_msg=what)
