@@ -13,7 +13,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import grouped as grouped_gemm
-from fp8jax.gemm import grouped_operands, operand_telemetry, padding
+from fp8jax.gemm import operand_telemetry, padding
 
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
@@ -188,14 +188,9 @@ def experts_telemetry(args, roles) -> dict:
   once, not once per chosen expert: 1 x K tiles and tensor amaxes do not depend on the
   rows' order or repeats) and each stacked weight as the grouped GEMM quantizes it (W_e^T
   [E, N, K], each expert a tensor of its own). The down projection's input rows are
-  inside the dispatch and not recorded. With square scale blocks W_e itself is read (its
-  blocks are those of W_e^T: the same counts and histogram, sums in another order),
-  without a transposed copy."""
+  inside the dispatch and not recorded."""
   rows, _, _, gate, up, down = args
-  if grouped_operands.square_blocks(roles.weight):
-    swap = lambda w: w  # noqa: E731
-  else:
-    swap = lambda w: jnp.swapaxes(w, -1, -2)  # noqa: E731
+  swap = lambda w: jnp.swapaxes(w, -1, -2)  # noqa: E731
   return {"input": operand_telemetry.operand_sums(rows, roles.input),
           **{f"weight_{n}": operand_telemetry.expert_sums(swap(w), roles.weight)
              for n, w in (("gate", gate), ("up", up), ("down", down))}}

@@ -99,22 +99,3 @@ def test_fprop_and_dgrad_read_one_quantization_with_the_same_bits(recipe, transp
     g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
     assert np.any(g != 0), what
     np.testing.assert_array_equal(g, r, err_msg=what)
-
-
-def test_square_block_telemetry_reads_the_weight_as_it_is():
-  """The expert weights' telemetry of W_e (square blocks) equals that of W_e^T: counts and
-  histogram exactly, the sums of q^2 and q^4 to float32 rounding."""
-  from fp8jax.gemm import operand_telemetry as ot
-  spec = fp8jax.recipes.recipe("fp32_blockwise").roles.weight
-  assert grouped_operands.square_blocks(spec)
-  rng = np.random.default_rng(2)
-  w = rng.standard_normal((3, 256, 384)) * np.exp2(rng.integers(-20, 20, (3, 1, 384)))
-  w[1, :128, :128] = 0.0
-  w = jnp.asarray(w, jnp.float32)
-  own, swapped = ot.expert_sums(w, spec), ot.expert_sums(jnp.swapaxes(w, -1, -2), spec)
-  for key in ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elements",
-              "log2_hist"):
-    np.testing.assert_array_equal(own[key], swapped[key], err_msg=key)
-  for key in ("sum_q2", "sum_q4", "kurtosis_sum"):
-    np.testing.assert_allclose(own[key], swapped[key], rtol=1e-5, err_msg=key)
-  assert float(own["zero_blocks"]) == 1

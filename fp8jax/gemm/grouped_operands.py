@@ -70,14 +70,6 @@ def one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> b
           and tq.rounds_exactly())
 
 
-def square_blocks(spec) -> bool:
-  """Whether ``spec`` scales b x b blocks of the last two axes: a matrix and its transpose
-  then have the same blocks, and their quantizations are each other's transpose."""
-  g = spec.granularity
-  axes = sorted(a - 2 if a >= 0 else a for a in g.axes)
-  return g.kind == "block" and axes == [-2, -1] and len(set(g.sizes)) == 1
-
-
 def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
   """Whether each expert's weight W_e [K, F] is quantized once, in its own layout, for both
   Fprop (which reads it as W_e^T [F, K]) and Dgrad (contraction over F): FP8 Fprop and
@@ -86,8 +78,10 @@ def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
   to nearest without a noise control, and a transpose policy that quantizes W_e itself
   ("requant") or leaves square blocks as they are ("scaling_aware"). The forward pass then
   keeps the 8-bit weight for the backward one instead of quantizing it twice more."""
-  spec = cfg.roles.weight
-  return (cfg.fprop == cfg.dgrad == "fp8" and kernels_on(cfg) and square_blocks(spec)
+  spec, g = cfg.roles.weight, cfg.roles.weight.granularity
+  axes = sorted(a - 2 if a >= 0 else a for a in g.axes)
+  square = g.kind == "block" and axes == [-2, -1] and len(set(g.sizes)) == 1
+  return (cfg.fprop == cfg.dgrad == "fp8" and kernels_on(cfg) and square
           and spec.rounding == "nearest" and not spec.noise_control
           and cfg.transpose in ("requant", "scaling_aware"))
 
@@ -122,5 +116,5 @@ def both_ways(x: jax.Array, spec) -> tuple[qtensor.QTensor, qtensor.QTensor]:
           qtensor.QTensor(qt, jnp.swapaxes(st, 0, 1), (1, t), x.dtype))
 
 
-__all__ = ["both_ways", "fp8_wgrad", "kernels_on", "one_pass", "rows_first", "square_blocks",
+__all__ = ["both_ways", "fp8_wgrad", "kernels_on", "one_pass", "rows_first",
            "weight_once", "weight_quantized_once"]
