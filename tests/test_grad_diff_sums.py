@@ -26,21 +26,36 @@ def _np_leaf_sums(b, f, mb, mf, per_slice):
   return np.stack([np.sum(t, axis=axis) for t in terms], axis=-1)
 
 
-@given(seed=st.integers(0, 2**31 - 1), experts=st.integers(1, 5),
-       per_slice=st.booleans(), poison=st.booleans())
-def test_leaf_sums_match_the_zero_filled_reference(seed, experts, per_slice, poison):
+@given(seed=st.integers(0, 2**31 - 1), experts=st.integers(1, 5), per_slice=st.booleans(),
+       poison=st.booleans(), absent=st.sampled_from(["", "bf16", "fp8"]),
+       rank=st.sampled_from([1, 3]))
+def test_leaf_sums_match_the_zero_filled_reference(seed, experts, per_slice, poison, absent,
+                                                   rank):
   rng = np.random.default_rng(seed)
-  b = rng.standard_normal((experts, 3, 2)).astype(np.float32)
+  b = rng.standard_normal((experts, 3, 2)[:rank]).astype(np.float32)
   f = (b + 0.3 * rng.standard_normal(b.shape)).astype(np.float32)
   mb, mf = rng.random(experts) < 0.6, rng.random(experts) < 0.6
+  if absent == "bf16":  # no mask: every expert active
+    mb[:] = True
+  elif absent == "fp8":
+    mf[:] = True
   if poison:  # non-finite values of inactive experts must not reach the sums
     f[~mf] = np.nan
     b[~mb] = np.inf
-  got = np.asarray(metrics.leaf_sums(jnp.asarray(b), jnp.asarray(f), jnp.asarray(mb),
-                                     jnp.asarray(mf), per_slice=per_slice))
+  masks = [None if absent == "bf16" else jnp.asarray(mb),
+           None if absent == "fp8" else jnp.asarray(mf)]
+  got = np.asarray(metrics.leaf_sums(jnp.asarray(b), jnp.asarray(f), *masks,
+                                     per_slice=per_slice))
   want = _np_leaf_sums(b, f, mb, mf, per_slice)
   assert np.all(np.isfinite(got))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_stack_of_no_experts_sums_to_zero():
+  empty = jnp.zeros((0, 3, 2), jnp.float32)
+  none = jnp.zeros((0,), bool)
+  assert metrics.leaf_sums(empty, empty, none, none, per_slice=True).shape == (0, 6)
+  np.testing.assert_array_equal(metrics.leaf_sums(empty, empty, none, none), np.zeros(6))
 
 
 def test_finite_probe_is_finite_only_where_every_element_is():

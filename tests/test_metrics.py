@@ -384,4 +384,3 @@ def test_rows_heatmap_and_per_param():
   assert math.isnan(table[modules.index("router"), 0])  # layer 0 is dense
   values = metrics.per_param(res)
   assert metrics.top_k(values, 1) == ["layers/1/mlp/experts_gate"]
-

@@ -76,14 +76,19 @@ def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
   Dgrad on the kernels, square scale blocks (``b x b``: the blocks of W_e and of W_e^T are
   the same elements, so one quantization is the other's transpose, bit for bit), rounding
   to nearest without a noise control, and a transpose policy that quantizes W_e itself
-  ("requant") or leaves square blocks as they are ("scaling_aware"). The forward pass then
+  ("requant") or leaves square blocks as they are ("scaling_aware", for the specs it
+  takes; a block holding NaN gives NaN outputs either way). The forward pass then
   keeps the 8-bit weight for the backward one instead of quantizing it twice more."""
   spec, g = cfg.roles.weight, cfg.roles.weight.granularity
   axes = sorted(a - 2 if a >= 0 else a for a in g.axes)
   square = g.kind == "block" and axes == [-2, -1] and len(set(g.sizes)) == 1
+  # what transpose.scaling_aware_transpose accepts (it refuses the others)
+  scaling_aware = (spec.scaling == "current" and spec.scale_format != "e4m3"
+                   and spec.fmt.has_nan)
   return (cfg.fprop == cfg.dgrad == "fp8" and kernels_on(cfg) and square
           and spec.rounding == "nearest" and not spec.noise_control
-          and cfg.transpose in ("requant", "scaling_aware"))
+          and (cfg.transpose == "requant"
+               or (cfg.transpose == "scaling_aware" and scaling_aware)))
 
 
 def fprop_reads_transposed(fp8_dots: bool) -> bool:

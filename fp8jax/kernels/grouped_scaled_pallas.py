@@ -187,8 +187,8 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
     a: payload [N, K], rows sorted by group (8-bit float or bfloat16).
     a_scale_inv: [N, J] one multiplier per row and interval of K, ``J = ceil(K /
       interval)`` (a 1 x ``interval`` tile QTensor's ``scale_inv``).
-    b: payload [E, K, F]; with ``transpose_b`` [E, F, K] (contraction-last, the layout of
-      ``fp8jax.gemm.grouped``'s quantized weights for both Fprop and Dgrad).
+    b: payload [E, K, F]; with ``transpose_b`` [E, F, K] (contraction-last: the layout
+      FP8 dots read; ``fp8jax.gemm.grouped`` passes its weights either way).
     b_scale_inv: [E, J, ceil(F / b_block_n)]; with ``transpose_b`` [E, ceil(F / b_block_n),
       J] (a ``[b_block_n, interval]`` block QTensor's ``scale_inv``).
     group_sizes: int [E] rows per group, summing to at most N; rows past the sum give 0.

@@ -25,6 +25,7 @@ Typical use on device, fetching only the small result::
 from __future__ import annotations
 
 from collections.abc import Mapping
+import math
 from typing import Any
 
 import jax
@@ -86,7 +87,8 @@ def _sums(g_bf16: jax.Array, g_fp8: jax.Array, mask_bf16: jax.Array | None,
   b = jnp.asarray(g_bf16).astype(jnp.float32)
   f = jnp.asarray(g_fp8).astype(jnp.float32)
   if (per_slice or masked) and b.ndim >= 1:
-    b, f = b.reshape(b.shape[0], -1), f.reshape(f.shape[0], -1)
+    rows = (b.shape[0], math.prod(b.shape[1:]))  # not -1: a leaf may have no experts
+    b, f = b.reshape(rows), f.reshape(rows)
     axis = 1
   else:
     axis = None
