@@ -63,9 +63,10 @@ def test_weight_once_only_where_the_bits_cannot_change():
     assert not grouped_operands.weight_once(cfg), spec
 
 
-@pytest.mark.parametrize("recipe,transpose,f", [("fp32_blockwise", "requant", 384),
-                                                ("fp32_blockwise_mma", "scaling_aware", 384),
-                                                ("fp32_blockwise_e8m0", "requant", 320)])
+@pytest.mark.parametrize("recipe,transpose,f", [
+    pytest.param("fp32_blockwise", "requant", 384, marks=pytest.mark.slow),
+    ("fp32_blockwise_mma", "scaling_aware", 384),
+    pytest.param("fp32_blockwise_e8m0", "requant", 320, marks=pytest.mark.slow)])
 def test_fprop_and_dgrad_read_one_quantization_with_the_same_bits(recipe, transpose, f,
                                                                    monkeypatch):
   """Y, dX and dW bit for bit those of the path that quantizes W^T for Fprop and W for
