@@ -160,11 +160,15 @@ class MoE(nnx.Module):
                                      self.cfg.norm_topk_prob)
     experts_in = site("expert_in", flat)
     dt = x.dtype
-    args = (experts_in, weights, ids, self.experts_gate[...].astype(dt),
-            self.experts_up[...].astype(dt), self.experts_down[...].astype(dt))
+    params = (self.experts_gate[...], self.experts_up[...], self.experts_down[...])
+    args = (experts_in, weights, ids, *(w.astype(dt) for w in params))
     config = gemms(op="ragged_dot")
-    if record is not None and config is not None and config.fprop != "bf16":
-      record("experts", moe.experts_telemetry(args, config.roles))
+    telemetry = record is not None and config is not None and config.fprop != "bf16"
+    # each weight quantized once, from the parameters, for the GEMM and its telemetry
+    once, weight_sums = (moe.experts_weights_once(params, dt, config, telemetry)
+                         if impl in DISPATCH_IMPLS else (None, None))
+    if telemetry:
+      record("experts", moe.experts_telemetry(args, config.roles, weight_sums))
     if impl == "reference":
       if config is not None:
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
@@ -175,7 +179,7 @@ class MoE(nnx.Module):
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
       kernel = impl == "pallas" and config is None
       routed = moe.dispatch_groups(args, groups, grouped_gemm.matmul_for(impl, config),
-                                   kernel).reshape(b * s, d)
+                                   kernel, once=once).reshape(b * s, d)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")
     routed = site("moe_routed_out", routed.reshape(b, s, d))

@@ -13,7 +13,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import grouped as grouped_gemm
-from fp8jax.gemm import operand_telemetry, padding
+from fp8jax.gemm import grouped_operands, operand_telemetry, padding
 
 
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
@@ -102,7 +102,7 @@ permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 def experts_dispatch(x, weights, ids, gate, up, down,
                      grouped_matmul=grouped_gemm.tiled_matmul, group_multiple: int = 1,
-                     fuse_gate_up: bool = False):
+                     fuse_gate_up: bool = False, once=None):
   """Dropless sort-based dispatch with static shapes.
 
   The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
@@ -122,6 +122,9 @@ def experts_dispatch(x, weights, ids, gate, up, down,
   GEMM in each direction (the Dgrad then sums over 2f in one contraction). Only for GEMMs
   without per-tensor scaling: a quantized GEMM would scale the two weights together.
 
+  ``once``: the three weights as already quantized for ``fp8_ragged_dot`` (its ``w_once``;
+  :func:`experts_weights_once`), or None.
+
   Returns:
     [T, d] in x's dtype.
   """
@@ -139,14 +142,20 @@ def experts_dispatch(x, weights, ids, gate, up, down,
       jnp.arange(order.shape[0], dtype=order.dtype), mode="drop")
   copies = jnp.broadcast_to(x[:, None, :], (t, k, x.shape[-1])).reshape(t * k, -1)
   x_sorted = permute_rows(copies, order, inverse)
+  def mm(a, w, n, q):
+    return grouped_matmul(a, w, n) if q is None else grouped_matmul(a, w, n, w_once=q)
+
+  qg, qu, qd = (None, None, None) if once is None else once
   if fuse_gate_up:
+    if once is not None:
+      raise ValueError("fuse_gate_up takes no once-quantized weights")
     f = gate.shape[-1]
     both = grouped_matmul(x_sorted, jnp.concatenate([gate, up], -1).astype(x.dtype), sizes)
     h = jax.nn.silu(both[:, :f]) * both[:, f:]
   else:
-    h = jax.nn.silu(grouped_matmul(x_sorted, gate.astype(x.dtype), sizes)) * \
-        grouped_matmul(x_sorted, up.astype(x.dtype), sizes)
-  out_sorted = grouped_matmul(h, down.astype(x.dtype), sizes)
+    h = jax.nn.silu(mm(x_sorted, gate.astype(x.dtype), sizes, qg)) * \
+        mm(x_sorted, up.astype(x.dtype), sizes, qu)
+  out_sorted = mm(h, down.astype(x.dtype), sizes, qd)
   out = permute_rows(out_sorted, inverse, order).reshape(t, k, -1)
   return jnp.einsum("tkd,tk->td", out.astype(jnp.float32), weights).astype(x.dtype)
 
@@ -157,7 +166,7 @@ def expert_counts(ids: jax.Array, num_experts: int) -> jax.Array:
 
 
 def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
-                    fuse_gate_up: bool = False):
+                    fuse_gate_up: bool = False, once=None):
   """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
   ``grouped`` = (grouped GEMM, group row multiple) from
   :func:`fp8jax.gemm.grouped.matmul_for`.
@@ -173,7 +182,7 @@ def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
   split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
   matmul, multiple = grouped
   dispatch = functools.partial(experts_dispatch, grouped_matmul=matmul,
-                               group_multiple=multiple, fuse_gate_up=fuse_gate_up)
+                               group_multiple=multiple, fuse_gate_up=fuse_gate_up, once=once)
   per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
   mesh = jax.sharding.get_abstract_mesh()
   if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:
@@ -183,14 +192,34 @@ def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
   return per_group(*map(split, args[:3]), *args[3:])
 
 
-def experts_telemetry(args, roles) -> dict:
+def experts_weights_once(weights, dtype, config, telemetry: bool):
+  """The routed experts' (gate, up, down) weights, each quantized once for the grouped
+  GEMM (``fp8_ragged_dot``'s ``w_once``) from the parameters as given (float32), as the
+  GEMM would quantize them cast to ``dtype``; with ``telemetry`` also each weight's
+  operand telemetry sums from the same read, keyed as in :func:`experts_telemetry`.
+  None where ``grouped_operands.weight_once`` does not hold for ``config``.
+
+  Returns:
+    ``(once, sums)``: a tuple of three QTensors (or None) and a dict (or None).
+  """
+  if config is None or not grouped_operands.weight_once(config):
+    return None, None
+  out = [grouped_operands.weights_once(w, config, dtype, telemetry) for w in weights]
+  sums = ({f"weight_{n}": s for n, (_, s) in zip(("gate", "up", "down"), out)}
+          if telemetry else None)
+  return tuple(q for q, _ in out), sums
+
+
+def experts_telemetry(args, roles, weight_sums=None) -> dict:
   """Telemetry sums of the routed experts' forward operands: their input rows (each token
   once, not once per chosen expert: 1 x K tiles and tensor amaxes do not depend on the
   rows' order or repeats) and each stacked weight as the grouped GEMM quantizes it (W_e^T
-  [E, N, K], each expert a tensor of its own). The down projection's input rows are
-  inside the dispatch and not recorded."""
+  [E, N, K], each expert a tensor of its own), or ``weight_sums`` where the weights' sums
+  came with their quantization (:func:`experts_weights_once`). The down projection's
+  input rows are inside the dispatch and not recorded."""
   rows, _, _, gate, up, down = args
   swap = lambda w: jnp.swapaxes(w, -1, -2)  # noqa: E731
-  return {"input": operand_telemetry.operand_sums(rows, roles.input),
-          **{f"weight_{n}": operand_telemetry.expert_sums(swap(w), roles.weight)
-             for n, w in (("gate", gate), ("up", up), ("down", down))}}
+  if weight_sums is None:
+    weight_sums = {f"weight_{n}": operand_telemetry.expert_sums(swap(w), roles.weight)
+                   for n, w in (("gate", gate), ("up", up), ("down", down))}
+  return {"input": operand_telemetry.operand_sums(rows, roles.input), **weight_sums}

@@ -26,9 +26,8 @@ With the tensor-core accumulation model the three GEMMs run through
 every dW_e equal the dense simulation (``fp8_dot_general``) of that expert's GEMM bit for bit,
 wherever the rows' scales are the same (not the per-tensor levels all experts share).
 
-Each expert's weight is quantized as a tensor of its own (its own per-tensor level with
-two-level NVFP4 scales); the rows X and dY share one per-tensor level over all experts.
-"""
+Each expert's weight is a tensor of its own (its own per-tensor level with two-level NVFP4
+scales); X and dY share one per-tensor level over all experts."""
 
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ def _wgrad_product(a, b, sizes):
 
 
 def _check(cfg: gemm_lib.GemmConfig):
-  for direction in ("fprop", "dgrad", "wgrad"):
-    if getattr(cfg, direction) == "fp8_native":
-      raise ValueError(f"{direction}=fp8_native is not available for the grouped GEMM")
+  if native := [d for d in ("fprop", "dgrad", "wgrad") if getattr(cfg, d) == "fp8_native"]:
+    raise ValueError(f"{native[0]}=fp8_native is not available for the grouped GEMM")
 
 
 def _tensor_core(cfg: gemm_lib.GemmConfig) -> bool:
@@ -142,14 +140,15 @@ def _buffers(*arrays):
   return out[0] if len(arrays) == 1 else out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _grouped(x, w, sizes, cfg, layout):
-  return _forward(_buffers(x), w, sizes, cfg, layout)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _grouped(x, w, sizes, w_once, cfg, layout):
+  return _fprop(_buffers(x), w, _layout_sizes(sizes, layout), cfg, layout, None,
+                _once(w, w_once, cfg)).astype(x.dtype)
 
 
-def _forward(x, w, sizes, cfg, layout):
-  return _fprop(x, w, _layout_sizes(sizes, layout), cfg, layout, None,
-                grouped_operands.weight_quantized_once(w, cfg)).astype(x.dtype)
+def _once(w, w_once, cfg):
+  """The once-quantized weights: the caller's, else quantized here (or None)."""
+  return grouped_operands.weight_quantized_once(w, cfg) if w_once is None else w_once
 
 
 def _layout_sizes(sizes, layout: int):
@@ -184,9 +183,9 @@ def _fprop(x, w, sizes, cfg, layout, xq=None, w_once=None):
   return _rdot(_deq(xq), jnp.swapaxes(jax.vmap(_deq)(wq), -1, -2), sizes, "fp8")
 
 
-def _fwd(x, w, sizes, cfg, layout):
+def _fwd(x, w, sizes, w_once, cfg, layout):
   x = _buffers(x)
-  w_once = grouped_operands.weight_quantized_once(w, cfg)
+  w_once = _once(w, w_once, cfg)
   w_res = w if w_once is None else w_once  # the 8-bit weight, for Dgrad
   if grouped_operands.one_pass(cfg, layout, *x.shape, w.shape[-1]):
     xq, xtq = grouped_operands.both_ways(x, cfg.roles.input)
@@ -324,7 +323,7 @@ def _bwd(cfg, layout, res, dy):
     dyq, dytq = grouped_operands.both_ways(_buffers(dy), cfg.roles.grad)
     dx = _dgrad(dyq, w, sizes, cfg, layout, x.dtype)
     return dx.astype(x.dtype), _wgrad_quantized(x, dytq, sizes, cfg, layout).astype(
-        w.dtype), None
+        w.dtype), None, None
   x, dy = _buffers(x, dy)
   dy_out, dy = dy, dy.astype(jnp.float32)  # dY in the output's dtype, and in float32
   if cfg.dgrad == "bf16":
@@ -338,7 +337,7 @@ def _bwd(cfg, layout, res, dy):
     dw = _wgrad_tensor_core(x, dy_out, real_sizes, cfg, layout)
   else:
     dw = _wgrad_fp32(x, dy_out, real_sizes, cfg, layout)
-  return dx.astype(x.dtype), dw.astype(w.dtype), None
+  return dx.astype(x.dtype), dw.astype(w.dtype), None, None
 
 
 _grouped.defvjp(_fwd, _bwd)
@@ -346,7 +345,8 @@ _grouped.defvjp(_fwd, _bwd)
 
 def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
                    config: gemm_lib.GemmConfig = gemm_lib.FP32_BLOCKWISE,
-                   group_multiple: int = 1) -> jax.Array:
+                   group_multiple: int = 1, w_once: qtensor.QTensor | None = None
+                   ) -> jax.Array:
   """Grouped GEMM with simulated FP8 operands.
 
   Args:
@@ -360,6 +360,8 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
       the tensor-core model).
     group_multiple: the rows' layout; 1 or a multiple of :func:`group_multiple_of` (config),
       so that Wgrad needs no padding copies of its own.
+    w_once: ``w`` as quantized by ``grouped_operands.weights_once`` (configs where
+      ``grouped_operands.weight_once`` holds), when the caller has it; None: quantized here.
 
   Returns:
     [N, F] in x's dtype (zeros on padding rows).
@@ -374,7 +376,12 @@ def fp8_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array,
   if group_multiple < 1 or (group_multiple > 1 and group_multiple % need):
     raise ValueError(f"group_multiple={group_multiple} must be 1 or a multiple of the "
                      f"{need} rows each group is padded to for this config's Wgrad")
-  return _grouped(x, w, group_sizes.astype(jnp.int32), config, group_multiple)
+  if w_once is not None and (not grouped_operands.weight_once(config)
+                             or tuple(w_once.shape) != tuple(w.shape)):
+    raise ValueError(f"fp8_ragged_dot: w_once must quantize w {tuple(w.shape)} once "
+                     f"(grouped_operands.weight_once), got {tuple(w_once.shape)} for "
+                     f"{config.describe()}")
+  return _grouped(x, w, group_sizes.astype(jnp.int32), w_once, config, group_multiple)
 
 
 def matmul_for(impl: str, config: gemm_lib.GemmConfig | None):

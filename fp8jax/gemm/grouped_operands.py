@@ -17,7 +17,8 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.kernels import placement, tile_quant_pallas
+from fp8jax.gemm import operand_telemetry
+from fp8jax.kernels import block_quant_pallas, placement, tile_quant_pallas
 from fp8jax.kernels import scaled_matmul_pallas as smp
 from fp8jax.quant import qtensor
 
@@ -101,15 +102,57 @@ def fprop_reads_transposed(fp8_dots: bool) -> bool:
   return not fp8_dots
 
 
+def _block_kernel(cfg: gemm_lib.GemmConfig, shape) -> bool:
+  """Whether the once-quantized weights of ``shape`` [E, K, F] come from the one-read
+  kernel (:mod:`fp8jax.kernels.block_quant_pallas`, interpreted off GPU)."""
+  return (kernels_on(cfg) and block_quant_pallas.supports(tuple(shape), cfg.roles.weight)
+          and block_quant_pallas.rounds_exactly())
+
+
+def _from_kernel(w, cfg, in_dtype, stats: bool):
+  spec = cfg.roles.weight
+  data, scale_inv, block_stats = block_quant_pallas.quantize_blocks(
+      w, spec, in_dtype=in_dtype, stats=stats, interpret=jax.default_backend() != "gpu")
+  b = block_quant_pallas.block_of(spec)
+  return qtensor.QTensor(data, scale_inv, (b, b), jnp.dtype(in_dtype or w.dtype)), block_stats
+
+
 def weight_quantized_once(w: jax.Array, cfg: gemm_lib.GemmConfig) -> qtensor.QTensor | None:
   """Each expert's weight of ``w`` [E, K, F] quantized on its own, in its own layout, for
-  both Fprop and Dgrad where :func:`weight_once` holds, else None."""
+  both Fprop and Dgrad where :func:`weight_once` holds, else None; in one read where the
+  kernel takes the spec (:func:`weights_once`)."""
   if not weight_once(cfg):
     return None
+  if _block_kernel(cfg, w.shape):
+    return _from_kernel(w, cfg, None, False)[0]
   spec = cfg.roles.weight
   # Materialized: fused into its consumers, XLA quantized W once more for the swapped
   # payload (reading float32 W transposed) instead of swapping the 8-bit one.
   return lax.optimization_barrier(jax.vmap(lambda m: qtensor.quantize(m, spec))(w))
+
+
+def weights_once(w: jax.Array, cfg: gemm_lib.GemmConfig, dtype, telemetry: bool = True
+                 ) -> tuple[qtensor.QTensor, dict[str, jax.Array] | None]:
+  """``weight_quantized_once(w.astype(dtype), cfg)`` and, with ``telemetry``, its operand
+  telemetry sums (:func:`fp8jax.gemm.operand_telemetry.sums_of_blocks`, each expert a
+  tensor of its own), for a caller that passes the quantization to ``fp8_ragged_dot(...,
+  w_once=)``. Where the kernel takes the spec it reads ``w`` (float32 parameters) once for
+  both, rounding to ``dtype`` in the kernel; else XLA quantizes ``w.astype(dtype)`` and
+  takes the statistics of its blocks. Requires :func:`weight_once` (``cfg``)."""
+  if not weight_once(cfg):
+    raise ValueError(f"weights_once needs a config whose weights are quantized once "
+                     f"(grouped_operands.weight_once); got {cfg.describe()}")
+  w = lax.stop_gradient(w)
+  if _block_kernel(cfg, w.shape):
+    qt, stats = _from_kernel(w, cfg, jnp.dtype(dtype), telemetry)
+  elif not telemetry:
+    return weight_quantized_once(w.astype(dtype), cfg), None
+  else:
+    spec = cfg.roles.weight
+    qt, stats = jax.vmap(lambda m: operand_telemetry.block_stats(m, spec))(w.astype(dtype))
+    qt = lax.optimization_barrier(qt)  # as weight_quantized_once
+  return qt, (operand_telemetry.sums_of_blocks(qt, stats, experts=True) if telemetry
+              else None)
 
 
 def both_ways(x: jax.Array, spec) -> tuple[qtensor.QTensor, qtensor.QTensor]:
@@ -123,4 +166,4 @@ def both_ways(x: jax.Array, spec) -> tuple[qtensor.QTensor, qtensor.QTensor]:
 
 
 __all__ = ["both_ways", "fp8_wgrad", "kernels_on", "one_pass", "rows_first",
-           "weight_once", "weight_quantized_once"]
+           "weight_once", "weight_quantized_once", "weights_once"]

@@ -48,46 +48,73 @@ def _histogram(bins: jax.Array) -> jax.Array:
   return jnp.diff(edges).astype(jnp.float32)
 
 
-def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
-  """Additive telemetry sums of quantizing ``x`` (contraction-last, any rank) with
-  ``spec``: the :data:`COUNTS` scalars and ``log2_hist`` float32 [LOG2_BINS]."""
+def block_stats(x: jax.Array, spec: spec_lib.QuantSpec):
+  """``x`` quantized with ``spec`` and per-block statistics of that quantization.
+
+  Returns:
+    ``(qt, stats)``: the QTensor and a dict of float32 arrays shaped like its
+    ``scale_inv`` (one entry per block), named as
+    :data:`fp8jax.kernels.block_quant_pallas.STATS` (which computes the same in one read):
+    ``amax``, ``saturated`` (0/1), ``flushed`` (0/1), ``finite`` (count), ``sum_q2`` and
+    ``sum_q4`` (of the dequantized block, non-finite values as 0).
+  """
   x = lax.stop_gradient(x)
   spec = spec.replace(noise_control=False)
   qt, scaled, _ = qtensor.quantize_with_scaled(x, spec)
   block = qt.full_block
   f32 = jnp.float32
-  amax = blocks.block_amax(x, block)
   sat = telemetry_lib.saturates(jnp.abs(scaled), spec.fmt).astype(f32)
   live = jnp.isfinite(x) & (x != 0)
   flushed = (live & (qtensor.payload_f32(qt.data) == 0)).astype(f32)
+  q = qtensor.dequantize(qt, f32)
+  q2 = jnp.square(jnp.where(jnp.isfinite(q), q, 0.0))
+  any_of = lambda v: (blocks.block_sum(v, block) > 0).astype(f32)  # noqa: E731
+  return qt, {"amax": blocks.block_amax(x, block), "saturated": any_of(sat),
+              "flushed": any_of(flushed), "finite": blocks.block_sum(jnp.isfinite(x), block),
+              "sum_q2": blocks.block_sum(q2, block), "sum_q4": blocks.block_sum(q2 * q2, block)}
+
+
+def sums_of_blocks(qt: qtensor.QTensor, stats: dict[str, jax.Array],
+                   experts: bool = False) -> dict[str, jax.Array]:
+  """The additive sums (:data:`COUNTS` and ``log2_hist``) of one operand from its
+  per-block ``stats`` (:func:`block_stats`) and quantization ``qt``. ``experts``: the
+  leading axis stacks experts, each a tensor of its own (kurtosis per expert, averaged;
+  ``operands`` counts one)."""
+  f32 = jnp.float32
+  amax = stats["amax"]
   scale = qt.scale_inv.astype(f32)
   if qt.tensor_scale_inv is not None:
-    scale = scale * qt.tensor_scale_inv
+    tensor = qt.tensor_scale_inv
+    scale = scale * (tensor.reshape(tensor.shape + (1,) * (scale.ndim - tensor.ndim))
+                     if experts else tensor)
   nonzero = (amax > 0) & jnp.isfinite(amax) & jnp.isfinite(scale)  # NaN/inf blocks: apart
   bins = jnp.clip(jnp.floor(jnp.log2(jnp.where(nonzero, scale, 1.0))) - LOG2_LOW, 0,
                   LOG2_BINS - 1).astype(jnp.int32)
   hist = _histogram(jnp.where(nonzero, bins, LOG2_BINS).ravel())
-  q = qtensor.dequantize(qt, f32)
-  q = jnp.where(jnp.isfinite(q), q, 0.0)
-  n = jnp.sum(jnp.isfinite(x), dtype=f32)
-  q2, q4 = jnp.sum(q * q), jnp.sum(q ** 4)
-  kurtosis = jnp.where(q2 > 0, n * q4 / jnp.where(q2 > 0, q2 * q2, 1.0), 0.0)
+  axes = tuple(range(1 if experts else 0, amax.ndim))
+  n = jnp.sum(stats["finite"], axis=axes)
+  q2, q4 = jnp.sum(stats["sum_q2"], axis=axes), jnp.sum(stats["sum_q4"], axis=axes)
+  kurtosis = jnp.mean(jnp.where(q2 > 0, n * q4 / jnp.where(q2 > 0, q2 * q2, 1.0), 0.0))
   return {"blocks": f32(amax.size),
-          "saturated_blocks": jnp.sum(blocks.block_sum(sat, block) > 0, dtype=f32),
-          "underflow_blocks": jnp.sum(blocks.block_sum(flushed, block) > 0, dtype=f32),
-          "zero_blocks": jnp.sum(amax == 0, dtype=f32), "elements": n, "sum_q2": q2,
-          "sum_q4": q4, "kurtosis_sum": kurtosis, "operands": f32(1), "log2_hist": hist}
+          "saturated_blocks": jnp.sum(stats["saturated"] > 0, dtype=f32),
+          "underflow_blocks": jnp.sum(stats["flushed"] > 0, dtype=f32),
+          "zero_blocks": jnp.sum(amax == 0, dtype=f32), "elements": jnp.sum(n),
+          "sum_q2": jnp.sum(q2), "sum_q4": jnp.sum(q4), "kurtosis_sum": kurtosis,
+          "operands": f32(1), "log2_hist": hist}
+
+
+def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
+  """Additive telemetry sums of quantizing ``x`` (contraction-last, any rank) with
+  ``spec``: the :data:`COUNTS` scalars and ``log2_hist`` float32 [LOG2_BINS]."""
+  return sums_of_blocks(*block_stats(x, spec))
 
 
 def expert_sums(w_t: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
   """:func:`operand_sums` of stacked expert weights [E, N, K], each expert quantized as a
   tensor of its own (as the grouped GEMM does), summed over the experts (``operands``
   counts one)."""
-  per = jax.vmap(lambda w: operand_sums(w, spec))(w_t)
-  out = {k: jnp.sum(v, axis=0) for k, v in per.items()}
-  out["kurtosis_sum"] = out["kurtosis_sum"] / w_t.shape[0]
-  out["operands"] = jnp.float32(1)
-  return out
+  qt, stats = jax.vmap(lambda w: block_stats(w, spec))(w_t)
+  return sums_of_blocks(qt, stats, experts=True)
 
 
 def add(*sums: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -265,3 +265,12 @@ def stochastic_round_to_format(x: jnp.ndarray, fmt: FloatFormat,
   mag = jnp.minimum(mag, np.float32(fmt.max))
   out = jnp.where(jnp.signbit(x), -mag, mag)
   return jnp.where(jnp.isnan(x), x, out)
+
+
+def saturates(a: jax.Array, fmt) -> jax.Array:
+  """|v| = ``a`` rounds past ``fmt.max``: above the midpoint to the next binade value, or
+  on it when max's last mantissa bit is odd (ties to even go up). NaN: False."""
+  half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
+  mid = np.float32(fmt.max + half_ulp)  # exact: a float32 value
+  odd = int(round(fmt.max / (2 * half_ulp))) % 2 == 1
+  return (a >= mid) if odd else (a > mid)

@@ -11,6 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fp8jax.numerics import formats
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +88,4 @@ def measure(x: jax.Array, scaled: jax.Array, payload: jax.Array, x_hat: jax.Arra
   )
 
 
-def saturates(a: jax.Array, fmt) -> jax.Array:
-  """|v| = ``a`` rounds past ``fmt.max``: above the midpoint to the next binade value, or
-  on it when max's last mantissa bit is odd (ties to even go up). NaN: False."""
-  half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
-  mid = fmt.max + half_ulp
-  odd = int(round(fmt.max / (2 * half_ulp))) % 2 == 1
-  return (a >= mid) if odd else (a > mid)
+saturates = formats.saturates  # also this module's API

@@ -1,0 +1,69 @@
+"""The routed experts' weights quantized once, from the parameters, for both the grouped
+GEMM and its operand telemetry (``moe.experts_weights_once``): the same logits, gradients
+and telemetry as when the GEMM quantizes each weight itself and the telemetry again.
+
+On the CPU the kernels run interpreted: ``kernels_on`` is patched to hold for FP32
+accumulation, as on one GPU.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from fp8jax.gemm import grouped_operands
+from fp8jax.kernels import block_quant_pallas
+from fp8jax.models import config as config_lib
+from fp8jax.models import deepseek_moe, moe
+from fp8jax.models import policy as policy_lib
+
+# 128-wide hidden and expert widths: whole 128 x 128 weight blocks, for the one-read kernel
+CFG = config_lib.tiny(num_hidden_layers=2, hidden_size=128, moe_intermediate_size=128,
+                      n_routed_experts=4)
+
+
+def _grads(policy):
+  params = deepseek_moe.init(CFG, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 64), 0, CFG.vocab_size)
+
+  def loss(p):
+    logits, aux = deepseek_moe.apply(p, tokens, CFG, policy, gemm_telemetry=True)
+    return deepseek_moe.lm_loss(logits, tokens), (logits, aux["gemm_telemetry"])
+
+  return jax.device_get(jax.jit(jax.value_and_grad(loss, has_aux=True))(params))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["fp32_blockwise_mma"])
+def test_once_equals_quantizing_apart(recipe, monkeypatch):
+  monkeypatch.setattr(grouped_operands, "kernels_on",
+                      lambda cfg: cfg.accumulation.mode == "fp32")
+  calls = []
+  kernel = block_quant_pallas.quantize_blocks
+  monkeypatch.setattr(block_quant_pallas, "quantize_blocks",
+                      lambda w, spec, **k: (calls.append((w.dtype, k["stats"])),
+                                            kernel(w, spec, **k))[1])
+  policy = policy_lib.parse_policy(f"gemm:{recipe}")
+  (loss, (logits, tel)), grads = _grads(policy)
+  # one read per weight: the float32 parameters, with the telemetry's statistics
+  assert calls == [(np.dtype("float32"), True)] * 3
+  calls.clear()
+  with monkeypatch.context() as m:
+    m.setattr(moe, "experts_weights_once", lambda *a: (None, None))
+    (want_loss, (want_logits, want_tel)), want_grads = _grads(policy)
+  # the GEMM quantizes each bfloat16 weight itself; the telemetry quantizes W^T again (XLA)
+  assert calls == [(np.dtype("bfloat16"), False)] * 3
+  assert loss == want_loss
+  np.testing.assert_array_equal(logits, want_logits)
+  for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(grads)[0],
+                          jax.tree.leaves(want_grads), strict=True):
+    np.testing.assert_array_equal(g, w, err_msg=jax.tree_util.keystr(path))
+  routed = [path for path in tel if path.endswith("experts") and "shared" not in path]
+  assert len(routed) == 1
+  assert set(tel[routed[0]]) == {"input", "weight_gate", "weight_up", "weight_down"}
+  for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(tel)[0],
+                               jax.tree.leaves(want_tel), strict=True):
+    key = jax.tree_util.keystr(path)
+    if any(s in key for s in ("sum_q2", "sum_q4", "kurtosis_sum")):
+      np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=key)  # summed in another order
+    else:
+      np.testing.assert_array_equal(got, want, err_msg=key)
