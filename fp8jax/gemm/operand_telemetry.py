@@ -41,11 +41,13 @@ COUNTS = ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elem
 def _histogram(bins: jax.Array) -> jax.Array:
   """float32 [LOG2_BINS] counts of the int32 ``bins`` in [0, LOG2_BINS) (others ignored).
 
-  By sorting and searching the bin edges, not by a scatter-add: on a GPU the blocks of an
-  operand fall in a few bins, and the scatter's atomic adds to them serialize (7 ms per
-  step at the 2B shapes on an H100, against a sort of ~1M keys). Counts are exact."""
-  edges = jnp.searchsorted(jnp.sort(bins), jnp.arange(LOG2_BINS + 1, dtype=bins.dtype))
-  return jnp.diff(edges).astype(jnp.float32)
+  By comparing every bin with every entry in one reduction (exact int32 counts). On a GPU a
+  scatter-add serializes its atomic adds to the few bins an operand's blocks fall in (7 ms
+  per step at the 2B shapes on an H100), and a sort with a search of the bin edges is a
+  loop of small kernels (about 2 ms per step of the recipe pair's telemetry)."""
+  edges = jnp.arange(LOG2_BINS, dtype=bins.dtype)
+  return jnp.sum(bins.reshape(1, -1) == edges[:, None], axis=1, dtype=jnp.int32).astype(
+      jnp.float32)
 
 
 def block_stats(x: jax.Array, spec: spec_lib.QuantSpec):

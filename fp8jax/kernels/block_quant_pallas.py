@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.kernels import fake_quant_pallas
@@ -87,15 +88,24 @@ def _kernel(x_ref, q_ref, s_ref, *stat_refs, spec: spec_lib.QuantSpec, in_dtype)
     return
   one, zero = jnp.float32(1), jnp.float32(0)
   p = payload.astype(jnp.float32)
-  finite = jnp.isfinite(x)
-  flushed = finite & (x != 0) & (p == 0)
+  flushed = jnp.isfinite(x) & (x != 0) & (p == 0)
   q = p * inv
   q = jnp.where(jnp.isfinite(q), q, zero)
   q2 = q * q
-  values = {"amax": amax,
-            "saturated": jnp.max(jnp.where(formats.saturates(jnp.abs(scaled), fmt), one, zero)),
-            "flushed": jnp.max(jnp.where(flushed, one, zero)),
-            "finite": jnp.sum(jnp.where(finite, one, zero)),
+
+  def finite_block():
+    # |x * s| rounds monotonically in |x|: the largest is amax * s (subnormals, which the
+    # amax reads as 0, scale far below the format's range)
+    return (jnp.where(formats.saturates(amax * s, fmt), one, zero),
+            amax * 0 + x.size)  # a traced value: Triton's branches yield no constants
+
+  def other_block():  # NaN or inf: element by element
+    return (jnp.max(jnp.where(formats.saturates(jnp.abs(scaled), fmt), one, zero)),
+            jnp.sum(jnp.where(jnp.isfinite(x), one, zero)))
+
+  saturated, finite = lax.cond(amax < jnp.inf, finite_block, other_block)
+  values = {"amax": amax, "saturated": saturated,
+            "flushed": jnp.max(jnp.where(flushed, one, zero)), "finite": finite,
             "sum_q2": jnp.sum(q2), "sum_q4": jnp.sum(q2 * q2)}
   for name, ref in zip(STATS, stat_refs):
     ref[...] = jnp.full((1, 1), values[name], jnp.float32)
