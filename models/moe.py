@@ -123,7 +123,8 @@ def experts_dispatch(x, weights, ids, gate, up, down,
   without per-tensor scaling: a quantized GEMM would scale the two weights together.
 
   ``once``: the three weights as already quantized for ``fp8_ragged_dot`` (its ``w_once``;
-  :func:`experts_weights_once`), or None.
+  :func:`experts_weights_once`), or None; with ``fuse_gate_up`` the GEMM quantizes the
+  concatenated weights itself and only the down projection's is used.
 
   Returns:
     [T, d] in x's dtype.
@@ -147,8 +148,6 @@ def experts_dispatch(x, weights, ids, gate, up, down,
 
   qg, qu, qd = (None, None, None) if once is None else once
   if fuse_gate_up:
-    if once is not None:
-      raise ValueError("fuse_gate_up takes no once-quantized weights")
     f = gate.shape[-1]
     both = grouped_matmul(x_sorted, jnp.concatenate([gate, up], -1).astype(x.dtype), sizes)
     h = jax.nn.silu(both[:, :f]) * both[:, f:]
@@ -175,6 +174,8 @@ def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
   (``jax.set_mesh``) whose ``data`` axis has ``groups`` devices, each device runs its own
   group in a ``shard_map``: XLA cannot partition a kernel's custom call and would
   otherwise gather every group onto every device.
+
+  ``once``: the routed weights as quantized once (:func:`experts_dispatch`), or None.
 
   Returns:
     [groups, T / groups, d].

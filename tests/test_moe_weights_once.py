@@ -6,11 +6,15 @@ On the CPU the kernels run interpreted: ``kernels_on`` is patched to hold for FP
 accumulation, as on one GPU.
 """
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8jax.gemm import grouped_operands
+import fp8jax
+from fp8jax.gemm import grouped, grouped_operands, operand_telemetry
 from fp8jax.kernels import block_quant_pallas
 from fp8jax.models import config as config_lib
 from fp8jax.models import deepseek_moe, moe
@@ -67,3 +71,38 @@ def test_once_equals_quantizing_apart(recipe, monkeypatch):
       np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=key)  # summed in another order
     else:
       np.testing.assert_array_equal(got, want, err_msg=key)
+
+
+def _cfg(b=32):
+  base = fp8jax.recipes.recipe("fp32_blockwise").replace(impl="pallas")
+  weight = base.roles.weight.replace(granularity=fp8jax.block((b, b)))
+  return base.replace(roles=dataclasses.replace(base.roles, weight=weight))
+
+
+def test_weights_once_without_the_kernel_gives_the_telemetry_of_w_transposed():
+  """Shapes the kernel does not take (100 rows: no whole 32-row blocks) go through XLA:
+  the quantization of ``w.astype(dtype)`` and the telemetry ``expert_sums`` gives W^T."""
+  w = jax.random.normal(jax.random.key(3), (2, 100, 64), jnp.float32)
+  cfg = _cfg()
+  assert not block_quant_pallas.supports(w.shape, cfg.roles.weight)
+  qt, sums = grouped_operands.weights_once(w, cfg, jnp.bfloat16)
+  want = grouped_operands.weight_quantized_once(w.astype(jnp.bfloat16), cfg)
+  np.testing.assert_array_equal(np.asarray(qt.data).view(np.uint8),
+                                np.asarray(want.data).view(np.uint8))
+  tel = operand_telemetry.expert_sums(jnp.swapaxes(w.astype(jnp.bfloat16), -1, -2),
+                                      cfg.roles.weight)
+  for k, v in tel.items():
+    np.testing.assert_allclose(np.asarray(sums[k]), np.asarray(v), rtol=1e-5, err_msg=k)
+  assert grouped_operands.weights_once(w, cfg, jnp.bfloat16, telemetry=False)[1] is None
+
+
+def test_fp8_ragged_dot_refuses_a_w_once_that_does_not_fit():
+  w = jnp.zeros((2, 64, 64), jnp.float32)
+  x, sizes = jnp.zeros((64, 64), jnp.bfloat16), jnp.asarray([32, 32], jnp.int32)
+  qt, _ = grouped_operands.weights_once(w, _cfg(), jnp.bfloat16, telemetry=False)
+  with pytest.raises(ValueError, match="w_once must quantize w"):
+    grouped.fp8_ragged_dot(x, w[:, :, :32], sizes, _cfg(), w_once=qt)  # another shape
+  with pytest.raises(ValueError, match="w_once must quantize w"):  # no weight_once here
+    grouped.fp8_ragged_dot(x, w, sizes, _cfg().replace(impl="xla"), w_once=qt)
+  with pytest.raises(ValueError, match="weights_once needs a config"):
+    grouped_operands.weights_once(w, _cfg().replace(impl="xla"), jnp.bfloat16)

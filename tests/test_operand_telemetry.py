@@ -72,3 +72,13 @@ def test_operand_sums_add_up_and_do_not_touch_gradients():
   assert float(both["saturated_frac"]) > 0  # the OCP rule saturates up to one binade
   g = jax.grad(lambda v: ot.summarize(ot.operand_sums(v, spec))["kurtosis"] + jnp.sum(v))(a)
   np.testing.assert_array_equal(g, jnp.ones_like(a))
+
+
+def test_histogram_counts_bins_as_bincount_does():
+  rng = np.random.default_rng(4)
+  bins = rng.integers(0, ot.LOG2_BINS + 1, 5000).astype(np.int32)  # LOG2_BINS: ignored
+  bins[:50] = 7  # a crowded bin
+  got = np.asarray(ot._histogram(jnp.asarray(bins)))
+  want = np.bincount(bins[bins < ot.LOG2_BINS], minlength=ot.LOG2_BINS)
+  np.testing.assert_array_equal(got, want)
+  assert got.dtype == np.float32 and got.sum() < bins.size

@@ -44,7 +44,9 @@ def _histogram(bins: jax.Array) -> jax.Array:
   By comparing every bin with every entry in one reduction (exact int32 counts). On a GPU a
   scatter-add serializes its atomic adds to the few bins an operand's blocks fall in (7 ms
   per step at the 2B shapes on an H100), and a sort with a search of the bin edges is a
-  loop of small kernels (about 2 ms per step of the recipe pair's telemetry)."""
+  loop of small kernels (3.7 ms of kernels per step of the 2B recipe pair's telemetry). Its work,
+  LOG2_BINS compares per entry, is one fused pass (0.6 ms per step for the 2B pair's 27
+  expert stacks)."""
   edges = jnp.arange(LOG2_BINS, dtype=bins.dtype)
   return jnp.sum(bins.reshape(1, -1) == edges[:, None], axis=1, dtype=jnp.int32).astype(
       jnp.float32)

@@ -13,19 +13,21 @@ scale (:func:`fp8jax.numerics.scales.compute_scale`), and stores the payload
 
 * ``amax``: the block's amax as above (+inf for a block holding NaN or ±inf);
 * ``saturated``: 1 where an element of ``x * s`` rounds past the format's largest value
-  (``|x * s|`` above the midpoint to the next binade value; on it when that value's
-  last mantissa bit is odd);
+  (``|x * s|`` above the midpoint between max and max + ulp(max); on it when max's last
+  mantissa bit is odd);
 * ``flushed``: 1 where a finite nonzero element has a zero payload;
 * ``finite``: the count of finite elements;
 * ``sum_q2`` / ``sum_q4``: sums of ``q^2`` and ``q^4`` over the dequantized block
-  ``q = payload * scale_inv``, non-finite ``q`` counted as 0 (float32, summed within
-  the block in the kernel's order).
+  ``q = payload * scale_inv`` (saturated at the float32 maximum, NaN counted as 0, as
+  ``qtensor.dequantize`` and the telemetry do; float32, summed within the block in the
+  kernel's order).
 
 ``in_dtype`` rounds the input to that dtype first (as ``w.astype(in_dtype)`` would), so
 a float32 parameter is read once and quantized as the bfloat16 weight the model computes
-with. The payload and scales equal ``qtensor.quantize`` of each ``w[e]`` bit for bit where
-the backend's float32 division does (``tests/test_block_quant_pallas.py`` on the CPU,
-``scripts/bench/block_quant.py`` on the GPU).
+with. The payload and scales equal ``qtensor.quantize`` of each ``w[e]`` bit for bit
+wherever Triton's float32 division (``max / amax``, ``1 / s``) rounds as XLA's does:
+``tests/test_block_quant_pallas.py`` on the CPU, ``scripts/bench/block_quant.py`` on an
+H100 (equal on every benchmark weight and on weights spanning 2^-60..2^60).
 
 Pallas is imported when the kernel is called; on CPU pass ``interpret=True``.
 """
@@ -89,8 +91,9 @@ def _kernel(x_ref, q_ref, s_ref, *stat_refs, spec: spec_lib.QuantSpec, in_dtype)
   one, zero = jnp.float32(1), jnp.float32(0)
   p = payload.astype(jnp.float32)
   flushed = jnp.isfinite(x) & (x != 0) & (p == 0)
-  q = p * inv
-  q = jnp.where(jnp.isfinite(q), q, zero)
+  q = p * inv  # as qtensor.dequantize: an overflow saturates at the float32 maximum
+  top = jnp.float32(jnp.finfo(jnp.float32).max)
+  q = jnp.where(jnp.isnan(q), zero, jnp.clip(q, -top, top))
   q2 = q * q
 
   def finite_block():
@@ -127,11 +130,12 @@ def quantize_blocks(w: jax.Array, spec: spec_lib.QuantSpec, *, in_dtype=None,
     ``(payload [E, R, C], scale_inv float32 [E, R / b, C / b], stats)``: ``stats`` a dict
     of float32 [E, R / b, C / b] arrays named by :data:`STATS`, or None.
   """
+  if block_of(spec) is None:
+    raise ValueError(f"quantize_blocks needs a current-scaled E4M3/E5M2 square-block spec "
+                     f"with float32 scales, round to nearest; got {spec.describe()}")
   if not supports(tuple(w.shape), spec):
-    raise ValueError(
-        f"quantize_blocks needs w [E, R, C] with R and C multiples of the block and a "
-        f"current-scaled E4M3/E5M2 square-block spec with float32 scales, round to nearest; "
-        f"got shape {tuple(w.shape)} and {spec.describe()}")
+    raise ValueError(f"quantize_blocks needs w [E, R, C] with R and C multiples of the "
+                     f"{block_of(spec)}-element block; got shape {tuple(w.shape)}")
   for name, dt in (("w", w.dtype), ("in_dtype", in_dtype)):
     if dt is not None and (not jnp.issubdtype(dt, jnp.floating)
                            or jnp.dtype(dt).itemsize == 1):

@@ -268,8 +268,9 @@ def stochastic_round_to_format(x: jnp.ndarray, fmt: FloatFormat,
 
 
 def saturates(a: jax.Array, fmt) -> jax.Array:
-  """|v| = ``a`` rounds past ``fmt.max``: above the midpoint to the next binade value, or
-  on it when max's last mantissa bit is odd (ties to even go up). NaN: False."""
+  """|v| = ``a`` rounds past ``fmt.max``: above the midpoint between max and max +
+  ulp(max), or on it when max's last mantissa bit is odd (ties to even go up). NaN:
+  False."""
   half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
   mid = np.float32(fmt.max + half_ulp)  # exact: a float32 value
   odd = int(round(fmt.max / (2 * half_ulp))) % 2 == 1
