@@ -41,7 +41,10 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.kernels import fake_quant_pallas
-from fp8jax.kernels.tile_quant_pallas import rounds_exactly  # noqa: F401  (this API too)
+from fp8jax.kernels.tile_quant_pallas import (
+  rounds_exactly,  # noqa: F401  (this API too)
+  saturating_payload,
+)
 from fp8jax.numerics import blocks, formats, scales
 from fp8jax.numerics import spec as spec_lib
 
@@ -82,8 +85,7 @@ def _kernel(x_ref, q_ref, s_ref, *stat_refs, spec: spec_lib.QuantSpec, in_dtype)
   s, inv = scales.compute_scale(amax, spec)
   fmt = spec.fmt
   scaled = x * s
-  clipped = jnp.clip(scaled, -fmt.max, fmt.max)
-  payload = jnp.where(jnp.isnan(scaled), scaled, clipped).astype(fmt.dtype)
+  payload = saturating_payload(scaled, fmt)
   q_ref[...] = payload
   s_ref[...] = jnp.full((1, 1), inv, jnp.float32)
   if not stat_refs:

@@ -72,7 +72,7 @@ def rounds_exactly() -> bool:
   return jax.default_backend() != "gpu" or placement.capability_at_least(9)
 
 
-def _payload(v, fmt):
+def saturating_payload(v, fmt):
   """``saturating_cast`` of the scaled float32 ``v`` with NaN kept (Triton's clip drops it)."""
   clipped = jnp.clip(v, -fmt.max, fmt.max)
   return jnp.where(jnp.isnan(v), v, clipped).astype(fmt.dtype)
@@ -83,10 +83,10 @@ def _kernel(x_ref, q_ref, s_ref, qt_ref, st_ref, *, spec: spec_lib.QuantSpec):
   a = blocks.amax_abs(x)
   fmt = spec.fmt
   s_row, inv_row = scales.compute_scale(jnp.max(a, axis=1, keepdims=True), spec)  # [t, 1]
-  q_ref[...] = _payload(x * s_row, fmt)
+  q_ref[...] = saturating_payload(x * s_row, fmt)
   s_ref[...] = inv_row
   s_col, inv_col = scales.compute_scale(jnp.max(a, axis=0, keepdims=True), spec)  # [1, t]
-  qt_ref[...] = _payload(x * s_col, fmt).T
+  qt_ref[...] = saturating_payload(x * s_col, fmt).T
   st_ref[...] = inv_col
 
 
@@ -145,4 +145,5 @@ def quantize_rows_and_columns(x: jax.Array, spec: spec_lib.QuantSpec, *,
   )(x)
 
 
-__all__ = ["FORMATS", "quantize_rows_and_columns", "rounds_exactly", "supports", "tile_of"]
+__all__ = ["FORMATS", "quantize_rows_and_columns", "rounds_exactly", "saturating_payload",
+           "supports", "tile_of"]
