@@ -61,6 +61,10 @@ _TELEMETRY = flags.DEFINE_bool("telemetry", True, "Record the block-scale teleme
 _SCAN = flags.DEFINE_bool("scan_layers", False, "Alike consecutive layers as one lax.scan: "
                           "less to trace and compile (fp8jax.models.layer_scan), slower passes "
                           "(docs/performance.md).")
+_REPLICAS = flags.DEFINE_integer(
+    "replicas", 0, "Data-parallel replicas, each taking the gradients of its own rows of a "
+    "batch (0: one per device; a multiple of the devices computes on fewer devices what "
+    "more would; fp8jax.train.data_parallel).")
 _DETERMINISTIC = flags.DEFINE_bool(
     "deterministic", False, "Deterministic mode: the same bits on every GPU run (XLA's "
     "attention, a one-hot GEMM for the embedding gradient, no autotuning: "
@@ -99,7 +103,7 @@ def main(argv):
                         allow_other_data=_ALLOW_OTHER_DATA.value,
                         delayed_warmup=_DELAYED_WARMUP.value, floor=_FLOOR.value,
                         telemetry=_TELEMETRY.value, deterministic=_DETERMINISTIC.value,
-                        scan_layers=_SCAN.value)
+                        scan_layers=_SCAN.value, replicas=_REPLICAS.value)
   except checkpoint_digest.CheckpointError as e:  # found when the checkpoint is read
     print(f"error: {e}; no row was written from it (python -m fp8jax.experiments.verify "
           "checks every checkpoint; --skip_corrupt_checkpoints compares the others)",

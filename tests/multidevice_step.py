@@ -50,17 +50,21 @@ def run_loop_and_sweep():
   c.train.steps, c.train.save_every, c.train.log_every = 3, 3, 1
   out = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for name, devices, fsdp in (("one", jax.devices()[:1], False), ("four", None, False),
-                                ("fsdp", None, True)):
-      c.train.fsdp = fsdp
+    for name, devices, fsdp, replicas in (("one", jax.devices()[:1], False, 0),
+                                          ("one4", jax.devices()[:1], False, 4),
+                                          ("four", None, False, 0), ("fsdp", None, True, 0)):
+      c.train.fsdp, c.train.replicas = fsdp, replicas
       loop.train(c, f"{tmp}/{name}", devices=devices)
       rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
       out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
     windows = sweep.Windows(batches=1, batch_size=8)
+    # 4 replicas each time (per-tensor amaxes are per replica): vmapped on one device,
+    # one per device on four, and two per device on two
     for name, devices, impl in (("one", jax.devices()[:1], "dispatch"),
-                                ("four", None, "dispatch"), ("pallas", None, "pallas")):
+                                ("four", None, "dispatch"), ("pallas", None, "pallas"),
+                                ("two", jax.devices()[:2], "dispatch")):
       sweep.run(f"{tmp}/one", f"{tmp}/cmp_{name}", policies=["attn@0-2:e4m3"], steps=[3],
-                windows=windows, devices=devices, moe_impl=impl)
+                windows=windows, devices=devices, moe_impl=impl, replicas=4)
       row = json.loads(open(f"{tmp}/cmp_{name}/rows.jsonl").readline())
       out[f"sweep_{name}"] = [row["loss_fp8"], row["diff_norm"], row["norm_bf16"]]
     c.data.global_batch = 6

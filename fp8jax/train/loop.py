@@ -107,11 +107,14 @@ def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = 
   """The sharded ``step(state, tokens) -> (state, metrics)`` of the run config ``cfg`` under
   ``policy``, every precision option applied as in :func:`train`; the state laid out as
   ``sharding``; ``with_routing``: ``metrics["routing"]`` (see ``step.make_train_step``)."""
+  per_device = not cfg.train.fsdp  # FSDP's sharded state: one program, partitioned by XLA
   step = step_lib.make_train_step(
-      model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=mesh.devices.size,
+      model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
+      moe_groups=1 if per_device else mesh.devices.size,
       loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
-      deterministic=cfg.train.deterministic, scan_layers=cfg.train.scan_layers)
+      deterministic=cfg.train.deterministic, scan_layers=cfg.train.scan_layers,
+      mesh=mesh if per_device else None, replicas=cfg.train.replicas or None)
   return mesh_lib.shard_step(step, mesh, sharding)
 
 
@@ -327,7 +330,7 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
   progress = metrics_log.Progress(total, start, stream)
   step_fn = metrics_log.FirstCalls("train", stream).wrap(noise_probe.wrap(
-      step_fn, cfg, model_cfg, policy_lib.parse_policy(cfg.policy), mesh.devices.size, start),
+      step_fn, cfg, model_cfg, policy_lib.parse_policy(cfg.policy), mesh, start),
       "step", "the step")
   weight_norms = jax.jit(lambda p: weights.norms_by_module(p, param_paths.DEEPSEEK))
   batch = next(data) if start < total else None

@@ -25,15 +25,19 @@ import optax
 
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
+from fp8jax.train import data_parallel as dp
 
 SQRT3 = math.sqrt(3.0)
 """The ratio below which FP4 training stopped improving (arXiv 2505.19115)."""
 
 
 def make_probe(model_cfg, policy, moe_impl: str = "dispatch", moe_groups: int = 1,
-               deterministic: bool = False, scan_layers: bool = False):
+               deterministic: bool = False, scan_layers: bool = False, mesh=None,
+               replicas: int | None = None):
   """Returns ``probe(params, delayed, tokens int [B, S]) -> {"probe/grad_norm",
-  "probe/noise_norm", "probe/ratio"}`` (float32 scalars; jit it)."""
+  "probe/noise_norm", "probe/ratio"}`` (float32 scalars; jit it); ``mesh``: each device
+  takes the gradients of its own rows (:mod:`fp8jax.train.data_parallel`; then
+  ``moe_groups`` is 1; ``replicas``: their number, default one per device), or None."""
 
   def grads(params, delayed, tokens, pol):
     def objective(p):
@@ -43,9 +47,16 @@ def make_probe(model_cfg, policy, moe_impl: str = "dispatch", moe_groups: int = 
       return deepseek_moe.lm_loss(logits, tokens) + aux["aux_loss"]
     return jax.tree.map(lambda g: g.astype(jnp.float32), jax.grad(objective)(params))
 
+  def both(params, delayed, tokens):
+    return grads(params, {}, tokens, policy_lib.BF16), grads(params, delayed, tokens, policy)
+
+  if mesh is not None:
+    both = dp.per_device(lambda *args: dp.mean(both(*args)), mesh,
+                         in_specs=(dp.SAME, dp.SAME, dp.ROWS), out_specs=dp.SAME,
+                         replicas=replicas)
+
   def probe(params, delayed, tokens):
-    reference = grads(params, {}, tokens, policy_lib.BF16)
-    quantized = grads(params, delayed, tokens, policy)
+    reference, quantized = both(params, delayed, tokens)
     signal = optax.tree.norm(reference)
     noise = optax.tree.norm(jax.tree.map(jnp.subtract, quantized, reference))
     ratio = jnp.where(noise > 0, signal / noise, jnp.inf)
@@ -84,12 +95,16 @@ class Probed:
     return state, {**metrics, **extra}
 
 
-def wrap(step_fn, cfg, model_cfg, policy, moe_groups: int, start: int):
-  """``step_fn`` probed as the run config ``cfg`` asks (``train.noise_probe_every``); a
-  BF16 run has no quantization noise and is not probed."""
+def wrap(step_fn, cfg, model_cfg, policy, mesh, start: int):
+  """``step_fn`` probed as the run config ``cfg`` asks (``train.noise_probe_every``), on
+  the devices of ``mesh`` as the step runs (per device, or partitioned by XLA with
+  ``train.fsdp``); a BF16 run has no quantization noise and is not probed."""
   every = int(cfg.train.noise_probe_every)
   if not every or policy == policy_lib.BF16:
     return step_fn
-  probe = make_probe(model_cfg, policy, cfg.train.moe_impl, moe_groups,
-                     cfg.train.deterministic, cfg.train.scan_layers)
+  per_device = not cfg.train.fsdp
+  probe = make_probe(model_cfg, policy, cfg.train.moe_impl,
+                     1 if per_device else mesh.devices.size, cfg.train.deterministic,
+                     cfg.train.scan_layers, mesh if per_device else None,
+                     cfg.train.replicas or None)
   return Probed(step_fn, probe, every, start)

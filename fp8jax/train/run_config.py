@@ -80,6 +80,9 @@ def defaults() -> ml_collections.ConfigDict:
       save_every=50,                    # checkpoint at 0, every N steps and at the end
       log_every=10,
       fsdp=False,                       # shard params and optimizer state on "data"
+      replicas=0,                       # data-parallel replicas, each the gradients of its
+                                        # own rows (0: one per device; a multiple of the
+                                        # devices: fp8jax.train.data_parallel); not with fsdp
       moe_impl="dispatch",
       tensorboard=False,
       checkpoints=True,                 # False: no checkpoint at all (speed runs); such a
@@ -230,6 +233,13 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:
     raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
                      f"{t.moe_impl!r}")
+  replicas = int(t.get("replicas", 0))
+  if replicas < 0 or (replicas and int(cfg.data.global_batch) % replicas):
+    raise ValueError(f"train.replicas must be 0 (one per device) or a positive divisor of "
+                     f"data.global_batch {cfg.data.global_batch}, got {t.replicas}")
+  if replicas and t.fsdp:
+    raise ValueError("train.replicas needs the replicated state; with train.fsdp the step "
+                     "is one program over the devices: leave train.replicas at 0")
   if cfg.data.seq_len > model_cfg.max_position_embeddings:
     raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's "
                      f"max_position_embeddings {model_cfg.max_position_embeddings}")

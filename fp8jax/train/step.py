@@ -37,6 +37,7 @@ import optax
 from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
+from fp8jax.train import data_parallel as dp
 from fp8jax.train import loss_scale as loss_scale_lib
 from fp8jax.train import param_gather
 
@@ -82,9 +83,14 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     moe_impl: str = "dispatch", moe_groups: int = 1, *,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                     fp8_param_gather: bool = False, with_routing: bool = False,
-                    deterministic: bool = False, scan_layers: bool = False):
+                    deterministic: bool = False, scan_layers: bool = False, mesh=None,
+                    replicas: int | None = None):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
-  ``moe_groups``: the number of data-parallel devices (see ``deepseek_moe.apply``); the
+  ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
+  (:mod:`fp8jax.train.data_parallel`; the state replicated; ``replicas``: their number,
+  default one per device), or None: one program over
+  the global batch, partitioned by XLA, with ``moe_groups`` the number of data-parallel
+  devices (see ``deepseek_moe.apply``; FSDP's sharded state takes this route); the
   keywords: the precision options of the module docstring; ``deterministic``: the
   embedding's gradient without atomics (:mod:`fp8jax.train.determinism`); ``scan_layers``:
   alike consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`: less to
@@ -100,10 +106,15 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     routing = aux["routing"] if with_routing else {}
     return loss if scale is None else loss * scale, (loss, lm, aux["aux_loss"], routing)
 
+  if mesh is not None and moe_groups != 1:
+    raise ValueError(f"moe_groups is {moe_groups}, but with a mesh each device dispatches "
+                     "its own tokens: leave it at 1")
+  gradients = _gradients(objective, mesh, replicas)
+
   def step(state: TrainState, tokens):
     scale = None if loss_scale is None else state.loss_scale["scale"]
-    (_, (loss, lm, aux, routing)), (grads, delayed) = jax.value_and_grad(
-        objective, argnums=(0, 1), has_aux=True)(state.params, state.delayed, tokens, scale)
+    loss, lm, aux, routing, grads, delayed = gradients(state.params, state.delayed, tokens,
+                                                       scale)
     grads = _float32(grads)  # no-op for float32 params
     if loss_scale is not None:
       grads = loss_scale.unscale(grads, state.loss_scale)
@@ -130,6 +141,35 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     return new_state, metrics
 
   return step
+
+
+def _gradients(objective, mesh, replicas):
+  """``(params, delayed, tokens, scale) -> (loss, lm, aux, routing, grads, delayed)``:
+  the objective's values and its gradients with respect to the params and the amax
+  histories (their update), over the global batch; with ``mesh``, per device and then
+  combined (:mod:`fp8jax.train.data_parallel`)."""
+  def local(params, delayed, tokens, scale):
+    (_, (loss, lm, aux, routing)), (grads, new_delayed) = jax.value_and_grad(
+        objective, argnums=(0, 1), has_aux=True)(params, delayed, tokens, scale)
+    return loss, lm, aux, routing, grads, new_delayed
+
+  if mesh is None:
+    return local
+
+  def combined(params, delayed, tokens, scale):
+    loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale)
+    rows, counts = dp.split_routing(routing)
+    return (*dp.mean((loss, lm, aux)), rows, counts, dp.mean(grads),
+            dp.maximum(new_delayed))
+
+  run = dp.per_device(combined, mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS, dp.SAME),
+                      out_specs=(dp.SAME,) * 3 + (dp.ROWS,) + (dp.SAME,) * 3,
+                      replicas=replicas)
+
+  def gradients(params, delayed, tokens, scale):
+    loss, lm, aux, rows, counts, grads, new_delayed = run(params, delayed, tokens, scale)
+    return loss, lm, aux, dp.merge_routing(rows, counts), grads, new_delayed
+  return gradients
 
 
 def first_nonfinite(finite_groups) -> str | None:

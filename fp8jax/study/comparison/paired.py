@@ -42,6 +42,7 @@ from fp8jax.gemm import operand_telemetry
 from fp8jax.models.config import ModelConfig
 from fp8jax.study.common import noise_floor
 from fp8jax.study.comparison import model_api
+from fp8jax.train import data_parallel as dp
 from fp8jax.train import mesh as mesh_lib
 
 
@@ -73,6 +74,37 @@ def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
     return lm + aux["aux_loss"], (lm, aux["aux_loss"], aux.get("routing", {}),
                                   aux.get("gemm_telemetry", {}))
   return loss_fn
+
+
+def _per_device_grads(loss_fn, mesh, replicas):
+  """``jax.value_and_grad(loss_fn, has_aux=True)`` for ``loss_fn(params, tokens, delayed)
+  -> (loss, (lm, aux_loss, routing, telemetry))`` (:func:`_objective`), each device on its
+  own rows and the results combined (:mod:`fp8jax.train.data_parallel`): the program each
+  device compiles is the one-device program at its share of the batch."""
+  def local(params, tokens, delayed):
+    (loss, (lm, aux, routing, tel)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, tokens, delayed)
+    rows, counts = dp.split_routing(routing)
+    return dp.mean((loss, lm, aux)), rows, counts, dp.operand_telemetry(tel), dp.mean(grads)
+
+  run = dp.per_device(local, mesh, in_specs=(dp.SAME, dp.ROWS, dp.SAME),
+                      out_specs=(dp.SAME, dp.ROWS, dp.SAME, dp.SAME, dp.SAME),
+                      replicas=replicas)
+
+  def value_and_grad(params, tokens, delayed=None):
+    (loss, lm, aux), rows, counts, tel, grads = run(params, tokens, delayed)
+    return (loss, (lm, aux, dp.merge_routing(rows, counts), tel)), grads
+  return value_and_grad
+
+
+def _per_device_histories(loss_fn, mesh, replicas):
+  """The updated amax histories (the gradient with respect to them, ``delayed ->
+  histories``) of ``loss_fn(params, tokens, delayed)``, each device on its own rows,
+  the amaxes combined by max (:mod:`fp8jax.train.data_parallel`)."""
+  def local(delayed, params, tokens):
+    return dp.maximum(jax.grad(lambda d: loss_fn(params, tokens, d)[0])(delayed))
+  return dp.per_device(local, mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS), out_specs=dp.SAME,
+                       replicas=replicas)
 
 
 def _result(base: Baseline, loss, lm, aux, routing, grads, direct, classifier) -> dict:
@@ -122,8 +154,9 @@ class PairedEvaluator:
   Args:
     cfg: the DeepSeek-MoE config, or a :class:`~fp8jax.study.comparison.model_api.StudyModel`.
     policies: the FP8 policies to compare (distinct names).
-    mesh: a ``data`` mesh (params replicated, batch sharded); the MoE dispatches per
-      device (``moe_groups`` = the mesh size).
+    mesh: a ``data`` mesh (params replicated, batch sharded); each device computes the
+      gradients of its own rows (:mod:`fp8jax.train.data_parallel`), and the MoE
+      dispatches each device's tokens.
     moe_impl: the MoE implementation of both passes.
     floor_scale: the relative size of the noise floor's weight perturbation.
     telemetry: record the block-scale telemetry of the GEMM recipes' forward operands
@@ -132,12 +165,14 @@ class PairedEvaluator:
       the policy's compilation).
     deterministic: every pass in the deterministic mode (:mod:`fp8jax.train.determinism`:
       the same bits on every GPU run).
+    replicas: the number of data-parallel replicas (default: one per device of ``mesh``;
+      a multiple of them), each computing the gradients of its own rows.
   """
 
   def __init__(self, cfg: ModelConfig | model_api.StudyModel, policies, mesh,
                moe_impl: str = "dispatch",
                floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True,
-               deterministic: bool = False):
+               deterministic: bool = False, replicas: int | None = None):
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
       raise ValueError(f"policy names must be distinct, got {names}")
@@ -151,9 +186,9 @@ class PairedEvaluator:
     self.objective = objective = functools.partial(_objective, deterministic=deterministic)
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
-    self.moe_groups = mesh.devices.size
-    grad_bf16 = jax.value_and_grad(objective(model, model.baseline, moe_impl,
-                                             self.moe_groups), has_aux=True)
+    self.replicas = replicas or mesh.devices.size
+    grad_bf16 = _per_device_grads(objective(model, model.baseline, moe_impl, 1), mesh,
+                                  self.replicas)
 
     def baseline(params, tokens):
       (loss, (lm, aux, routing, _)), grads = grad_bf16(params, tokens)
@@ -177,21 +212,16 @@ class PairedEvaluator:
           self._variant_fn(policy, direct, moe_impl), in_shardings=(rep, data, base, rep),
           out_shardings=rep)
       if self.empty_state[name]:
-        loss_fn = objective(model, policy, moe_impl, self.moe_groups)
-
-        def warm(delayed, params, tokens, f=loss_fn):  # the updated histories: the gradient
-          return jax.grad(lambda d: f(params, tokens, d)[0])(delayed)
-
-        self.warmup_jits[name] = jax.jit(warm, in_shardings=(rep, rep, data),
-                                         out_shardings=rep)
+        self.warmup_jits[name] = jax.jit(
+            _per_device_histories(objective(model, policy, moe_impl, 1), mesh, self.replicas),
+            in_shardings=(rep, rep, data), out_shardings=rep)
     self.floor_scale = floor_scale
     self.floor_jit = jax.jit(self._floor_fn(moe_impl), in_shardings=(rep, data, base, rep),
                              out_shardings=rep)
 
   def _variant_fn(self, policy, direct, moe_impl):
-    grad_fp8 = jax.value_and_grad(self.objective(self.model, policy, moe_impl,
-                                                 self.moe_groups, self.telemetry),
-                                  has_aux=True)
+    grad_fp8 = _per_device_grads(self.objective(self.model, policy, moe_impl, 1,
+                                                self.telemetry), self.mesh, self.replicas)
 
     def variant(params, tokens, base: Baseline, delayed):
       (loss, (lm, aux, routing, tel)), grads = grad_fp8(params, tokens, delayed)
@@ -203,8 +233,8 @@ class PairedEvaluator:
     return variant
 
   def _floor_fn(self, moe_impl):
-    grad_bf16 = jax.value_and_grad(self.objective(self.model, self.model.baseline, moe_impl,
-                                                  self.moe_groups), has_aux=True)
+    grad_bf16 = _per_device_grads(self.objective(self.model, self.model.baseline, moe_impl,
+                                                 1), self.mesh, self.replicas)
 
     def floor(params, tokens, base: Baseline, key):
       moved = noise_floor.perturb(params, key, self.floor_scale)

@@ -1,0 +1,158 @@
+"""Data parallelism as one program per device (``jax.shard_map`` over the ``data`` axis).
+
+Each device computes the objective and its gradients on its own rows of the batch, then
+the results are combined across the devices: the loss and gradients averaged (one
+all-reduce), per-token outputs concatenated along the batch, counts summed. The program
+each device compiles is the one-device program at the per-device batch plus those
+reductions, so its compile time and memory are those of one device. (Under GSPMD alone
+XLA partitions the whole model, sorts and kernels' custom calls included, and may gather
+activations across devices.)
+
+The devices are data-parallel replicas, as on real hardware (and several replicas can
+share one device, so that fewer devices compute what more would: ``replicas``):
+
+* the loss and the gradients are the means over replicas of each replica's mean, which
+  is the global mean since every replica holds the same number of rows;
+* a quantizer's per-tensor amax (current scaling) is that of the replica's own rows, as
+  Transformer Engine computes it for activations and their gradients without an amax
+  reduction group; tiles and blocks (1 x 128, 128 x 128, MX, NVFP4) lie within one
+  replica's rows wherever its rows are a multiple of the tile;
+* the amax histories of delayed scaling are combined by max across the replicas: every
+  replica pushes the largest amax of the step (Transformer Engine's ``reduce_amax``);
+* the MoE dispatches each replica's tokens on its own (as ``moe_groups`` did);
+* DeepSeek-MoE's balance loss is per sequence (``seq_aux``), hence unchanged; without
+  ``seq_aux`` its statistics are per replica.
+
+So a result depends on the number of replicas, as a real run's does, and not on the
+devices that carry them. With one replica every reduction is the identity and the
+results are those of the plain program.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+
+import jax
+from jax import lax
+from jax.sharding import PartitionSpec
+
+AXIS = "data"
+REPLICA = "replica"  # the vmapped axis of several replicas on one device
+ROWS = PartitionSpec(AXIS)  # split along the batch: each replica's own rows
+SAME = PartitionSpec()  # the same on every replica (replicated, or reduced)
+
+# The routing outputs' per-expert counts (``deepseek_moe.apply``'s ``aux["routing"]``);
+# every other routing leaf is per token, [B, ...].
+COUNTS = "expert_counts"
+
+_axes = contextvars.ContextVar("fp8jax_data_parallel_axes", default=None)
+
+
+def per_device(fn, mesh, in_specs, out_specs, replicas: int | None = None):
+  """``fn`` run by each replica on its own part of the inputs, as laid out by
+  ``in_specs`` (:data:`ROWS` or :data:`SAME` per input, pytree prefixes); its outputs
+  assembled as ``out_specs`` say. ``fn`` must itself make every :data:`SAME` output equal
+  on all replicas (:func:`mean`, :func:`maximum`, :func:`total`). ``in_specs``: a tuple,
+  one spec per argument; ``out_specs``: one spec, or a tuple of one per output.
+
+  ``replicas``: the number of data-parallel replicas (default: one per device of
+  ``mesh``); a multiple of the devices, each device then runs ``replicas / devices`` of
+  them side by side (``jax.vmap``), so that fewer devices compute what more would.
+  """
+  n = mesh.shape[AXIS]
+  replicas = replicas or n
+  if replicas % n:
+    raise ValueError(f"{replicas} data-parallel replicas do not split over the {n} devices "
+                     "of the mesh; use a multiple of them")
+  per = replicas // n
+  single = isinstance(out_specs, PartitionSpec)
+  in_axes = tuple(0 if spec == ROWS else None for spec in in_specs)
+  out_axes = tuple(0 if spec == ROWS else None for spec in ((out_specs,) if single
+                                                             else out_specs))
+
+  def split(x):
+    return x.reshape(per, x.shape[0] // per, *x.shape[1:])
+
+  def merge(x):
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+  def body(*args):
+    token = _axes.set(AXIS if per == 1 else (AXIS, REPLICA))
+    try:
+      if per == 1:
+        return fn(*args)
+      args = [jax.tree.map(split, a) if ax == 0 else a for a, ax in zip(args, in_axes)]
+      out = jax.vmap(fn, in_axes=in_axes, out_axes=out_axes[0] if single else out_axes,
+                     axis_name=REPLICA)(*args)
+      out = (out,) if single else out
+      out = tuple(jax.tree.map(merge, o) if ax == 0 else o for o, ax in zip(out, out_axes))
+      return out[0] if single else out
+    finally:
+      _axes.reset(token)
+
+  return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       check_vma=False)  # the Pallas kernels have no varying-axes rule
+
+
+def _bound_axes():
+  axes = _axes.get()
+  if axes is None:
+    raise ValueError("data_parallel reductions run only inside per_device")
+  return axes
+
+
+def mean(tree):
+  """The mean over the replicas of every leaf (inside :func:`per_device`)."""
+  return lax.pmean(tree, _bound_axes())
+
+
+def total(tree):
+  """The sum over the replicas of every leaf (inside :func:`per_device`)."""
+  return lax.psum(tree, _bound_axes())
+
+
+def maximum(tree):
+  """The largest value over the replicas of every element (inside :func:`per_device`)."""
+  return lax.pmax(tree, _bound_axes())
+
+
+def split_routing(routing: dict) -> tuple[dict, dict]:
+  """``{layer: {name: array}}`` routing outputs as ``(per-token part, counts summed over
+  the devices)``; :func:`merge_routing` puts them back together (outside)."""
+  rows = {layer: {k: v for k, v in r.items() if k != COUNTS} for layer, r in routing.items()}
+  counts = {layer: total(r[COUNTS]) for layer, r in routing.items() if COUNTS in r}
+  return rows, counts
+
+
+def merge_routing(rows: dict, counts: dict) -> dict:
+  """The inverse of :func:`split_routing`."""
+  return {layer: {**r, **({COUNTS: counts[layer]} if layer in counts else {})}
+          for layer, r in rows.items()}
+
+
+def operand_telemetry(tel: dict) -> dict:
+  """GEMM operand telemetry sums ``{path: {role: sums}}``
+  (:mod:`fp8jax.gemm.operand_telemetry`) over all devices: the ``input`` sums (each
+  device's own rows) added, the weights' (``weight``, ``weight_gate``, ...: the same
+  replicated parameters on every device) kept."""
+  return {path: {role: total(sums) if role == "input" else sums
+                 for role, sums in roles.items()} for path, roles in tel.items()}
+
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+               "collective-permute")
+
+
+def collectives(compiled) -> dict[str, list[str]]:
+  """The cross-device operations of a compiled program (``jax.stages.Compiled``):
+  ``{kind: [result shape, ...]}`` per kind of :data:`COLLECTIVES` found in its optimized
+  HLO (an asynchronous pair counted once, by its start)."""
+  found: dict[str, list[str]] = {}
+  kinds = "|".join(COLLECTIVES)
+  pattern = re.compile(rf" = (.+?) ({kinds})(-start)?\(")  # a tuple shape holds spaces
+  for line in compiled.as_text().splitlines():
+    m = pattern.search(line)
+    if m:
+      found.setdefault(m.group(2), []).append(m.group(1))
+  return found

@@ -1,0 +1,60 @@
+"""Run by tests/test_data_parallel.py in a fresh process with 4 simulated CPU devices:
+the compiled programs of the train step and of the paired evaluation, on 1 and on 4
+devices at the same per-device batch, as JSON (collectives and memory per device)."""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_moe as dm  # noqa: E402
+from fp8jax.models import policy as policy_lib  # noqa: E402
+from fp8jax.study.comparison import paired  # noqa: E402
+from fp8jax.train import data_parallel as dp  # noqa: E402
+from fp8jax.train import mesh as mesh_lib  # noqa: E402
+from fp8jax.train import optim  # noqa: E402
+from fp8jax.train import step as step_lib  # noqa: E402
+
+CFG = mc.tiny()
+PER_DEVICE, SEQ = 2, 64
+POLICIES = ("gemm:fp32_blockwise", "attn@0-2:e4m3")
+
+
+def describe(lowered):
+  compiled = lowered.compile()
+  return {"collectives": dp.collectives(compiled),
+          "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
+
+
+def programs(n: int, per_device: bool = True) -> dict:
+  """{name: describe(...)} of the train step and the evaluator's functions on n devices."""
+  mesh = mesh_lib.data_mesh(jax.devices()[:n])
+  tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-3, warmup_steps=1, total_steps=10))
+  step = mesh_lib.shard_step(step_lib.make_train_step(
+      CFG, tx, policy_lib.parse_policy(POLICIES[0]), moe_groups=1 if per_device else n,
+      mesh=mesh if per_device else None), mesh)
+  params = jax.eval_shape(lambda: dm.init(CFG, jax.random.key(0)))
+  state = jax.eval_shape(lambda p: step_lib.init_state(p, tx), params)
+  tokens = jax.ShapeDtypeStruct((PER_DEVICE * n, SEQ), jnp.int32)
+  out = {"train": describe(step.lower(state, tokens))}
+  if per_device:
+    ev = paired.PairedEvaluator(CFG, [policy_lib.parse_policy(p) for p in POLICIES], mesh)
+    rep = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                      sharding=mesh_lib.replicated(mesh)), params)
+    batch = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
+                                 sharding=mesh_lib.batch_sharding(mesh))
+    for label, lower in ev.lowerings(rep, batch, list(ev.policies)).items():
+      out[label] = describe(lower())
+  return out
+
+
+if __name__ == "__main__":
+  assert len(jax.devices()) == 4, jax.devices()
+  json.dump({"one": programs(1), "four": programs(4), "gspmd": programs(4, per_device=False)},
+            sys.stdout)

@@ -1,0 +1,103 @@
+"""Data-parallel replicas (fp8jax.train.data_parallel): the programs on 4 simulated CPU
+devices hold no collective but all-reduces and need no more memory per device than the
+one-device program at the same per-device batch; replicas on one device (vmapped) reduce
+like replicas on several."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax.train import data_parallel as dp
+from fp8jax.train import mesh as mesh_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def programs():
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, str(REPO / "tests" / "data_parallel_programs.py")],
+                       capture_output=True, text=True, env=env, check=True, timeout=900)
+  return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_four_device_programs_only_all_reduce(programs):
+  four = programs["four"]
+  assert set(four) == set(programs["one"])
+  assert "train" in four and "the BF16 baseline" in four and len(four) >= 4
+  for name, program in four.items():
+    kinds = set(program["collectives"])
+    assert kinds <= {"all-reduce"}, (name, program["collectives"])
+    assert "all-reduce" in kinds, name  # the gradients (or the histories) are reduced
+
+
+@pytest.mark.slow
+def test_four_device_programs_fit_one_device_memory(programs):
+  for name, program in programs["four"].items():
+    one = programs["one"][name]["temp_bytes"]
+    assert program["temp_bytes"] <= 1.1 * one + 2**16, (name, program["temp_bytes"], one)
+
+
+@pytest.mark.slow
+def test_collectives_found_where_xla_partitions(programs):
+  """The check sees collectives where they are: the one GSPMD program over the global
+  batch (the route FSDP takes) reduces its gradients too."""
+  assert "all-reduce" in programs["gspmd"]["train"]["collectives"]
+
+
+def test_replicas_on_one_device_reduce_as_on_several():
+  """Two replicas vmapped on one device: the mean, sum and max over replicas, per-row
+  outputs concatenated in order."""
+  mesh = mesh_lib.data_mesh(jax.devices()[:1])
+
+  def fn(w, x):
+    local = jnp.sum(x * w, axis=-1)
+    return dp.mean(jnp.mean(local)), dp.total(jnp.sum(x)), dp.maximum(jnp.max(x)), local * 2
+
+  x = jnp.arange(24.0).reshape(4, 6)
+  w = jnp.linspace(-1.0, 1.0, 6)
+  run = jax.jit(dp.per_device(fn, mesh, in_specs=(dp.SAME, dp.ROWS),
+                              out_specs=(dp.SAME, dp.SAME, dp.SAME, dp.ROWS), replicas=2))
+  mean, total, top, rows = run(w, x)
+  xs, local = np.asarray(x, np.float64), np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  np.testing.assert_allclose(mean, np.mean([local[:2].mean(), local[2:].mean()]), rtol=1e-6)
+  np.testing.assert_allclose(total, xs.sum(), rtol=1e-6)
+  assert float(top) == 23.0
+  np.testing.assert_allclose(rows, 2 * local, rtol=1e-6)
+
+
+def test_replicas_must_split_over_devices_and_run_inside():
+  mesh = mesh_lib.data_mesh(jax.devices()[:1])
+  with pytest.raises(ValueError, match="inside per_device"):
+    dp.mean(jnp.ones(()))
+  if len(jax.devices()) == 1:
+    return
+  with pytest.raises(ValueError, match="do not split over"):
+    dp.per_device(lambda x: x, mesh_lib.data_mesh(jax.devices()[:2]), (dp.ROWS,), dp.ROWS,
+                  replicas=3)
+  del mesh
+
+
+def test_routing_split_and_merge_round_trip():
+  """Per-token routing outputs come back in row order, per-expert counts summed."""
+  mesh = mesh_lib.data_mesh(jax.devices()[:1])
+  ids = jnp.array([[0, 1], [1, 2], [3, 3], [0, 2]])
+
+  def fn(ids):
+    return dp.split_routing({1: {"topk_ids": ids, dp.COUNTS: jnp.bincount(ids.reshape(-1),
+                                                                          length=4)}})
+
+  rows, counts = jax.jit(dp.per_device(fn, mesh, (dp.ROWS,), (dp.ROWS, dp.SAME),
+                                       replicas=2))(ids)
+  merged = dp.merge_routing(rows, counts)
+  np.testing.assert_array_equal(merged[1]["topk_ids"], ids)
+  np.testing.assert_array_equal(merged[1][dp.COUNTS], [2, 2, 2, 2])
