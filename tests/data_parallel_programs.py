@@ -12,6 +12,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from fp8jax.kernels import placement  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import policy as policy_lib  # noqa: E402
@@ -54,7 +55,22 @@ def programs(n: int, per_device: bool = True) -> dict:
   return out
 
 
+def kernels_allowed() -> dict:
+  """Whether a GPU would take the Pallas kernels: inside the replicas' shard_map on 4
+  devices (each its own program), and in the one program XLA partitions over them."""
+  mesh, seen = mesh_lib.data_mesh(), {}
+
+  def body(x):
+    seen["per_device"] = placement.kernels_allowed("gpu")
+    return dp.mean(x.sum())
+
+  jax.jit(dp.per_device(body, mesh, (dp.ROWS,), dp.SAME)).lower(jnp.ones((4, 2)))
+  with jax.set_mesh(mesh):
+    seen["partitioned"] = placement.kernels_allowed("gpu")
+  return seen
+
+
 if __name__ == "__main__":
   assert len(jax.devices()) == 4, jax.devices()
-  json.dump({"one": programs(1), "four": programs(4), "gspmd": programs(4, per_device=False)},
-            sys.stdout)
+  json.dump({"one": programs(1), "four": programs(4), "gspmd": programs(4, per_device=False),
+             "kernels_allowed": kernels_allowed()}, sys.stdout)

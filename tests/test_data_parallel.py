@@ -48,6 +48,14 @@ def test_four_device_programs_fit_one_device_memory(programs):
 
 
 @pytest.mark.slow
+def test_kernels_run_inside_the_replicas_not_under_partitioning(programs):
+  """A GPU takes the Pallas kernels in each replica's program (without them the
+  blockwise GEMM recipe's XLA fallback needed 10x the memory on 2 GPUs), never in a
+  program that XLA partitions."""
+  assert programs["kernels_allowed"] == {"per_device": True, "partitioned": False}
+
+
+@pytest.mark.slow
 def test_collectives_found_where_xla_partitions(programs):
   """The check sees collectives where they are: the one GSPMD program over the global
   batch (the route FSDP takes) reduces its gradients too."""

@@ -2,9 +2,10 @@
 
 XLA cannot partition a kernel's custom call: under a multi-device mesh it would gather
 the operands onto every device and repeat the work there. So ``"auto"`` takes a kernel
-only on a GPU backend and outside a multi-device context mesh (``jax.set_mesh``; the
-trainer and the paired evaluator set theirs, see ``fp8jax.train.mesh.under_mesh``).
-Code that shards by other means on several GPUs should pick the XLA implementations.
+only on a GPU backend, and under a multi-device context mesh (``jax.set_mesh``; see
+``fp8jax.train.mesh.under_mesh``) only where every axis is manual: inside a
+``shard_map``, where each device runs its own program on its own data (the trainer's and
+the paired evaluator's data-parallel replicas, :mod:`fp8jax.train.data_parallel`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ def kernels_allowed(backend: str | None = None) -> bool:
   if (jax.default_backend() if backend is None else backend) != "gpu":
     return False
   mesh = jax.sharding.get_abstract_mesh()
-  return mesh.empty or mesh.size == 1
+  return (mesh.empty or mesh.size == 1
+          or all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types))
 
 
 def capability_at_least(major: int, minor: int = 0) -> bool:

@@ -117,6 +117,26 @@ def maximum(tree):
   return lax.pmax(tree, _bound_axes())
 
 
+def mean_scattered(tree, specs):
+  """:func:`mean` of every leaf, each left split over the devices as ``specs`` (a tree of
+  ``PartitionSpec``s like ``tree``, e.g. :func:`fp8jax.train.mesh.fsdp_sharding`'s): a
+  reduce-scatter along the leaf's ``data`` dimension, half the bytes of an all-reduce;
+  leaves whose spec names no ``data`` dimension are averaged whole. Use the specs as the
+  outputs' ``out_specs``."""
+  axes = _bound_axes()
+  devices = lax.psum(1, AXIS)
+
+  def one(leaf, spec):
+    if AXIS not in tuple(spec):
+      return lax.pmean(leaf, axes)
+    if axes != AXIS:
+      leaf = lax.pmean(leaf, REPLICA)
+    return lax.psum_scatter(leaf, AXIS, scatter_dimension=tuple(spec).index(AXIS),
+                            tiled=True) / devices
+
+  return jax.tree.map(one, tree, specs)
+
+
 def split_routing(routing: dict) -> tuple[dict, dict]:
   """``{layer: {name: array}}`` routing outputs as ``(per-token part, counts summed over
   the devices)``; :func:`merge_routing` puts them back together (outside)."""

@@ -47,13 +47,12 @@ def make_probe(model_cfg, policy, moe_impl: str = "dispatch", moe_groups: int = 
       return deepseek_moe.lm_loss(logits, tokens) + aux["aux_loss"]
     return jax.tree.map(lambda g: g.astype(jnp.float32), jax.grad(objective)(params))
 
-  def both(params, delayed, tokens):
+  def local(params, delayed, tokens):
     return grads(params, {}, tokens, policy_lib.BF16), grads(params, delayed, tokens, policy)
 
-  if mesh is not None:
-    both = dp.per_device(lambda *args: dp.mean(both(*args)), mesh,
-                         in_specs=(dp.SAME, dp.SAME, dp.ROWS), out_specs=dp.SAME,
-                         replicas=replicas)
+  both = local if mesh is None else dp.per_device(
+      lambda *args: dp.mean(local(*args)), mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS),
+      out_specs=dp.SAME, replicas=replicas)
 
   def probe(params, delayed, tokens):
     reference, quantized = both(params, delayed, tokens)

@@ -76,19 +76,23 @@ def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
   return loss_fn
 
 
-def _per_device_grads(loss_fn, mesh, replicas):
+def _per_device_grads(loss_fn, mesh, replicas, grad_specs=None):
   """``jax.value_and_grad(loss_fn, has_aux=True)`` for ``loss_fn(params, tokens, delayed)
   -> (loss, (lm, aux_loss, routing, telemetry))`` (:func:`_objective`), each device on its
   own rows and the results combined (:mod:`fp8jax.train.data_parallel`): the program each
-  device compiles is the one-device program at its share of the batch."""
+  device compiles is the one-device program at its share of the batch. ``grad_specs``:
+  the gradients left split over the devices as these ``PartitionSpec``s say (a
+  reduce-scatter), or None: whole on every device."""
   def local(params, tokens, delayed):
     (loss, (lm, aux, routing, tel)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         params, tokens, delayed)
     rows, counts = dp.split_routing(routing)
-    return dp.mean((loss, lm, aux)), rows, counts, dp.operand_telemetry(tel), dp.mean(grads)
+    grads = dp.mean(grads) if grad_specs is None else dp.mean_scattered(grads, grad_specs)
+    return dp.mean((loss, lm, aux)), rows, counts, dp.operand_telemetry(tel), grads
 
   run = dp.per_device(local, mesh, in_specs=(dp.SAME, dp.ROWS, dp.SAME),
-                      out_specs=(dp.SAME, dp.ROWS, dp.SAME, dp.SAME, dp.SAME),
+                      out_specs=(dp.SAME, dp.ROWS, dp.SAME, dp.SAME,
+                                 dp.SAME if grad_specs is None else grad_specs),
                       replicas=replicas)
 
   def value_and_grad(params, tokens, delayed=None):
@@ -187,8 +191,11 @@ class PairedEvaluator:
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
     self.replicas = replicas or mesh.devices.size
+    # The BF16 gradients stay split over the devices (fsdp_sharding: a reduce-scatter
+    # instead of an all-reduce of 4 bytes per parameter); the metrics reduce them in place.
+    grads = mesh_lib.fsdp_sharding(model.abstract_params(), mesh)
     grad_bf16 = _per_device_grads(objective(model, model.baseline, moe_impl, 1), mesh,
-                                  self.replicas)
+                                  self.replicas, jax.tree.map(lambda s: s.spec, grads))
 
     def baseline(params, tokens):
       (loss, (lm, aux, routing, _)), grads = grad_bf16(params, tokens)
@@ -196,11 +203,9 @@ class PairedEvaluator:
                       *_finiteness(loss, grads))
 
     # The jitted functions (``.lower`` them under ``jax.set_mesh(mesh)``); the methods
-    # below call them under the mesh (see ``mesh_lib.under_mesh``).
-    # The BF16 gradients stay split over the devices (fsdp_sharding: a reduce-scatter
-    # instead of an all-reduce of 4 bytes per parameter); the metrics reduce them in place.
-    grads = mesh_lib.fsdp_sharding(model.abstract_params(), mesh)
-    base = Baseline(rep, rep, rep, grads, rep, rep, rep, rep)
+    # below call them under the mesh (see ``mesh_lib.under_mesh``). The routing stays
+    # split along the batch as the devices computed it (None: as it comes).
+    base = Baseline(rep, rep, rep, grads, rep, None, rep, rep)
     self.baseline_jit = jax.jit(baseline, in_shardings=(rep, data), out_shardings=base)
     self.variant_jits, self.warmup_jits = {}, {}
     # Committed to the mesh, as the warmed-up histories are: one compile per function.
