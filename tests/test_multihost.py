@@ -159,10 +159,12 @@ def test_two_processes_preempt_kill_resume_and_match_one(tmp_path, start):
   ckpts, cmp = run / "train" / "checkpoints", run / "compare"
   study = ["fp8jax.experiments.study", f"--out={run}", *CONFIG, *STUDY]
   # References: 1 process x 4 devices and 1 x 1, the whole run at once (in the background).
+  # Four data-parallel replicas each time (vmapped on the one device).
   refs = {n: single(start, n, tmp_path / f"ref{n}.log", tmp_path / f"rec_ref{n}",
                     tmp_path / f"ref{n}", "fp8jax.experiments.study",
                     f"--out={tmp_path / f'ref{n}'}", *CONFIG, *STUDY,
-                    f"--config.train.steps={STEPS}", POLICIES) for n in (4, 1)}
+                    f"--config.train.steps={STEPS}", "--config.train.replicas=4", POLICIES)
+          for n in (4, 1)}
 
   # 1. SIGTERM to process 1: both processes save at the same step and exit 75.
   log = tmp_path / "1.log"

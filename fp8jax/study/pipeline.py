@@ -51,7 +51,8 @@ def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | No
     sweep.run(train_dir, out / "compare", policies=[*policies, *controls], windows=windows,
               stream=stream, moe_impl=train_config.train.moe_impl,
               delayed_warmup=delayed_warmup, deterministic=train_config.train.deterministic,
-              scan_layers=train_config.train.scan_layers)
+              scan_layers=train_config.train.scan_layers,
+              replicas=train_config.train.get("replicas", 0))
     if branches:
       stage(f"3/{n} branch-off runs: {branches.k} steps of each policy from every checkpoint")
       branch.run(train_dir, out / "branch", policies=policies, branches=branches, stream=stream)

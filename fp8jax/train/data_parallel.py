@@ -95,6 +95,17 @@ def per_device(fn, mesh, in_specs, out_specs, replicas: int | None = None):
                        check_vma=False)  # the Pallas kernels have no varying-axes rule
 
 
+def check_replicas(replicas: int, mesh, batch: int) -> int:
+  """The number of replicas (``replicas``, or one per device of ``mesh`` for 0), checked
+  to be a multiple of the devices that divides ``batch`` (rows)."""
+  n = mesh.shape[AXIS]
+  replicas = replicas or n
+  if replicas < 1 or replicas % n or batch % replicas:
+    raise ValueError(f"{replicas} data-parallel replicas must be a multiple of the {n} "
+                     f"devices and divide the batch of {batch}")
+  return replicas
+
+
 def _bound_axes():
   axes = _axes.get()
   if axes is None:

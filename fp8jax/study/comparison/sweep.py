@@ -53,6 +53,7 @@ from fp8jax.study.comparison.policies import expand_policies, expression, policy
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
   checkpoint_digest,
+  data_parallel,
   determinism,
   metrics_log,
   multihost,
@@ -154,9 +155,8 @@ class _Output:
     if not write:
       return
     out.mkdir(parents=True, exist_ok=True)
-    old = results_io.resumed_meta(out, meta, ("model", "windows", "train_workdir", "data",
-                                              "replicas"), "a sweep",
-                                  optional=("data", "replicas"))
+    keys = ("model", "windows", "train_workdir", "data", "replicas")
+    old = results_io.resumed_meta(out, meta, keys, "a sweep", optional=keys[3:])
     if old is not None:
       for name in set(old["policies"]) & set(meta["policies"]):
         was, now = (m["policies"][name].get("delayed_warmup") for m in (old, meta))
@@ -211,9 +211,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   :mod:`fp8jax.gemm.operand_telemetry`). ``deterministic``: every pass in the deterministic
   mode (:mod:`fp8jax.train.determinism`; recorded in ``meta.json``). ``scan_layers``:
   alike consecutive layers as one ``lax.scan`` (less to trace and compile).
-  ``replicas``: the data-parallel replicas that each take the gradients of their own rows
-  of a batch (0: one per device; a multiple of the devices:
-  :mod:`fp8jax.train.data_parallel`; recorded in ``meta.json``).
+  ``replicas``: the data-parallel replicas, each on its own rows of a batch (0: one per
+  device; :mod:`fp8jax.train.data_parallel`; recorded in ``meta.json``).
 
   ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
   histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
@@ -240,10 +239,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
     raise ValueError(f"delayed_warmup must be >= 0, got {delayed_warmup}")
   mesh = mesh_lib.data_mesh(devices)
   mesh_lib.check_global_batch(windows.batch_size, mesh)
-  replicas = replicas or mesh.devices.size
-  if replicas % mesh.devices.size or windows.batch_size % replicas:
-    raise ValueError(f"replicas {replicas} must be a multiple of the {mesh.devices.size} "
-                     f"devices and divide the batch size {windows.batch_size}")
+  replicas = data_parallel.check_replicas(replicas, mesh, windows.batch_size)
   ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
   available = ckpt.all_steps()
   steps = available if steps is None else sorted(set(int(s) for s in steps))
@@ -262,16 +258,14 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                                 **({"delayed_warmup": delayed_warmup}
                                    if delayed_sites.sites(cfg, p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
-          "replicas": replicas,
-          "code_version": ckpt_lib.code_version(), **mode}
+          "replicas": replicas, "code_version": ckpt_lib.code_version(), **mode}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
   evaluator = paired.PairedEvaluator(model_api.deepseek(cfg, scan_layers), pols, mesh,
-                                     moe_impl,  # checks the policies
-                                     telemetry=telemetry, deterministic=deterministic,
-                                     replicas=replicas)
+                                     moe_impl, telemetry=telemetry,  # checks the policies
+                                     deterministic=deterministic, replicas=replicas)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   with multihost.lock_folder(out):  # one writer per results folder
     try:
