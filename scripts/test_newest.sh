@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # The second, smaller CI job: the newest versions that pyproject.toml allows (no
 # constraints.txt), so every declared range is tested at both ends (the main suite pins the
-# GPU image's jax 0.11.2). Creates .venv-newest if needed and runs the numerics, model,
-# training-step and multi-process tests on it (of the multi-process ones, the four-process
-# FSDP run; the two-process preemption run, the longest of the slow tier, runs in the main
-# suite's slow tier only).
+# GPU image's jax 0.11.2). Creates .venv-newest if needed and runs the fast tier of the
+# numerics (formats, scales, MX rounding, GEMMs), model and training-step tests on it.
 #
 #   bash scripts/test_newest.sh [PYTEST ARGS]     (default: -n auto)
 set -euo pipefail
@@ -35,7 +33,6 @@ export JAX_PLATFORMS=cpu
     f"test_newest: jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}")'
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(-n auto)
-exec "$venv/bin/python" -m pytest "${args[@]}" tests/test_quantize.py tests/test_mx_formats.py \
-  tests/test_mx_spec.py tests/test_mx_rounding.py tests/test_gemm.py tests/test_model.py \
-  tests/test_train_step.py tests/test_multihost.py \
-  --deselect tests/test_multihost.py::test_two_processes_preempt_kill_resume_and_match_one
+exec "$venv/bin/python" -m pytest -m "not slow" "${args[@]}" tests/test_quantize.py \
+  tests/test_mx_formats.py tests/test_mx_spec.py tests/test_mx_rounding.py tests/test_gemm.py \
+  tests/test_model.py tests/test_train_step.py

@@ -64,8 +64,20 @@ def pytest_report_header(config):
   return f"fp8jax hypothesis: profile {PROFILE}, random examples (failures print a blob)"
 
 
+# The longest tests of the slow tier (minutes each on 2 cores), run first: xdist hands out
+# tests in collection order, and one of these started last would keep a worker busy
+# after the other has finished.
+RUN_FIRST = ("tests/test_multidevice.py", "tests/test_multihost.py",
+             "tests/test_notebooks.py::test_notebook_runs_at_smoke_size",
+             "tests/test_compare.py::test_formats_grid_end_to_end",
+             "tests/test_layer_scan.py::test_scan_is_bit_identical_to_the_loop",
+             "tests/test_data_parallel.py")
+
+
 def pytest_collection_modifyitems(config, items):
-  """Leaves out the tests marked ``thorough`` unless FP8JAX_HYPOTHESIS=thorough."""
+  """Leaves out the tests marked ``thorough`` unless FP8JAX_HYPOTHESIS=thorough, and puts
+  the :data:`RUN_FIRST` tests first."""
+  items.sort(key=lambda item: not item.nodeid.startswith(RUN_FIRST))  # stable
   if THOROUGH:
     return
   keep = [item for item in items if item.get_closest_marker("thorough") is None]

@@ -23,8 +23,8 @@ from fp8jax.train import optim  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
 
 CFG = mc.tiny()
-PER_DEVICE, SEQ = 2, 64
-POLICIES = ("gemm:fp32_blockwise", "attn@0-2:e4m3")
+PER_DEVICE, SEQ = 2, 32
+POLICY = "attn@0-2:e4m3"
 
 
 def describe(lowered):
@@ -33,26 +33,34 @@ def describe(lowered):
           "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
 
 
-def programs(n: int, per_device: bool = True) -> dict:
-  """{name: describe(...)} of the train step and the evaluator's functions on n devices."""
+def programs(n: int) -> dict:
+  """{name: describe(...)} of the BF16 train step and the evaluator's functions (its
+  baseline, a per-tensor E4M3 policy) on n devices."""
   mesh = mesh_lib.data_mesh(jax.devices()[:n])
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-3, warmup_steps=1, total_steps=10))
-  step = mesh_lib.shard_step(step_lib.make_train_step(
-      CFG, tx, policy_lib.parse_policy(POLICIES[0]), moe_groups=1 if per_device else n,
-      mesh=mesh if per_device else None), mesh)
+  step = mesh_lib.shard_step(step_lib.make_train_step(CFG, tx, mesh=mesh), mesh)
   params = jax.eval_shape(lambda: dm.init(CFG, jax.random.key(0)))
   state = jax.eval_shape(lambda p: step_lib.init_state(p, tx), params)
   tokens = jax.ShapeDtypeStruct((PER_DEVICE * n, SEQ), jnp.int32)
   out = {"train": describe(step.lower(state, tokens))}
-  if per_device:
-    ev = paired.PairedEvaluator(CFG, [policy_lib.parse_policy(p) for p in POLICIES], mesh)
-    rep = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                      sharding=mesh_lib.replicated(mesh)), params)
-    batch = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
-                                 sharding=mesh_lib.batch_sharding(mesh))
-    for label, lower in ev.lowerings(rep, batch, list(ev.policies)).items():
-      out[label] = describe(lower())
+  ev = paired.PairedEvaluator(CFG, [policy_lib.parse_policy(POLICY)], mesh)
+  rep = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                    sharding=mesh_lib.replicated(mesh)), params)
+  batch = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,
+                               sharding=mesh_lib.batch_sharding(mesh))
+  for label, lower in ev.lowerings(rep, batch, list(ev.policies)).items():
+    out[label] = describe(lower())
   return out
+
+
+def partitioned() -> dict:
+  """The collectives XLA puts in two small programs it partitions over the 4 devices: a
+  sum over the batch (an all-reduce) and the batch gathered whole (an all-gather)."""
+  mesh = mesh_lib.data_mesh()
+  rows = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=mesh_lib.batch_sharding(mesh))
+  total = jax.jit(jnp.sum, out_shardings=mesh_lib.replicated(mesh))
+  gather = jax.jit(lambda x: x * 2, out_shardings=mesh_lib.replicated(mesh))
+  return {"sum": describe(total.lower(rows)), "gather": describe(gather.lower(rows))}
 
 
 def kernels_allowed() -> dict:
@@ -72,5 +80,5 @@ def kernels_allowed() -> dict:
 
 if __name__ == "__main__":
   assert len(jax.devices()) == 4, jax.devices()
-  json.dump({"one": programs(1), "four": programs(4), "gspmd": programs(4, per_device=False),
+  json.dump({"one": programs(1), "four": programs(4), "partitioned": partitioned(),
              "kernels_allowed": kernels_allowed()}, sys.stdout)
