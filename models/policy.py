@@ -60,10 +60,15 @@ MOE_SITES = tuple(s for s in SITES if s not in ("attn_out", "mlp_out"))
 """The sites of MoE layers (``attn_out`` runs in every layer, ``mlp_out`` in dense ones)."""
 
 
+MAX_LAYER = 9999
+"""The largest layer index a policy may name (the model then checks its own depth)."""
+
+
 def parse_layers(text: str | int) -> tuple[int, ...] | None:
-  """"all" -> None; "0-8" -> (0, ..., 8); "1,3,5-6" -> (1, 3, 5, 6); 2 -> (2,)."""
+  """"all" -> None; "0-8" -> (0, ..., 8); "1,3,5-6" -> (1, 3, 5, 6); 2 -> (2,). Indices
+  above :data:`MAX_LAYER` are refused before any set is built."""
   if isinstance(text, int):
-    return (text,)
+    text = str(text)
   text = str(text).strip().lower()
   if text == "all":
     return None
@@ -71,9 +76,15 @@ def parse_layers(text: str | int) -> tuple[int, ...] | None:
   try:
     for part in text.split(","):
       lo, _, hi = part.partition("-")
-      layers.extend(range(int(lo), int(hi or lo) + 1))
+      lo, hi = int(lo), int(hi or lo)
+      if max(lo, hi) > MAX_LAYER:
+        raise OverflowError
+      layers.extend(range(lo, hi + 1))
   except ValueError:
     raise ValueError(f"bad layer set {text!r}: use 'all', '0', '0-8' or '1,3,5-7'") from None
+  except OverflowError:
+    raise ValueError(f"bad layer set {text!r}: layer indices go up to {MAX_LAYER} (the "
+                     "model then checks its own number of layers)") from None
   if not layers or min(layers) < 0:
     raise ValueError(f"bad layer set {text!r}: no layers, or a negative layer")
   return tuple(sorted(set(layers)))
@@ -324,6 +335,9 @@ def parse_policy(expr: str) -> PrecisionPolicy:
   Example: ``attn@0-8:e4m3+moe@0:deepseek_v3+gemm:fp32_blockwise``. ``noise(EXPR)`` is
   the noise-matched control of the policy EXPR (:func:`noise_policy`).
   """
+  if not isinstance(expr, str):
+    raise TypeError(f"a policy expression must be a string, got {type(expr).__name__} "
+                    f"{expr!r}")
   expr = expr.strip()
   noise = _NOISE.match(expr)
   if noise:

@@ -84,3 +84,15 @@ def test_what_the_grammar_cannot_write_is_refused():
     to_expression(half)
   with pytest.raises(TypeError, match="expected a QuantSpec or PrecisionPolicy, got str"):
     to_expression("attn@0:e4m3")
+
+
+@pytest.mark.parametrize("layers", ["0-300000000", "0-99999999999999999999", "10000"])
+def test_layer_ranges_beyond_any_model_are_refused_before_they_are_built(layers):
+  with pytest.raises(ValueError, match="layer indices go up to 9999"):
+    policy_lib.parse_policy(f"attn@{layers}:e4m3")
+  assert policy_lib.parse_layers("9998-9999") == (9998, 9999)
+
+
+def test_a_policy_that_is_not_a_string_is_a_type_error():
+  with pytest.raises(TypeError, match="must be a string, got NoneType"):
+    policy_lib.parse_policy(None)

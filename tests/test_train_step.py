@@ -60,3 +60,11 @@ def test_nonfinite_gradients_are_named_and_skip_the_update():
   assert not bool(m2["finite"])
   assert step_lib.first_nonfinite(m2["finite_groups"]).startswith("grads/")
   np.testing.assert_array_equal(new.params["norm"]["weight"], bad["norm"]["weight"])
+
+
+@pytest.mark.parametrize("field,value", [("peak_lr", float("nan")), ("peak_lr", float("inf")),
+                                         ("peak_lr", -1.0), ("clip_norm", -0.5),
+                                         ("weight_decay", float("nan")), ("b2", 1.0)])
+def test_optimizer_settings_outside_their_range_are_refused(field, value):
+  with pytest.raises(ValueError, match=f"optim.{field} must be"):
+    optim.OptimConfig(**{field: value})

@@ -15,6 +15,7 @@ With BF16 master weights the step gives this optimizer float32 gradients and par
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,14 @@ class OptimConfig:
                        f"{self.total_steps}]")
     if any(not 0 < f < 1 for f in self.decay_at):
       raise ValueError(f"decay_at fractions must be in (0, 1), got {self.decay_at}")
+    for name in ("peak_lr", "decay_factor", "weight_decay", "clip_norm"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int | float) or not (
+          0 <= value < math.inf):
+        raise ValueError(f"optim.{name} must be a finite number >= 0, got {value!r}")
+    for name in ("b1", "b2"):
+      if not 0 <= getattr(self, name) < 1:
+        raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)!r}")
 
 
 def schedule(cfg: OptimConfig) -> optax.Schedule:
