@@ -76,3 +76,23 @@ def test_a_resumed_meta_must_agree_on_its_keys(tmp_path):
     results_io.resumed_meta(tmp_path, meta, ("k", "data"), "runs")
   with pytest.raises(ValueError, match=r"different k \(\[1, 2\] vs \[1, 3\]\); use another"):
     results_io.resumed_meta(tmp_path, {"k": [1, 3]}, ("k",), "runs")
+
+
+@pytest.mark.parametrize("text,error", [
+    ('{"policies": {}, "steps": [0],\n  "windows": }', r"meta.json:2:\d+: not valid JSON"),
+    ('["policies", "steps"]', "holds a JSON list, not an object"),
+    ('{"policies": {}}', r"lacks \['steps'\]")])
+def test_a_damaged_meta_json_is_named_with_its_line(tmp_path, text, error):
+  from fp8jax.study.branches import trajectory  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.common import results  # pylint: disable=import-outside-toplevel
+
+  (tmp_path / "meta.json").write_text(text)
+  for name in ("rows", "details", "baseline", "weights", "branches"):
+    (tmp_path / f"{name}.jsonl").touch()
+  with pytest.raises(ValueError, match=error):
+    results.load(tmp_path)
+  if "JSON" in error:  # a resumed sweep or branch run, and the branch lines' reader
+    with pytest.raises(ValueError, match=error):
+      results_io.resumed_meta(tmp_path, {"policies": {}}, ("policies",), "a sweep")
+    with pytest.raises(ValueError, match=error):
+      trajectory.load_branches(tmp_path)

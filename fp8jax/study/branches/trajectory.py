@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 import dataclasses
-import json
 import math
 import pathlib
 import re
@@ -41,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.study.common import results, stats
+from fp8jax.study.common import results, results_io, stats
 from fp8jax.study.common.correlation import adjust, correlate, fmt_p, related
 from fp8jax.study.common.results import Results
 from fp8jax.study.common.stats import fmt, table
@@ -109,7 +108,7 @@ def load_branches(folder: str | pathlib.Path) -> Branches:
   for name in ("meta.json", "branches.jsonl"):
     if not (folder / name).exists():
       raise FileNotFoundError(f"branch file {name} not found in {folder}")
-  meta = json.loads((folder / "meta.json").read_text())
+  meta = results_io.read_meta(folder / "meta.json")
   path = folder / "branches.jsonl"
   by: dict[tuple[int, str], dict] = {}
   for i, obj in results.numbered_jsonl(path):

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 import dataclasses
-import json
 import pathlib
 import re
 
@@ -219,7 +218,7 @@ def load(folder: str | pathlib.Path) -> Results:
   meta_path = folder / "meta.json"
   if not meta_path.exists():
     raise FileNotFoundError(f"sweep file meta.json not found in {folder}")
-  meta = json.loads(meta_path.read_text())
+  meta = results_io.read_meta(meta_path, ("policies", "steps"))
   data = {name: read_jsonl(folder / f"{name}.jsonl")
           for name in ("rows", "details", "baseline", "weights")}
   _check_kinds(meta_path, meta["policies"])

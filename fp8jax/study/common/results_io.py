@@ -57,6 +57,27 @@ def repair(path, keep=lambda row: True) -> list[dict]:
   return rows
 
 
+def read_meta(path, need=()) -> dict:
+  """A results folder's ``meta.json`` (a JSON object holding the keys ``need``).
+
+  Raises:
+    ValueError: the file is not valid JSON (``file:line:column``), not an object, or lacks
+      a key of ``need`` (named).
+  """
+  path = pathlib.Path(path)
+  try:
+    meta = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); the folder's "
+                     "meta.json is damaged") from None
+  if not isinstance(meta, dict):
+    raise ValueError(f"{path}: holds a JSON {type(meta).__name__}, not an object")
+  missing = [k for k in need if k not in meta]
+  if missing:
+    raise ValueError(f"{path}: lacks {missing}")
+  return meta
+
+
 def resumed_meta(folder, meta: dict, keys, what: str, optional=()) -> dict | None:
   """The ``meta.json`` a resumed run finds in ``folder`` (None when there is none), checked
   to agree with this run's ``meta`` on ``keys`` (compared as JSON). A key of ``optional``
@@ -68,7 +89,7 @@ def resumed_meta(folder, meta: dict, keys, what: str, optional=()) -> dict | Non
   path = pathlib.Path(folder) / "meta.json"
   if not path.exists():
     return None
-  old = json.loads(path.read_text())
+  old = read_meta(path)
   for key in keys:
     if (key in old or key not in optional) and old.get(key) != json.loads(json.dumps(meta[key])):
       raise ValueError(f"{folder} holds {what} with a different {key} ({old.get(key)} vs "
