@@ -139,6 +139,24 @@ def test_legacy_checkpoint_loads_with_a_warning_and_restores_cast_after_verifyin
   ckpt.close()
 
 
+def test_verify_calls_a_checkpoint_holding_nan_corrupt(tmp_path):
+  """Arrays that restore as saved, digests and all, but hold NaN or inf: verify's status is
+  NonFinite (a corrupt checkpoint to the binaries), naming the first array."""
+  state = {"a": jnp.ones((3,), jnp.float32), "b": jnp.array([1.0, jnp.nan, jnp.inf]),
+           "c": jnp.array([jnp.nan], jnp.bfloat16), "n": jnp.int32(3)}
+  ckpt = checkpoint.Checkpointer(tmp_path / "nan", save_every=1)
+  ckpt.save(0, state, {}, {}, force=True)
+  ckpt.wait()
+  status = ckpt.verify(0, checkpoint.abstract_like(state))
+  ckpt.close()
+  assert status == checkpoint_digest.NonFinite(str(tmp_path / "nan" / "0"), "b", 2, more=1)
+  assert checkpoint_digest.describe(status) == (
+      "corrupt: array b holds 2 NaN or infinite values (and 1 more arrays)")
+  assert not verify.is_usable(status)
+  with pytest.raises(checkpoint_digest.CorruptCheckpointError, match="holds 2 NaN"):
+    checkpoint_digest.check(status)
+
+
 # --- damaged checkpoints of a training run -----------------------------------------------
 
 def data_files(step_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fp8jax.models import config as mc
@@ -60,6 +61,30 @@ def test_nonfinite_gradients_are_named_and_skip_the_update():
   assert not bool(m2["finite"])
   assert step_lib.first_nonfinite(m2["finite_groups"]).startswith("grads/")
   np.testing.assert_array_equal(new.params["norm"]["weight"], bad["norm"]["weight"])
+  # A NaN in the optimizer state (finite params and gradients): the update is not applied.
+  state = step_lib.init_state(params, tx)
+  nan_mu = jax.tree.map(lambda x: x, state.opt_state)
+  adam = next(s for s in jax.tree.leaves(nan_mu, is_leaf=lambda x: hasattr(x, "mu"))
+              if hasattr(s, "mu"))
+  adam.mu["norm"]["weight"] = adam.mu["norm"]["weight"].at[0].set(jnp.nan)
+  new, m3 = step(state._replace(opt_state=nan_mu), tokens)
+  assert not bool(m3["finite"]) and int(new.step) == 0
+  assert step_lib.first_nonfinite(m3["finite_groups"]) == "new_params/norm/weight"
+  assert np.all(np.isfinite(new.params["norm"]["weight"]))
+
+
+@pytest.mark.slow
+def test_an_update_that_overflows_the_weights_is_not_applied():
+  """Finite gradients, a learning rate that sends the weights to inf: the step is
+  flagged at the updated parameters and leaves the state as it was."""
+  cfg, params, _, tokens = _setup()
+  sgd = optax.chain(optax.scale(1e30), optax.scale(1e30))  # 1e60 x the gradient
+  step = jax.jit(step_lib.make_train_step(cfg, sgd))
+  new, m = step(step_lib.init_state(params, sgd), tokens)
+  assert not bool(m["finite"]) and int(new.step) == 0
+  assert step_lib.first_nonfinite(m["finite_groups"]).startswith("new_params/")
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("field,value", [("peak_lr", float("nan")), ("peak_lr", float("inf")),

@@ -140,8 +140,11 @@ class Checkpointer:
 
   def verify(self, step: int, abstract_state) -> checkpoint_digest.Status:
     """What a restore of ``step`` finds (:data:`~fp8jax.train.checkpoint_digest.Status`), without
-    raising or warning (from any number of processes: the data positions are a resume's)."""
-    return self._restore(step, abstract_state, partial=False, own_position=False)[1]
+    raising or warning (from any number of processes: the data positions are a resume's);
+    arrays that restore as saved but hold NaN or infinite values are
+    :class:`~fp8jax.train.checkpoint_digest.NonFinite`."""
+    restored, status = self._restore(step, abstract_state, partial=False, own_position=False)
+    return status if restored is None else checkpoint_digest.finite(status, restored[0])
 
   def _restore(self, step, abstract, partial: bool, own_position: bool = True):
     """((tree, data position or None, meta), status): the arrays are restored in their

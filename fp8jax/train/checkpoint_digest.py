@@ -186,7 +186,17 @@ class NoDigests:
   reason: str = "written before checkpoints carried digests"
 
 
-Status = Ok | Corrupt | Incomplete | NoDigests
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+  """The arrays restore as saved, but ``path`` holds ``count`` NaN or infinite values
+  (``more`` other arrays too): a state no step should have saved."""
+  checkpoint: str
+  path: str
+  count: int
+  more: int = 0
+
+
+Status = Ok | Corrupt | Incomplete | NoDigests | NonFinite
 
 
 def describe(status: Status) -> str:
@@ -202,13 +212,16 @@ def describe(status: Status) -> str:
       return f"incomplete: does not restore ({error})"
     case NoDigests(reason=reason):
       return f"not verified: no digests ({reason})"
+    case NonFinite(path=path, count=count, more=more):
+      also = f" (and {more} more arrays)" if more else ""
+      return f"corrupt: array {path} holds {count} NaN or infinite values{also}"
   raise TypeError(f"not a checkpoint status: {status!r}")
 
 
 class CheckpointError(ValueError):
   """A checkpoint that must not be used; ``status`` says why."""
 
-  def __init__(self, status: Corrupt | Incomplete):
+  def __init__(self, status: Corrupt | Incomplete | NonFinite):
     super().__init__(f"checkpoint {status.checkpoint} is {describe(status)}")
     self.status = status
 
@@ -256,13 +269,33 @@ def verify_tree(checkpoint: str, tree, recorded: dict | None) -> Status:
   return Ok(str(checkpoint), len(found))
 
 
+@jax.jit
+def _nonfinite_counts(arrays):
+  return [jnp.sum(~jnp.isfinite(x), dtype=jnp.int32) if jnp.issubdtype(x.dtype, jnp.inexact)
+          else jnp.zeros((), jnp.int32) for x in arrays]
+
+
+def finite(status: Status, tree) -> Status:
+  """``status``, or :class:`NonFinite` where it is usable (:class:`Ok`,
+  :class:`NoDigests`) but a floating-point array of the restored ``tree`` holds NaN or
+  infinite values (one jitted count per array, one transfer)."""
+  if not isinstance(status, Ok | NoDigests):
+    return status
+  leaves = _leaves(tree)
+  counts = jax.device_get(_nonfinite_counts([x for _, x in leaves]))
+  bad = [(path, int(c)) for (path, _), c in zip(leaves, counts) if c]
+  if bad:
+    return NonFinite(status.checkpoint, *bad[0], more=len(bad) - 1)
+  return status
+
+
 def check(status: Status) -> None:
   """Nothing for :class:`Ok`; a warning for :class:`NoDigests`; raises
   :class:`CorruptCheckpointError` or :class:`IncompleteCheckpointError` otherwise."""
   if isinstance(status, NoDigests):
     warnings.warn(f"checkpoint {status.checkpoint} is {describe(status)}: its contents are "
                   "not verified", UnverifiedCheckpointWarning, stacklevel=3)
-  elif isinstance(status, Corrupt):
+  elif isinstance(status, Corrupt | NonFinite):
     raise CorruptCheckpointError(status)
   elif isinstance(status, Incomplete):
     raise IncompleteCheckpointError(status)

@@ -17,8 +17,9 @@ read (:data:`fp8jax.train.run_config.RESUME_MAY_CHANGE`, ``train.steps`` upwards
 document shards, the rows carry ``skipped_records``: bad records skipped so far
 (``data.skip_bad_records``), over all processes and restores.
 
-A step whose loss or gradients are not finite stops the run with :class:`NonFiniteError`
-naming the step and the first non-finite parameter or gradient; that step changed
+A step whose loss, gradients or update are not finite stops the run with
+:class:`NonFiniteError` naming the step and the first non-finite parameter, gradient or
+updated parameter (``step.first_nonfinite``); that step changed
 nothing and the checkpoints already written stay. With dynamic loss scaling
 (``precision.loss_scale="dynamic"``, :mod:`fp8jax.train.loss_scale`) such a step is
 skipped instead and the run goes on; the rows and the progress line then carry
@@ -394,5 +395,5 @@ def _stop(done: int, m, ckpt, cfg):
   last = (f"step {last} in {ckpt.directory}" if last is not None
           else "none (train.checkpoints=False)" if not cfg.train.checkpoints else "none")
   raise NonFiniteError(
-      f"step {done}: non-finite loss or gradients{scaled} (first non-finite: {where}); the "
+      f"step {done}: non-finite loss, gradients or update{scaled} (first non-finite: {where}); the "
       f"run stopped without applying the step; last good checkpoint: {last}")

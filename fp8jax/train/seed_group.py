@@ -152,6 +152,6 @@ def _stop(done: int, m, seeds, finite) -> None:
   groups = jax.tree.map(lambda x: x[j], jax.device_get(m["finite_groups"]))
   where = step_lib.first_nonfinite(groups) or "the loss"
   raise loop.NonFiniteError(
-      f"step {done}: non-finite loss or gradients for seeds {bad} (seed {bad[0]}: first "
+      f"step {done}: non-finite loss, gradients or update for seeds {bad} (seed {bad[0]}: first "
       f"non-finite {where}); the group stopped without checkpoints (train.checkpoints="
       "False)")

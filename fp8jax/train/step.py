@@ -1,10 +1,11 @@
 """The jitted training step over the functional DeepSeek-MoE facade.
 
-The objective is LM loss + balance loss; both are reported separately. A step whose loss
-or gradients are not finite leaves params and optimizer state unchanged and reports which
-parameters are non-finite themselves, then which have non-finite gradients
-(:func:`first_nonfinite`): a NaN parameter makes most gradients NaN, so the parameters
-are checked first.
+The objective is LM loss + balance loss; both are reported separately. A step whose loss,
+gradients, gradient norm or updated parameters are not finite leaves params and optimizer
+state unchanged and reports which parameters are non-finite themselves, then which have
+non-finite gradients, then an overflowing gradient norm, then which parameters the update
+would make non-finite (:func:`first_nonfinite`): a NaN parameter makes most gradients
+NaN, so the parameters are checked first.
 
 A policy with delayed-scaled sites carries their amax histories in the train state
 (``delayed``, :mod:`fp8jax.models.delayed_sites`; ``{}`` for other policies): each step
@@ -119,14 +120,18 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     if loss_scale is not None:
       grads = loss_scale.unscale(grads, state.loss_scale)
     all_finite = lambda tree: jax.tree.map(lambda g: jnp.all(jnp.isfinite(g)), tree)  # noqa: E731
-    finite_groups = {"params": all_finite(state.params), "grads": all_finite(grads)}
-    finite = jnp.isfinite(loss) & jnp.all(jnp.stack(jax.tree.leaves(finite_groups)))
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, _float32(state.params))
     params = optax.apply_updates(state.params, updates)  # rounds to the params' dtype
+    # What the step reads and what it would write: a finite gradient can still overflow
+    # its norm, and a finite update of a NaN optimizer state is not finite.
+    finite_groups = {"params": all_finite(state.params), "grads": all_finite(grads),
+                     "grad_norm": jnp.isfinite(grad_norm), "new_params": all_finite(params)}
+    finite = jnp.isfinite(loss) & jnp.all(jnp.stack(jax.tree.leaves(finite_groups)))
     keep = lambda new, old: jax.tree.map(  # noqa: E731
         lambda a, b: jnp.where(finite, a, b), new, old)
     metrics = {"loss": loss, "lm_loss": lm, "aux_loss": aux,
-               "grad_norm": optax.tree.norm(grads), "finite": finite,
+               "grad_norm": grad_norm, "finite": finite,
                "finite_groups": finite_groups}
     scale_state = state.loss_scale
     if loss_scale is not None:
@@ -174,8 +179,13 @@ def _gradients(objective, mesh, replicas):
 
 def first_nonfinite(finite_groups) -> str | None:
   """"params/<path>" of the first non-finite parameter, else "grads/<path>" of the first
-  non-finite gradient, else None (host-side, from the step's ``finite_groups``)."""
-  for kind in ("params", "grads"):
+  non-finite gradient, else "grad_norm" (the gradients' norm overflowed), else
+  "new_params/<path>" of the first parameter the update would make non-finite (a NaN or
+  infinite optimizer state, a learning rate too large), else None (host-side, from the
+  step's ``finite_groups``)."""
+  for kind in ("params", "grads", "grad_norm", "new_params"):
+    if kind not in finite_groups:
+      continue
     for path, ok in jax.tree_util.tree_flatten_with_path(finite_groups[kind])[0]:
       if not bool(ok):
         keys = (str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
