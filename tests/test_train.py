@@ -191,3 +191,25 @@ def test_tensorboard_scalars(tmp_path):
   loop.train(c, tmp_path)
   events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
   assert events and events[0].stat().st_size > 100
+
+
+@pytest.mark.slow
+def test_a_run_without_checkpoints_is_not_overwritten_or_resumed(tmp_path):
+  """A second run in the workdir of one that saved no checkpoint is refused like one in a
+  run with checkpoints (even with another seed), and --resume says it cannot resume;
+  nothing it wrote changes."""
+  cfg = small_config(steps=2, log_every=1, checkpoints=False)
+  loop.train(cfg, tmp_path)
+  def written():  # the folder's lock records its last holder
+    return {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and
+            p.name != ".lock"}
+
+  before = written()
+  assert len(metrics_log.read_rows(tmp_path / "metrics.jsonl")) == 2
+  cfg.seed = 1
+  with pytest.raises(FileExistsError, match="saved no checkpoint .its metrics.jsonl has rows"):
+    loop.train(cfg, tmp_path)
+  with pytest.raises(ValueError, match="saved no checkpoint .train.checkpoints=False., so it "
+                                       "cannot be resumed"):
+    loop.train(cfg, tmp_path, resume=True)
+  assert written() == before

@@ -167,6 +167,14 @@ def _check_workdir(workdir: pathlib.Path, cfg, resume: bool, policy,
   if has_run and not resume:
     raise FileExistsError(f"{workdir} already holds a training run; pass --resume to "
                           "continue it or choose a new workdir")
+  logged = workdir / "metrics.jsonl"
+  if not has_run and logged.exists() and metrics_log.read_rows(logged):
+    if resume:
+      raise ValueError(f"--resume: the run in {workdir} saved no checkpoint "
+                       "(train.checkpoints=False), so it cannot be resumed; choose a new "
+                       "workdir")
+    raise FileExistsError(f"{workdir} already holds a training run that saved no "
+                          "checkpoint (its metrics.jsonl has rows); choose a new workdir")
   old = None
   if has_run:
     latest = max(int(p.name) for p in ckpts.iterdir() if p.name.isdigit())
