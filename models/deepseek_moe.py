@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import fp8jax
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import operand_telemetry
-from fp8jax.models import delayed_sites, embedding, layer_scan, moe, policy_rules
+from fp8jax.models import delayed_sites, embedding, layer_scan, layer_stack, moe, policy_rules
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.attention import attention_core, cudnn_applies, rope  # noqa: F401
 from fp8jax.models.config import ModelConfig
@@ -218,7 +218,10 @@ class DeepseekMoE(nnx.Module):
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
                moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False,
-               deterministic: bool = False, scan_layers: bool = False):
+               deterministic: bool = False, scan_layers: bool = False, layer_params=None):
+    """``layer_params``: the decoder layers' params in either layout of
+    :mod:`fp8jax.models.layer_stack` (the ``layers`` and ``layer_runs`` entries of a params
+    tree), used in place of the layer modules' own (then only their structure is read)."""
     cfg = self.cfg
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
@@ -231,16 +234,16 @@ class DeepseekMoE(nnx.Module):
         telemetry=telemetry, moe_groups=moe_groups, gemm_telemetry=gemm_telemetry,
         deterministic=deterministic)
     n = cfg.num_hidden_layers
-    groups = (layer_scan.runs([layer_scan.signature(layer, layer.index, layer.is_moe, decide)
-                               for layer in self.layers]) if scan_layers
+    groups = (layer_scan.policy_runs(self.layers, decide) if scan_layers
               else [[i] for i in range(n)])
     outs = {}
     for group in groups:
       if len(group) == 1:
-        h, outs[group[0]] = step(self.layers[group[0]], h, group[0], delayed_state)
+        layer = layer_stack.module(self.layers, group[0], layer_params)
+        h, outs[group[0]] = step(layer, h, group[0], delayed_state)
       else:
-        h, per_layer = layer_scan.scan(step, [self.layers[i] for i in group], group, h,
-                                       delayed_state)
+        stacked = layer_stack.run_state(self.layers, group, layer_params)
+        h, per_layer = layer_scan.scan(step, *stacked, group, h, delayed_state)
         outs.update(per_layer)
     tel, gemm_tel, aux_losses, routing = {}, {}, {}, {}
     for i in range(n):  # in layer order, as the unrolled loop records them
@@ -304,6 +307,14 @@ def _skeleton(cfg: ModelConfig):
   return nnx.split(abstract)
 
 
+def layer_runs(cfg: ModelConfig, policy: policy_lib.PrecisionPolicy) -> list[list[int]]:
+  """The runs of alike layers under ``policy`` that ``apply(..., scan_layers=True)`` scans:
+  the stacked layout that fits it (:func:`fp8jax.models.layer_stack.stack`)."""
+  model = nnx.merge(*_skeleton(cfg))
+  return layer_scan.policy_runs(model.layers,
+                                policy_rules.decisions(policy, cfg.num_hidden_layers))
+
+
 def init(cfg: ModelConfig, rng: jax.Array) -> dict:
   """Random parameters as a plain nested dict (float ``cfg.param_dtype`` leaves)."""
   model = DeepseekMoE(cfg, nnx.Rngs(params=rng))
@@ -323,7 +334,9 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   """Forward pass.
 
   Args:
-    params: the nested dict from :func:`init` (or a converted checkpoint).
+    params: the nested dict from :func:`init` (or a converted checkpoint), its decoder
+      layers per layer or stacked per run (:mod:`fp8jax.models.layer_stack`; the
+      gradient comes back in the same layout).
     tokens: int [B, S].
     cfg: the model config.
     policy: the precision policy; the model asks its rules (``policy.to_rules``:
@@ -359,13 +372,17 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     ``topk_weights`` [B, S, K], ``expert_counts`` [E]) and, on request, ``telemetry``.
   """
   graphdef, state = _skeleton(cfg)
-  state = jax.tree.map(lambda x: x, state)  # a fresh copy to fill
-  nnx.replace_by_pure_dict(state, params)
-  model = nnx.merge(graphdef, state)
+  layer_params = {k: params[k] for k in (layer_stack.LAYERS, layer_stack.RUNS) if k in params}
+  stored = layer_stack.runs(layer_params)
+  if sorted(i for unit in stored for i in unit) != list(range(cfg.num_hidden_layers)):
+    raise ValueError(f"the params hold layers {stored}, the model has "
+                     f"{cfg.num_hidden_layers}: each layer once, per layer or stacked")
+  model = nnx.merge(graphdef, layer_stack.filled(state, {
+      k: v for k, v in params.items() if k not in layer_params}))
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
                moe_groups=moe_groups, delayed_state=delayed_state,
                gemm_telemetry=gemm_telemetry, deterministic=deterministic,
-               scan_layers=scan_layers)
+               scan_layers=scan_layers, layer_params=layer_params)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -4,9 +4,10 @@
 that are built alike (dense or MoE) and get the same quantization decisions from the
 policy's rules (every site's spec, every linear layer's and the routed experts' GEMM
 config), and runs each run of two or more layers as one ``jax.lax.scan``: XLA compiles its
-layer once instead of once per layer. Params keep their per-layer layout (the scan stacks
-each run's leaves and their gradients flow back to the per-layer leaves), and so do the
-delayed-scaling histories (stacked the same way: their updates, the gradients, too), the
+layer once instead of once per layer. Params stored per layer are stacked for it (and
+their gradients flow back to the per-layer leaves); params stored stacked
+(:mod:`fp8jax.models.layer_stack`) are scanned as stored. The delayed-scaling histories
+keep their per-layer layout (stacked the same way: their updates, the gradients, too), the
 telemetry and the routing outputs.
 
 The results are those of the layer loop bit for bit where XLA rounds every BF16
@@ -40,6 +41,12 @@ def signature(layer: nnx.Module, index: int, is_moe: bool, decide) -> tuple:
           decide.gemm(f"layers/{index}/mlp", "ragged_dot") if is_moe else None)
 
 
+def policy_runs(layers, decide) -> list[list[int]]:
+  """The runs of alike layers among the decoder-layer modules ``layers`` under the
+  decisions ``decide`` (``policy_rules.Decisions``)."""
+  return runs([signature(layer, layer.index, layer.is_moe, decide) for layer in layers])
+
+
 def runs(signatures: list) -> list[list[int]]:
   """Indices grouped into runs of consecutive equal signatures: [[0, 1], [2], [3, 4, 5]]."""
   out: list[list[int]] = []
@@ -55,17 +62,18 @@ def _stack(trees: list):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def scan(step, layers: list, group: list[int], h, delayed_state):
-  """Runs ``step(layer, h, index, delayed) -> (h, out)`` over the layers ``group`` (their
-  modules ``layers``, alike per :func:`signature`) as one scan, with the decisions of the
-  first; ``delayed``: the histories of that layer, ``{site: {group[0]: histories}}``.
+def scan(step, graphdef, stacked, group: list[int], h, delayed_state):
+  """Runs ``step(layer, h, index, delayed) -> (h, out)`` over the layers ``group`` (alike
+  per :func:`signature`) as one scan, with the decisions of the first; ``graphdef``: the
+  first layer's (the others differ only in their index attribute); ``stacked``: their
+  param state with a leading axis ``len(group)`` (:func:`stack_states`, or params stored
+  stacked: :mod:`fp8jax.models.layer_stack`); ``delayed``: the histories of that layer,
+  ``{site: {group[0]: histories}}``.
 
   Returns:
     (h after the last layer, ``{index: out}`` per layer of ``group``).
   """
   first = group[0]
-  graphdef, state = nnx.split(layers[0])  # the others differ only in their index attribute
-  stacked = _stack([state, *(nnx.state(layer) for layer in layers[1:])])
   hist = {site: _stack([per_layer[i] for i in group])
           for site, per_layer in (delayed_state or {}).items() if first in per_layer}
 
@@ -76,3 +84,9 @@ def scan(step, layers: list, group: list[int], h, delayed_state):
 
   h, ys = jax.lax.scan(body, h, (stacked, hist))
   return h, {i: jax.tree.map(lambda y, k=k: y[k], ys) for k, i in enumerate(group)}
+
+
+def stack_states(layers: list):
+  """(graphdef, stacked param state) of the modules ``layers`` for :func:`scan`."""
+  graphdef, state = nnx.split(layers[0])
+  return graphdef, _stack([state, *(nnx.state(layer) for layer in layers[1:])])

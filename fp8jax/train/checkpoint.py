@@ -22,6 +22,12 @@ policy without delayed scaling) is left out, so such checkpoints keep the layout
 earlier versions and those load as before. The same holds for the dynamic loss-scaling
 state (the ``loss_scale`` field, :mod:`fp8jax.train.loss_scale`; ``{}`` when off).
 
+A state whose decoder layers are stored stacked (``train.scan_layers``,
+:mod:`fp8jax.models.layer_stack`) is saved as it is, its runs recorded in ``meta``
+(:data:`LAYER_RUNS`); a restore into a state (or params) laid out otherwise, per layer or
+in other runs, restores the saved layout, verifies it, and restacks it: checkpoints of
+either layout load into either.
+
 The training loop records the run's precision policy in every checkpoint's meta
 (:data:`POLICY`: ``fp8jax.models.policy.record``, epsilons included); :func:`saved_policy`
 reads it back (None for checkpoints written before it existed). A resume under another
@@ -42,13 +48,16 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 import fp8jax
-from fp8jax.models import delayed_sites
+from fp8jax.models import delayed_sites, layer_stack
 from fp8jax.train import checkpoint_digest, data_positions, faults, multihost
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
 OPTIONAL = (DELAYED, "loss_scale")
 """Train-state fields left out of a checkpoint when empty (earlier versions lacked them)."""
+LAYER_RUNS = "layer_runs"
+"""The meta key of the stored runs of a state whose layers are stored stacked
+(:mod:`fp8jax.models.layer_stack`); absent: per layer."""
 POLICY = "precision_policy"
 """The meta key of the run's precision-policy record (``fp8jax.models.policy.record``)."""
 
@@ -109,6 +118,8 @@ class Checkpointer:
                          "positions": data_positions.record(data_position)}
     if _has_delayed(state):
       meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
+    if layer_stack.is_stacked(state):
+      meta[LAYER_RUNS] = layer_stack.layout(state)
     with _disk_errors(self.step_path(step)):
       started = self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
@@ -157,7 +168,10 @@ class Checkpointer:
           meta=ocp.args.JsonRestore())).meta
       _check_delayed(self.step_path(step), meta, abstract)
       recorded = meta.get("digests")
-      target = _saved_dtypes(_stored(abstract), (recorded or {}).get("dtypes", {}))
+      want = layer_stack.layout(abstract)  # None: no params in the tree
+      saved_runs = meta.get(LAYER_RUNS) or (want and [[i] for g in want for i in g])
+      target = _saved_dtypes(layer_stack.stack(_stored(abstract), saved_runs or []),
+                             (recorded or {}).get("dtypes", {}))
       if partial:
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), target)
@@ -184,8 +198,11 @@ class Checkpointer:
       path, found, expected = bad or ("(on another process)", "?", "?")
       status = checkpoint_digest.Corrupt(str(self.step_path(step)), path, expected, found,
                                  what="data position")
+    state = out.state
+    if saved_runs != want:  # stored the other way: restacked on the devices
+      state = _restacked(state, want, _stored(abstract))
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
-                         out.state, _stored(abstract))
+                         state, _stored(abstract))
     if _stored(abstract) is not abstract:  # put the empty optional fields back
       state = type(abstract)(**state, **{k: getattr(abstract, k) for k in OPTIONAL
                                          if k not in state})
@@ -249,6 +266,14 @@ def _stored(tree):
   if empty:
     return {k: v for k, v in tree._asdict().items() if k not in empty}
   return tree
+
+
+def _restacked(state, groups, abstract):
+  """``state`` with its layers stored as ``groups``, laid out as ``abstract`` says."""
+  shardings = jax.tree.map(lambda a: getattr(a, "sharding", None), abstract)
+  if any(s is None for s in jax.tree.leaves(shardings, is_leaf=lambda x: x is None)):
+    return layer_stack.stack(state, groups)
+  return jax.jit(lambda t: layer_stack.stack(t, groups), out_shardings=shardings)(state)
 
 
 def _check_delayed(path, meta: dict, abstract) -> None:

@@ -59,7 +59,7 @@ import jax
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import param_paths
+from fp8jax.models import layer_stack, param_paths
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
@@ -130,7 +130,8 @@ def state_layout(cfg, model_cfg, tx, mesh, policy=None):
   if policy is None:
     policy = policy_lib.parse_policy(cfg.policy)
   init_seeded = step_lib.seeded_init(model_cfg, tx, policy, cfg.precision.master_weights,
-                                     run_config.loss_scale_config(cfg))
+                                     run_config.loss_scale_config(cfg),
+                                     stacked=cfg.train.scan_layers)
 
   def init():
     return init_seeded(cfg.seed)
@@ -239,7 +240,8 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   step_fn = metrics_log.FirstCalls("train", stream).wrap(noise_probe.wrap(
       step_fn, cfg, model_cfg, policy_lib.parse_policy(cfg.policy), mesh, start),
       "step", "the step")
-  weight_norms = jax.jit(lambda p: weights.norms_by_module(p, param_paths.DEEPSEEK))
+  weight_norms = jax.jit(lambda p: weights.norms_by_module(layer_stack.unstack(p),
+                                                           param_paths.DEEPSEEK))
   batch = next(data) if start < total else None
   t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False
   for step in range(start, total):

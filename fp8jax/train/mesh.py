@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from fp8jax.models import layer_stack
+
 
 def data_mesh(devices=None) -> jax.sharding.Mesh:
   """A 1-D mesh named ``data`` over ``devices`` (default: all), with automatic (GSPMD)
@@ -40,14 +42,17 @@ def fsdp_sharding(tree, mesh, min_size: int = 2**16):
   """Per-leaf shardings that split each array of at least ``min_size`` elements along
   its largest axis divisible by the ``data`` axis size (others replicated): params and
   optimizer state then take 1/N of the memory per device (ZeRO-3 style; XLA gathers
-  the weights where they are used)."""
+  the weights where they are used). The run axis of layers stored stacked
+  (``layer_runs/...``, :mod:`fp8jax.models.layer_stack`) is never split: the scan takes
+  one layer per iteration."""
   n = mesh.shape["data"]
 
-  def one(leaf):
+  def one(path, leaf):
     shape = getattr(leaf, "shape", ())
     if n == 1 or not shape or leaf.size < min_size:
       return replicated(mesh)
-    axes = sorted((a for a in range(len(shape)) if shape[a] % n == 0),
+    first = 1 if layer_stack.in_run(path) else 0
+    axes = sorted((a for a in range(first, len(shape)) if shape[a] % n == 0),
                   key=lambda a: -shape[a])
     if not axes:
       return replicated(mesh)
@@ -55,7 +60,7 @@ def fsdp_sharding(tree, mesh, min_size: int = 2**16):
     spec[axes[0]] = "data"
     return NamedSharding(mesh, PartitionSpec(*spec))
 
-  return jax.tree.map(one, tree)
+  return jax.tree_util.tree_map_with_path(one, tree)
 
 
 def global_batch(local_batch, mesh):

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, layer_stack
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import data_parallel as dp
 
@@ -55,7 +55,8 @@ def make_probe(model_cfg, policy, moe_impl: str = "dispatch", moe_groups: int = 
       out_specs=dp.SAME, replicas=replicas)
 
   def probe(params, delayed, tokens):
-    reference, quantized = both(params, delayed, tokens)
+    # summed leaf by leaf of the per-layer layout, whatever the params' layout
+    reference, quantized = layer_stack.unstack(both(params, delayed, tokens))
     signal = optax.tree.norm(reference)
     noise = optax.tree.norm(jax.tree.map(jnp.subtract, quantized, reference))
     ratio = jnp.where(noise > 0, signal / noise, jnp.inf)

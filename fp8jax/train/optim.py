@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fp8jax.models import layer_stack
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
@@ -90,7 +92,8 @@ def optimizer(cfg: OptimConfig, moments_dtype=None) -> optax.GradientTransformat
   """Clip by global norm, then AdamW (decay on params with 2+ dimensions). Moments:
   optax's (the params' dtype) for ``moments_dtype=None``, else :func:`scale_by_adam`'s
   in that dtype (the same state structure)."""
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+  decay_mask = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731  # per layer
+      lambda path, p: p.ndim - layer_stack.in_run(path) >= 2, params)
   if moments_dtype is None:
     adamw = optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
                         mask=decay_mask)
@@ -98,4 +101,18 @@ def optimizer(cfg: OptimConfig, moments_dtype=None) -> optax.GradientTransformat
     adamw = optax.chain(scale_by_adam(cfg.b1, cfg.b2, moments_dtype=moments_dtype),
                         optax.add_decayed_weights(cfg.weight_decay, decay_mask),
                         optax.scale_by_learning_rate(schedule(cfg)))
-  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
+  return optax.chain(clip_by_global_norm(cfg.clip_norm), adamw)
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """``optax.clip_by_global_norm`` with the norm summed leaf by leaf of the per-layer
+  layout, whatever the layout of the layers (:mod:`fp8jax.models.layer_stack`): params
+  stored stacked clip as stored per layer, to the bit."""
+  def update(updates, state, params=None):
+    del params
+    norm = optax.tree.norm(layer_stack.unstack(updates))
+    keep = norm < max_norm
+    return jax.tree.map(
+        lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm),
+        updates), state
+  return optax.GradientTransformation(optax.init_empty_state, update)

@@ -22,21 +22,24 @@ import jax
 import numpy as np
 
 import fp8jax
+from fp8jax.models import layer_stack
 
 SPEC = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.block((128, 128)))
 """E4M3, one FP32 scale per 128 x 128 block of the last two axes, current scaling,
 straight-through backward (``backward=None``)."""
 
 
-def quantized(leaf) -> bool:
-  """Whether a params leaf is a weight matrix (2+ dimensions) the gather quantizes."""
-  return len(leaf.shape) >= 2
+def quantized(leaf, path=()) -> bool:
+  """Whether the params leaf at key path ``path`` is a weight matrix (2+ dimensions per
+  layer: the run axis of layers stored stacked does not count) the gather quantizes."""
+  return len(leaf.shape) - layer_stack.in_run(path) >= 2
 
 
 def gather(params, spec: fp8jax.QuantSpec = SPEC):
   """``params`` as the forward sees them after an FP8 gather: every weight matrix
   fake-quantized with ``spec`` (same shapes and dtypes), other leaves unchanged."""
-  return jax.tree.map(lambda p: fp8jax.fake_quant(p, spec) if quantized(p) else p, params)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: fp8jax.fake_quant(p, spec) if quantized(p, path) else p, params)
 
 
 def memory_estimate(params, spec: fp8jax.QuantSpec = SPEC) -> dict:
@@ -49,10 +52,10 @@ def memory_estimate(params, spec: fp8jax.QuantSpec = SPEC) -> dict:
   """
   out = dict.fromkeys(("bf16_bytes", "fp8_payload_bytes", "scale_bytes",
                        "unquantized_bytes"), 0)
-  for leaf in jax.tree.leaves(params):
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     size = math.prod(leaf.shape)
     out["bf16_bytes"] += 2 * size
-    if quantized(leaf):
+    if quantized(leaf, path):
       out["fp8_payload_bytes"] += size
       out["scale_bytes"] += 4 * int(np.prod(spec.granularity.num_blocks(leaf.shape)))
     else:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.metrics import weights
-from fp8jax.models import param_paths
+from fp8jax.models import layer_stack, param_paths
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import (
   determinism,
@@ -91,7 +91,8 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
       writers[s] = stack.enter_context(contextlib.closing(metrics_log.MetricsWriter(dirs[s])))
       writers[s].truncate_after(0)
     init = step_lib.seeded_init(model_cfg, tx, policy, cfg.precision.master_weights,
-                                run_config.loss_scale_config(cfg))
+                                run_config.loss_scale_config(cfg),
+                                stacked=cfg.train.scan_layers)
     state = jax.jit(jax.vmap(init))(jnp.asarray(seeds))
     step = jax.jit(jax.vmap(step_lib.make_train_step(
         model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=1,
@@ -115,7 +116,8 @@ def _run(cfg, model_cfg, state, step_fn, data, mesh, seeds, writers, dirs, progr
   lr_at = optim.schedule(run_config.optim_config(cfg))
   tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
   peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
-  norms = jax.jit(jax.vmap(lambda p: weights.norms_by_module(p, param_paths.DEEPSEEK)))
+  norms = jax.jit(jax.vmap(lambda p: weights.norms_by_module(layer_stack.unstack(p),
+                                                            param_paths.DEEPSEEK)))
   batch = next(data)
   t_last, since, rows = time.perf_counter(), 0, {}
   for i in range(total):

@@ -7,6 +7,10 @@ non-finite gradients, then an overflowing gradient norm, then which parameters t
 would make non-finite (:func:`first_nonfinite`): a NaN parameter makes most gradients
 NaN, so the parameters are checked first.
 
+The params (and the optimizer state) may be stored stacked per run of alike layers
+(:mod:`fp8jax.models.layer_stack`; ``seeded_init(..., stacked=True)``): the gradients and
+updates then keep that layout, and non-finite values are still named per layer.
+
 A policy with delayed-scaled sites carries their amax histories in the train state
 (``delayed``, :mod:`fp8jax.models.delayed_sites`; ``{}`` for other policies): each step
 quantizes with them and stores the updated histories, except a non-finite step.
@@ -35,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8jax.models import deepseek_moe, delayed_sites
+from fp8jax.models import deepseek_moe, delayed_sites, layer_stack
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.config import ModelConfig
 from fp8jax.train import data_parallel as dp
@@ -61,16 +65,22 @@ def init_state(params, tx: optax.GradientTransformation, delayed=None,
 
 def seeded_init(cfg: ModelConfig, tx: optax.GradientTransformation,
                 policy: policy_lib.PrecisionPolicy, master_weights: str = "float32",
-                loss_scale: loss_scale_lib.DynamicLossScale | None = None):
+                loss_scale: loss_scale_lib.DynamicLossScale | None = None,
+                stacked: bool = False):
   """``init(seed) -> TrainState`` at step 0: params of init seed ``seed`` (an int, or an
   int32 scalar under ``jax.vmap``) in ``master_weights`` (rounded to nearest even), the
-  optimizer state, the policy's empty amax histories and ``loss_scale``'s state, if on."""
+  optimizer state, the policy's empty amax histories and ``loss_scale``'s state, if on;
+  ``stacked``: the params (and so the optimizer state) stored stacked per run of alike
+  layers under ``policy`` (:mod:`fp8jax.models.layer_stack`)."""
   delayed = delayed_sites.init(cfg, policy)
+  groups = deepseek_moe.layer_runs(cfg, policy) if stacked else None
 
   def init(seed):
     params = deepseek_moe.init(cfg, jax.random.key(seed))
     if master_weights != "float32":
       params = jax.tree.map(lambda x: x.astype(jnp.dtype(master_weights)), params)
+    if groups is not None:
+      params = layer_stack.stack(params, groups)
     return init_state(params, tx, delayed, loss_scale and loss_scale.init_state())
   return init
 
@@ -119,8 +129,9 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
     grads = _float32(grads)  # no-op for float32 params
     if loss_scale is not None:
       grads = loss_scale.unscale(grads, state.loss_scale)
-    all_finite = lambda tree: jax.tree.map(lambda g: jnp.all(jnp.isfinite(g)), tree)  # noqa: E731
-    grad_norm = optax.tree.norm(grads)
+    all_finite = lambda tree: jax.tree.map(  # noqa: E731  # named per layer
+        lambda g: jnp.all(jnp.isfinite(g)), layer_stack.unstack(tree))
+    grad_norm = optax.tree.norm(layer_stack.unstack(grads))  # summed in the per-layer order
     updates, opt_state = tx.update(grads, state.opt_state, _float32(state.params))
     params = optax.apply_updates(state.params, updates)  # rounds to the params' dtype
     # What the step reads and what it would write: a finite gradient can still overflow
