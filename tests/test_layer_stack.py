@@ -120,3 +120,37 @@ def test_checkpoints_of_either_layout_load_into_either(tmp_path):
   params, _ = reader.restore_params(1, deepseek_moe.abstract_params(CFG))
   assert _equal(params, per_layer.params)
   reader.close()
+
+
+@pytest.mark.slow
+def test_the_paired_evaluator_gives_the_same_rows_from_stored_runs():
+  """``compare --scan_layers`` stores each checkpoint's params stacked once
+  (``PairedEvaluator.store``); its rows, gradients per layer, are those of the per-layer
+  params. (A policy whose runs are not the stored ones slices them, and XLA may then keep
+  other BF16 intermediates in float32: the last bits can differ unless
+  ``--xla_allow_excess_precision=false``, as in tests/test_scan_wiring.py.)"""
+  from fp8jax.study.comparison import model_api, paired  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+
+  policy = policy_lib.parse_policy("moe_l1-3_e4m3")  # runs [[0], [1, 2, 3]], as stored
+  ev = paired.PairedEvaluator(model_api.deepseek(CFG, scan_layers=True), [policy],
+                              mesh_lib.data_mesh(jax.devices()[:1]), telemetry=False)
+  params = deepseek_moe.init(CFG, jax.random.key(0))
+  stored = ev.store(params)
+  assert layer_stack.layout(stored) == [[0], [1, 2, 3]]
+  assert layer_stack.layout(ev.store(deepseek_moe.abstract_params(CFG))) == [[0], [1, 2, 3]]
+  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, CFG.vocab_size)
+  rows = []
+  for p in (params, stored):
+    base = ev.baseline(p, tokens)
+    assert layer_stack.layout(base.grads) == [[0], [1], [2], [3]]
+    rows.append(jax.device_get(ev.variant(policy.name, p, tokens, base)))
+  flat = [dict(jax.tree_util.tree_leaves_with_path(
+      r, is_leaf=lambda x: hasattr(x, "columns"))) for r in rows]
+  assert flat[0].keys() == flat[1].keys() and len(flat[0]) > 10
+  for key, value in flat[0].items():
+    other = flat[1][key]
+    if hasattr(value, "columns"):  # a metrics table: every column
+      assert value.names == other.names, key
+      value, other = ({c: np.asarray(v) for c, v in t.columns.items()} for t in (value, other))
+    assert _equal(value, other), key

@@ -2,7 +2,13 @@
 process (so that each peak memory is its own); docs/performance.md has the method.
 
     python scripts/bench/data_parallel.py --part=train --devices=2 [--scan-layers]
-        [--route=per_device|gspmd] [--batch=8] [--out=$OUT/dp_train_2.json]
+        [--storage=stacked|per_layer] [--route=per_device|gspmd] [--batch=8]
+        [--out=$OUT/dp_train_2.json]
+
+``--scan-layers`` scans the runs of alike layers; ``--storage`` says how their params are
+stored then: stacked per run (``fp8jax.models.layer_stack``, the default: the train state,
+or the evaluator's ``store``) or per layer (stacked in every step, as before stacked
+storage).
 
 ``--batch`` is per device (sequences of ``--seq`` tokens): the global batch is
 ``batch x devices`` (weak scaling). ``--route=gspmd`` is the one program over the global
@@ -31,6 +37,7 @@ import jax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
+from fp8jax.models import layer_stack  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
 from fp8jax.study.comparison import model_api, paired  # noqa: E402
 from fp8jax.train import data_parallel as dp  # noqa: E402
@@ -60,13 +67,19 @@ def _tokens(cfg, mesh, n, batch, seq):
                                                    cfg.vocab_size), mesh) for i in range(3)]
 
 
-def train(cfg, mesh, n, batch, seq, scan, route, moe_impl):
+def _tag(scan, storage):
+  return ("scan" if storage == "stacked" else "scan_per_layer") if scan else "loop"
+
+
+def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
   tx = optim.optimizer(optim.OptimConfig())
+  runs = dm.layer_runs(cfg, pl.BF16) if scan and storage == "stacked" else None
+  store = (lambda p: layer_stack.stack(p, runs)) if runs else (lambda p: p)
   per_device = route == "per_device"
   step = mesh_lib.shard_step(step_lib.make_train_step(
       cfg, tx, moe_impl=moe_impl, moe_groups=1 if per_device else n, scan_layers=scan,
       mesh=mesh if per_device else None), mesh)
-  init = jax.jit(lambda k: step_lib.init_state(dm.init(cfg, k), tx),
+  init = jax.jit(lambda k: step_lib.init_state(store(dm.init(cfg, k)), tx),
                  out_shardings=mesh_lib.replicated(mesh))
   holder = {"state": init(jax.random.key(0))}
   toks = _tokens(cfg, mesh, n, batch, seq)
@@ -82,16 +95,16 @@ def train(cfg, mesh, n, batch, seq, scan, route, moe_impl):
   t_step, ts = median_time(run, [(x,) for x in toks], runs=10)
   tps = batch * n * seq / t_step
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record(f"train_{n}gpu_{'scan' if scan else 'loop'}_{route}", devices=n,
+  record(f"train_{n}gpu_{_tag(scan, storage)}_{route}", devices=n,
          batch_per_device=batch, seq=seq, trace_s=trace_s, compile_s=compile_s,
          ms=t_step * 1e3, tokens_per_s=tps,
          mfu_per_gpu=flops.mfu(tps, cfg, seq, peak, n) or float("nan"),
          peak_gib=_peaks_gib(mesh.devices.flat), temp_gib=temp, collectives=kinds, times=ts)
 
 
-def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl):
+def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
   del route  # the evaluator always runs per device
-  tag = "scan" if scan else "loop"
+  tag = _tag(scan, storage)
   last = cfg.num_hidden_layers - 1
   first = 0 if cfg.is_moe_layer(0) else 1
   policies = [pl.parse_policy(p.replace("l0-8", f"l{first}-{last}")) for p in POLICIES]
@@ -99,6 +112,8 @@ def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl):
                               telemetry=False)
   params = jax.jit(lambda k: dm.init(cfg, k), out_shardings=mesh_lib.replicated(mesh))(
       jax.random.key(0))
+  if storage == "stacked":
+    params = ev.store(params)
   toks = _tokens(cfg, mesh, n, batch, seq)
   lowerings = ev.lowerings(params, toks[0], [p.name for p in policies])
   lowered = {}
@@ -140,6 +155,8 @@ def main():
   ap.add_argument("--batch", type=int, default=8, help="sequences per device")
   ap.add_argument("--seq", type=int, default=2048)
   ap.add_argument("--scan-layers", action="store_true")
+  ap.add_argument("--storage", choices=["stacked", "per_layer"], default="stacked",
+                  help="with --scan-layers: the params stored stacked per run, or per layer")
   ap.add_argument("--route", choices=["per_device", "gspmd"], default="per_device")
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"])
   ap.add_argument("--model", default="deepseek_moe_2b", help="a models.config name "
@@ -155,7 +172,8 @@ def main():
   part = {"train": train, "paired": paired_eval}[args.part]
   t = time.perf_counter()
   try:
-    part(cfg, mesh, n, args.batch, args.seq, args.scan_layers, args.route, args.moe_impl)
+    part(cfg, mesh, n, args.batch, args.seq, args.scan_layers, args.route, args.moe_impl,
+         args.storage)
   except Exception as err:  # pylint: disable=broad-except
     record(f"{args.part}_{n}gpu_failed", error=f"{type(err).__name__}: {str(err)[:400]}")
   record(f"{args.part}_{n}gpu_wall", seconds=time.perf_counter() - t,

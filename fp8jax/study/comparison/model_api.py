@@ -63,6 +63,9 @@ class StudyModel:
     delayed_init: policy -> its empty amax histories (``{}``: no delayed scaling).
     describe: policy -> its ``meta.json`` entry (``expr``, ``direct``, ``kind``).
     meta: the model's description for ``meta.json`` (JSON values).
+    store: params -> the params in the layout the model computes on (DeepSeek-MoE with
+      ``scan_layers``: stacked per run of alike layers, :mod:`fp8jax.models.layer_stack`;
+      arrays or ``jax.ShapeDtypeStruct``); gradients and metrics stay per layer.
   """
   name: str
   abstract_params: Callable[[], Any]
@@ -75,6 +78,7 @@ class StudyModel:
   delayed_init: Callable[[Any], Any] = _no_state
   describe: Callable[[Any], dict] | None = None
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  store: Callable[[Any], Any] = lambda params: params
 
   def policy_meta(self, policy) -> dict:
     """The ``meta.json`` entry of ``policy``."""
@@ -97,8 +101,9 @@ def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
   """DeepSeek-MoE (:mod:`fp8jax.models.deepseek_moe`) under a
   :class:`~fp8jax.models.policy.PrecisionPolicy`: its LM + balance loss, routing and
   expert grouping (:data:`fp8jax.models.param_paths.DEEPSEEK`). ``scan_layers``: alike
-  consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`)."""
-  from fp8jax.models import deepseek_moe, delayed_sites, param_paths
+  consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`), the params
+  stored stacked per run of the BF16 baseline's alike layers (``store``)."""
+  from fp8jax.models import deepseek_moe, delayed_sites, layer_stack, param_paths
   from fp8jax.models import policy as policy_lib
   from fp8jax.study.comparison import policies as policies_lib
 
@@ -117,7 +122,9 @@ def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
       check=lambda p: p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer),
       delayed_init=lambda p: delayed_sites.init(cfg, p),
       describe=lambda p: policies_lib.policy_meta(p, cfg.num_hidden_layers),
-      meta=dataclasses.asdict(cfg))
+      meta=dataclasses.asdict(cfg),
+      store=(lambda p: layer_stack.stack(p, deepseek_moe.layer_runs(cfg, policy_lib.BF16)))
+      if scan_layers else (lambda p: p))
 
 
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -39,6 +39,7 @@ import optax
 
 from fp8jax import metrics
 from fp8jax.gemm import operand_telemetry
+from fp8jax.models import layer_stack
 from fp8jax.models.config import ModelConfig
 from fp8jax.study.common import noise_floor
 from fp8jax.study.comparison import model_api
@@ -86,6 +87,7 @@ def _per_device_grads(loss_fn, mesh, replicas, grad_specs=None):
   def local(params, tokens, delayed):
     (loss, (lm, aux, routing, tel)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         params, tokens, delayed)
+    grads = layer_stack.unstack(grads)  # per layer, whatever the params' layout
     rows, counts = dp.split_routing(routing)
     grads = dp.mean(grads) if grad_specs is None else dp.mean_scattered(grads, grad_specs)
     return dp.mean((loss, lm, aux)), rows, counts, dp.operand_telemetry(tel), grads
@@ -221,6 +223,7 @@ class PairedEvaluator:
             _per_device_histories(objective(model, policy, moe_impl, 1), mesh, self.replicas),
             in_shardings=(rep, rep, data), out_shardings=rep)
     self.floor_scale = floor_scale
+    self.store_jit = jax.jit(model.store, out_shardings=rep)
     self.floor_jit = jax.jit(self._floor_fn(moe_impl), in_shardings=(rep, data, base, rep),
                              out_shardings=rep)
 
@@ -242,6 +245,7 @@ class PairedEvaluator:
                                                  1), self.mesh, self.replicas)
 
     def floor(params, tokens, base: Baseline, key):
+      params = layer_stack.unstack(params)  # the same draws from either layout
       moved = noise_floor.perturb(params, key, self.floor_scale)
       (loss, (lm, aux, routing, _)), grads = grad_bf16(moved, tokens)
       out = _result(base, loss, lm, aux, routing, grads, None, self.model.classifier)
@@ -250,6 +254,13 @@ class PairedEvaluator:
       return out
 
     return floor
+
+  def store(self, params):
+    """``params`` (per layer) in the layout the model computes on (``model.store``),
+    replicated over the mesh; ``jax.ShapeDtypeStruct`` leaves stay abstract."""
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+      return self.model.store(params)
+    return mesh_lib.under_mesh(self.store_jit, self.mesh)(params)
 
   def baseline(self, params, tokens) -> Baseline:
     return mesh_lib.under_mesh(self.baseline_jit, self.mesh)(params, tokens)

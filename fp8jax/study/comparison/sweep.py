@@ -224,7 +224,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
       step0, key0 = todo[0]
       needed = [n for n in names if any(n in todo_pols[c] for c in todo)]
       parallel_compile.fill_cache(evaluator.lowerings(
-          abstract, mesh_lib.global_batch(batches[key0], mesh), needed,
+          evaluator.store(abstract), mesh_lib.global_batch(batches[key0], mesh), needed,
           noise_floor.floor_key(floor_seed, step0, *key0)), stream, "compare")
     try:
       for i, (step, key) in enumerate(todo):
@@ -240,6 +240,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
             print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
             continue
           norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
+          params = evaluator.store(params)  # scan_layers: stacked per run, once
           if step not in output.weights:
             output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
                                                              for k, v in norms.items()}})
