@@ -39,8 +39,13 @@ RUNS = "layer_runs"
 
 
 def holds_layers(node) -> bool:
-  """Whether ``node`` is a params-like dict (it has a ``layers`` or ``layer_runs`` key)."""
-  return isinstance(node, dict) and (LAYERS in node or RUNS in node)
+  """Whether ``node`` is a params-like dict: it has ``layer_runs``, or ``layers`` keyed by
+  layer index (other models' ``layers`` entries are left alone)."""
+  if not isinstance(node, dict):
+    return False
+  layers = node.get(LAYERS)
+  return RUNS in node or (isinstance(layers, dict) and bool(layers)
+                          and all(isinstance(k, int) for k in layers))
 
 
 def _leading(tree) -> int:
