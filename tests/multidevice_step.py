@@ -37,7 +37,8 @@ def losses(devices):
 
 
 def run_loop_and_sweep():
-  """The training loop and the comparison sweep on 1 device, 4 devices, and 4 with FSDP."""
+  """The training loop and the comparison sweep on 1 device, 4 devices, and 4 with FSDP
+  (its layers scanned, stored stacked)."""
   import tempfile  # pylint: disable=import-outside-toplevel
 
   from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
@@ -53,7 +54,8 @@ def run_loop_and_sweep():
     for name, devices, fsdp, replicas in (("one", jax.devices()[:1], False, 0),
                                           ("one4", jax.devices()[:1], False, 4),
                                           ("four", None, False, 0), ("fsdp", None, True, 0)):
-      c.train.fsdp, c.train.replicas = fsdp, replicas
+      # FSDP with the layers stored stacked: the run axis is never split
+      c.train.fsdp, c.train.replicas, c.train.scan_layers = fsdp, replicas, fsdp
       loop.train(c, f"{tmp}/{name}", devices=devices)
       rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
       out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
