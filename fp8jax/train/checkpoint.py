@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 
 import fp8jax
 from fp8jax.models import delayed_sites, layer_stack
-from fp8jax.train import checkpoint_digest, data_positions, faults, multihost
+from fp8jax.train import checkpoint_digest, data_positions, faults, multihost, run_identity
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
@@ -58,6 +58,9 @@ OPTIONAL = (DELAYED, "loss_scale")
 LAYER_RUNS = "layer_runs"
 """The meta key of the stored runs of a state whose layers are stored stacked
 (:mod:`fp8jax.models.layer_stack`); absent: per layer."""
+RUN = "run"
+"""The meta key of the identity of the run that saved the checkpoint
+(:mod:`fp8jax.train.run_identity`)."""
 POLICY = "precision_policy"
 """The meta key of the run's precision-policy record (``fp8jax.models.policy.record``)."""
 
@@ -107,12 +110,19 @@ class Checkpointer:
   def step_path(self, step: int) -> pathlib.Path:
     return self.directory / str(step)
 
+  def run_identity(self) -> dict | None:
+    """The identity of the run whose checkpoints these are: its workdir's ``run.json``
+    (:mod:`fp8jax.train.run_identity`), the folder above; None if it has none."""
+    return run_identity.read(self.directory.parent)
+
   def save(self, step: int, state, data_position: dict, meta: dict, force: bool = False):
     """Saves (if the step is due or ``force``): returns whether a save started. The
     digests are computed on the device before the (asynchronous) write starts."""
     if not (force or self.manager.should_save(step)):
       return False
     meta = {**meta, "code_version": code_version()}
+    if (identity := self.run_identity()) is not None:
+      meta[RUN] = identity
     if self.digests:
       meta["digests"] = {**checkpoint_digest.record(state),
                          "positions": data_positions.record(data_position)}
@@ -166,6 +176,11 @@ class Checkpointer:
     try:
       meta = self.manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore())).meta
+      expected, recorded_run = self.run_identity(), meta.get(RUN)
+      if expected and recorded_run and recorded_run.get("id") != expected["id"]:
+        return None, checkpoint_digest.Foreign(str(self.step_path(step)),
+                                               run_identity.describe(recorded_run),
+                                               run_identity.describe(expected))
       _check_delayed(self.step_path(step), meta, abstract)
       recorded = meta.get("digests")
       want = layer_stack.layout(abstract)  # None: no params in the tree

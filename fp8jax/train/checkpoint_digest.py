@@ -196,7 +196,17 @@ class NonFinite:
   more: int = 0
 
 
-Status = Ok | Corrupt | Incomplete | NoDigests | NonFinite
+@dataclasses.dataclass(frozen=True)
+class Foreign:
+  """The checkpoint records another run than its workdir's (copied in from elsewhere):
+  ``run`` and ``expected`` are the descriptions of both identities
+  (:mod:`fp8jax.train.run_identity`)."""
+  checkpoint: str
+  run: str
+  expected: str
+
+
+Status = Ok | Corrupt | Incomplete | NoDigests | NonFinite | Foreign
 
 
 def describe(status: Status) -> str:
@@ -215,19 +225,26 @@ def describe(status: Status) -> str:
     case NonFinite(path=path, count=count, more=more):
       also = f" (and {more} more arrays)" if more else ""
       return f"corrupt: array {path} holds {count} NaN or infinite values{also}"
+    case Foreign(run=run, expected=expected):
+      return (f"from another run: it records {run}, its workdir is {expected} (copied in "
+              "from elsewhere?)")
   raise TypeError(f"not a checkpoint status: {status!r}")
 
 
 class CheckpointError(ValueError):
   """A checkpoint that must not be used; ``status`` says why."""
 
-  def __init__(self, status: Corrupt | Incomplete | NonFinite):
+  def __init__(self, status: Corrupt | Incomplete | NonFinite | Foreign):
     super().__init__(f"checkpoint {status.checkpoint} is {describe(status)}")
     self.status = status
 
 
 class CorruptCheckpointError(CheckpointError):
   """A restored array differs from the one that was saved."""
+
+
+class ForeignCheckpointError(CheckpointError):
+  """The checkpoint belongs to another run than its workdir's."""
 
 
 class IncompleteCheckpointError(CheckpointError):
@@ -291,12 +308,15 @@ def finite(status: Status, tree) -> Status:
 
 def check(status: Status) -> None:
   """Nothing for :class:`Ok`; a warning for :class:`NoDigests`; raises
-  :class:`CorruptCheckpointError` or :class:`IncompleteCheckpointError` otherwise."""
+  :class:`CorruptCheckpointError`, :class:`ForeignCheckpointError` or
+  :class:`IncompleteCheckpointError` otherwise."""
   if isinstance(status, NoDigests):
     warnings.warn(f"checkpoint {status.checkpoint} is {describe(status)}: its contents are "
                   "not verified", UnverifiedCheckpointWarning, stacklevel=3)
   elif isinstance(status, Corrupt | NonFinite):
     raise CorruptCheckpointError(status)
+  elif isinstance(status, Foreign):
+    raise ForeignCheckpointError(status)
   elif isinstance(status, Incomplete):
     raise IncompleteCheckpointError(status)
 

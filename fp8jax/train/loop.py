@@ -72,11 +72,16 @@ from fp8jax.train import (
   param_gather,
   preemption,
   run_config,
+  run_identity,
   workdir_checks,
 )
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
-from fp8jax.train.checkpoint_digest import CheckpointError, CorruptCheckpointError
+from fp8jax.train.checkpoint_digest import (
+  CheckpointError,
+  CorruptCheckpointError,
+  ForeignCheckpointError,
+)
 
 PolicyMismatchError = ckpt_lib.PolicyMismatchError
 
@@ -150,7 +155,8 @@ def restore_target(abstract, sharding):
 
 def _restore_latest(ckpt, target, stream):
   """(step, state, data position) of the newest checkpoint. If it does not restore (a kill
-  during the last save: ``<step>.incomplete``) or fails verification (``<step>.corrupt``)
+  during the last save: ``<step>.incomplete``), fails verification (``<step>.corrupt``) or
+  belongs to another run (``<step>.foreign``, :mod:`fp8jax.train.run_identity`)
   but the one before restores, the newest is renamed with that suffix (kept, out of the
   way) and the run resumes from the one before, saying so; else its error is raised."""
   steps = ckpt.all_steps()
@@ -164,7 +170,8 @@ def _restore_latest(ckpt, target, stream):
     except CheckpointError:
       raise e from None
     path = ckpt.step_path(steps[-1])
-    kind = "corrupt" if isinstance(e, CorruptCheckpointError) else "incomplete"
+    kind = ("corrupt" if isinstance(e, CorruptCheckpointError) else
+            "foreign" if isinstance(e, ForeignCheckpointError) else "incomplete")
     print(f"warning: {e}; moved it to {path}.{kind}, resuming from the previous checkpoint, "
           f"step {steps[-2]}", file=stream or sys.stderr)
     if multihost.is_main():
@@ -195,6 +202,9 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
       tmp.write_text(cfg.to_json(indent=2))
       tmp.replace(workdir / "config.json")
 
+    if main and not (has_run and run_identity.read(workdir)):  # a new run, or one from
+      run_identity.create(workdir, cfg)  # before identities: its checkpoints from now on
+    multihost.barrier("fp8jax_run_identity")
     tx = optimizer_for(cfg)
     init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh, policy)
     step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
