@@ -32,7 +32,7 @@ _COMPILE_CACHE = flags.DEFINE_string(
     "else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/fp8jax/jax_cache (README: Compilation "
     "cache).")
 
-_DISK = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+_DISK = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENAMETOOLONG}
 _PATHS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
           FileExistsError)
 
@@ -55,6 +55,8 @@ def _os_line(e: OSError) -> str:
     what = "no space left on device"
   elif e.errno == errno.EROFS:
     what = "read-only file system"
+  elif e.errno == errno.ENAMETOOLONG:
+    what = "file name too long (a name over 255 bytes, or a path over the system's limit)"
   return f"{e.filename}: {what}"
 
 

@@ -209,3 +209,15 @@ def test_compare_refuses_nonsense_windows(flag, words, train_run, tmp_path):
     name, value = flag[2:].split("=")
     sweep.Windows(**{name: tuple(int(v) for v in value.split(","))
                      if name == "offsets" else int(value)})
+
+
+def test_a_path_too_long_is_one_line():
+  from fp8jax.experiments import _cli  # pylint: disable=import-outside-toplevel
+
+  name = "/tmp/" + "x" * 300
+  try:
+    pathlib.Path(name).mkdir()
+  except OSError as e:
+    line = _cli.message(e)
+  assert line == f"{name}: file name too long (a name over 255 bytes, or a path over the " \
+                 "system's limit)"
