@@ -158,7 +158,7 @@ def test_prepared_batches_and_the_data_they_name(tmp_path):
 
 @pytest.mark.slow
 def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, train_run):
-  from fp8jax.study.comparison import sweep
+  from fp8jax.study.comparison import eval_data, sweep
   from fp8jax.train import checkpoint, loop, run_config
 
   write_c4(tmp_path / "c4")
@@ -178,7 +178,7 @@ def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, tr
     assert loop.train(c, tmp_path / "run", resume=True, stream=log)["final_step"] == 3
   ckpt = checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 1)
   try:
-    assert sweep._trained_on(ckpt, 2) == f"prepared:{m['hash']}"
+    assert eval_data._trained_on(ckpt, 2) == f"prepared:{m['hash']}"
     sweep.check_data(ckpt, [0, 1, 2, 3], f"prepared:{m['hash']}")
     with pytest.raises(ValueError, match=r"checkpoints \[0, 1, 2, 3\] were trained on data "
                        "prepared:.*allow_other_data"):

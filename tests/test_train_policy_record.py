@@ -93,8 +93,10 @@ def test_run_without_checkpoints_writes_none(tmp_path):
   summary = loop.train(c, tmp_path)
   assert not (tmp_path / "checkpoints").exists()
   assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3] and np.isfinite(summary["final_loss"])
-  loop.train(c, tmp_path)  # nothing to protect: a fresh run, its own rows only
-  assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3]
+  before = (tmp_path / "metrics.jsonl").read_bytes()
+  with pytest.raises(FileExistsError, match="saved no checkpoint"):  # not overwritten
+    loop.train(c, tmp_path)
+  assert (tmp_path / "metrics.jsonl").read_bytes() == before
 
 
 @pytest.mark.slow

@@ -109,8 +109,12 @@ def _per_device_histories(loss_fn, mesh, replicas):
   the amaxes combined by max (:mod:`fp8jax.train.data_parallel`)."""
   def local(delayed, params, tokens):
     return dp.maximum(jax.grad(lambda d: loss_fn(params, tokens, d)[0])(delayed))
-  return dp.per_device(local, mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS), out_specs=dp.SAME,
-                       replicas=replicas)
+  run = dp.per_device(local, mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS), out_specs=dp.SAME,
+                      replicas=replicas)
+
+  def warm(delayed, params, tokens):  # the compiled program's name
+    return run(delayed, params, tokens)
+  return warm
 
 
 def _result(base: Baseline, loss, lm, aux, routing, grads, direct, classifier) -> dict:
@@ -263,7 +267,10 @@ class PairedEvaluator:
     return mesh_lib.under_mesh(self.store_jit, self.mesh)(params)
 
   def baseline(self, params, tokens) -> Baseline:
-    return mesh_lib.under_mesh(self.baseline_jit, self.mesh)(params, tokens)
+    base = mesh_lib.under_mesh(self.baseline_jit, self.mesh)(params, tokens)
+    # Whole on every device, as :meth:`lowerings` compiles the later calls for: a small
+    # gather here (B x S x top-k ids and weights) keeps the collectives out of them.
+    return base._replace(routing=jax.device_put(base.routing, mesh_lib.replicated(self.mesh)))
 
   def variant(self, name: str, params, tokens, base: Baseline, delayed=None) -> dict:
     """The comparison of policy ``name`` against ``base`` (small device arrays); ``delayed``:
@@ -305,6 +312,8 @@ class PairedEvaluator:
         jitted.lower, self.mesh)(*args)
     base = mesh_lib.under_mesh(  # ShapeDtypeStructs with the baseline's out_shardings
         lambda p, t: jax.eval_shape(self.baseline_jit, p, t), self.mesh)(params, tokens)
+    base = base._replace(routing=jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=mesh_lib.replicated(self.mesh)), base.routing))
     out = {"the BF16 baseline": lower(self.baseline_jit, params, tokens)}
     for name in names:
       if name == noise_floor.FLOOR:
