@@ -154,3 +154,25 @@ def test_the_paired_evaluator_gives_the_same_rows_from_stored_runs():
       assert value.names == other.names, key
       value, other = ({c: np.asarray(v) for c, v in t.columns.items()} for t in (value, other))
     assert _equal(value, other), key
+
+
+def test_perturbation_and_branch_metrics_read_the_per_layer_view():
+  """The noise floor's perturbation draws as for per-layer params and keeps the layout;
+  the branch metrics group stacked params by layer and module as per-layer ones."""
+  from fp8jax.study.branches import branch_metrics  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.common import noise_floor  # pylint: disable=import-outside-toplevel
+
+  params = deepseek_moe.init(CFG, jax.random.key(0))
+  groups = [[0], [1, 2, 3]]
+  key = jax.random.key(7)
+  moved = noise_floor.perturb(layer_stack.stack(params, groups), key)
+  assert layer_stack.layout(moved) == groups
+  assert _equal(layer_stack.unstack(moved), noise_floor.perturb(params, key))
+  per_layer = branch_metrics.compare_step(params, moved_pl := layer_stack.unstack(moved),
+                                          moved_pl, params, {}, {})
+  stacked = branch_metrics.compare_step(*(layer_stack.stack(t, groups) for t in (
+      params, moved_pl, moved_pl, params)), {}, {})
+  assert float(per_layer["param_div"]) == float(stacked["param_div"]) > 0
+  for table in ("by_module", "by_layer"):
+    assert per_layer[table].names == stacked[table].names
+    assert _equal(per_layer[table].columns, stacked[table].columns)

@@ -27,7 +27,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.metrics import aggregate
-from fp8jax.models import param_paths
+from fp8jax.models import layer_stack, param_paths
 from fp8jax.study.common.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
 from fp8jax.train import step as step_lib
 
@@ -63,7 +63,8 @@ def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new) -> dict
     ``update_cos`` (one array per column keeps compilation fast), ``"routing_by_layer"``
     ``{layer: fraction}``.
   """
-  flat = [metrics.flatten(t) for t in (ref_new, ref_prev, new, prev)]
+  # per layer, whatever the params' layout (layer_stack)
+  flat = [metrics.flatten(layer_stack.unstack(t)) for t in (ref_new, ref_prev, new, prev)]
   paths = list(flat[0])
   totals = jnp.stack([_sums(*(f[p] for f in flat)) for p in paths])
   g = aggregate.grouped(paths, totals, _stats, param_paths.DEEPSEEK)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fp8jax.models import layer_stack
+
 BF16_UNIT_ROUNDOFF = 2.0**-8
 """Unit roundoff of bfloat16 (8 significant bits, round to nearest): the largest relative
 error of rounding a float32 value to bfloat16."""
@@ -33,12 +35,16 @@ FLOOR = "floor"
 def perturb(params, key: jax.Array, scale: float = BF16_UNIT_ROUNDOFF):
   """``theta * (1 + scale * u)``, ``u ~ U(-1, 1)`` per element (a key per leaf): a random
   relative perturbation of the size of BF16 rounding (``scale``: the unit roundoff).
-  Deterministic in ``key``; leaves keep their dtype."""
-  leaves, treedef = jax.tree.flatten(params)
+  Deterministic in ``key``; leaves keep their dtype. Layers stored stacked
+  (:mod:`fp8jax.models.layer_stack`) get the draws of the per-layer layout and keep
+  their layout."""
+  runs = layer_stack.layout(params) if layer_stack.is_stacked(params) else None
+  leaves, treedef = jax.tree.flatten(layer_stack.unstack(params) if runs else params)
   keys = jax.random.split(key, len(leaves))
   out = [(x.astype(jnp.float32) * (1.0 + scale * jax.random.uniform(
       k, x.shape, jnp.float32, -1.0, 1.0))).astype(x.dtype) for x, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, out)
+  out = jax.tree.unflatten(treedef, out)
+  return layer_stack.stack(out, runs) if runs else out
 
 
 def floor_key(seed: int, step: int, offset: int, batch: int) -> jax.Array:
