@@ -191,3 +191,13 @@ def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, tr
     sweep.run(train_run, tmp_path / "cmp", policies=["bf16"],
               data=pipeline.override(str(out)))
   assert not (tmp_path / "cmp").exists()
+
+
+def test_a_prepared_folder_without_documents_is_named_in_one_line(tmp_path):
+  manifest = {"format": prepared.FORMAT, "complete": True, "field": "text", "dtype": "<i4",
+              "tokenizer": {"fingerprint": "f", "eos_id": 0}, "sources": [], "files": [],
+              "documents": 0}
+  manifest["hash"] = prepared.manifest_hash(manifest)
+  (tmp_path / prepared.MANIFEST).write_text(json.dumps(manifest))
+  with pytest.raises(ValueError, match=r"holds no documents \(were its sources empty\?\)"):
+    prepared.PreparedDocs(tmp_path)

@@ -107,6 +107,9 @@ class PreparedDocs:
       raise ImportError("reading prepared data needs array-record: pip install "
                         "fp8jax[data]") from e
     files = [str(self.folder / f["name"]) for f in self.manifest["files"] if f["documents"]]
+    if not files:
+      raise ValueError(f"{self.folder}: the prepared corpus holds no documents (were its "
+                       "sources empty?); prepare it again from data that has some")
     self._source = ards.ArrayRecordDataSource(files)
     if len(self._source) != self.manifest["documents"]:
       raise ValueError(f"{self.folder}: the token files hold {len(self._source)} documents, "
