@@ -51,7 +51,7 @@ class Skips:
     if len(self.examples) < 20:
       self.examples.append(f"{where}: {reason}")
     if self.stream is not False and (self.count <= 20 or self.count % 1000 == 0):
-      print(f"warning: skipped bad record {self.count}: {where}: {reason}",
+      print(f"warning: skipped a bad record ({self.count} so far): {where}: {reason}",
             file=self.stream or sys.stderr, flush=True)
 
 
