@@ -2,8 +2,10 @@
 
     summary = train(config, workdir, resume=False)
 
-``workdir`` receives ``config.json``, ``metrics.jsonl``, ``checkpoints/<step>/`` (step 0,
-every ``train.save_every`` steps and the last step) and, if asked, ``tensorboard/``.
+``workdir`` receives ``config.json``, ``run.json`` (the run's identity, recorded by every
+checkpoint: :mod:`fp8jax.train.run_identity`), ``metrics.jsonl``,
+``checkpoints/<step>/`` (step 0, every ``train.save_every`` steps and the last step) and,
+if asked, ``tensorboard/``.
 Everything that can be checked before compute is checked first (see
 :mod:`fp8jax.train.run_config`). A workdir that already holds checkpoints is only
 continued with ``resume=True``, which restores the latest checkpoint (params, optimizer
