@@ -20,7 +20,7 @@ the same results.
 
 :func:`runs` reads the layout back from the leaves' leading axes; :func:`stack` and
 :func:`unstack` work on every node of a tree that holds layers (a ``TrainState``, an
-optax state), on arrays, NumPy arrays and ``jax.ShapeDtypeStruct`` leaves alike.
+optax state), on arrays and ``jax.ShapeDtypeStruct`` leaves alike.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from typing import Any
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fp8jax.models import layer_scan
 
@@ -88,8 +87,6 @@ def _stack_leaves(*xs):
       spec = jax.sharding.PartitionSpec(None, *sharding.spec)
       sharding = jax.sharding.NamedSharding(sharding.mesh, spec)
     return jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype, sharding=sharding)
-  if all(isinstance(x, np.ndarray) for x in xs):
-    return np.stack(xs)
   return jnp.stack(xs)
 
 

@@ -185,8 +185,10 @@ class Checkpointer:
       recorded = meta.get("digests")
       want = layer_stack.layout(abstract)  # None: no params in the tree
       saved_runs = meta.get(LAYER_RUNS) or (want and [[i] for g in want for i in g])
-      target = _saved_dtypes(layer_stack.stack(_stored(abstract), saved_runs or []),
-                             (recorded or {}).get("dtypes", {}))
+      target = _stored(abstract)
+      if saved_runs != want:  # restored as saved, then restacked below
+        target = layer_stack.stack(target, saved_runs)
+      target = _saved_dtypes(target, (recorded or {}).get("dtypes", {}))
       if partial:
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), target)

@@ -249,12 +249,12 @@ class PairedEvaluator:
                                                  1), self.mesh, self.replicas)
 
     def floor(params, tokens, base: Baseline, key):
-      params = layer_stack.unstack(params)  # the same draws from either layout
-      moved = noise_floor.perturb(params, key, self.floor_scale)
+      moved = noise_floor.perturb(params, key, self.floor_scale)  # the per-layer draws
       (loss, (lm, aux, routing, _)), grads = grad_bf16(moved, tokens)
       out = _result(base, loss, lm, aux, routing, grads, None, self.model.classifier)
-      out["perturbation_norm"] = optax.tree.norm(jax.tree.map(
-          lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), moved, params))
+      out["perturbation_norm"] = optax.tree.norm(jax.tree.map(  # summed per layer
+          lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32),
+          *(layer_stack.unstack(t) for t in (moved, params))))
       return out
 
     return floor
