@@ -218,7 +218,7 @@ class DeepseekMoE(nnx.Module):
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
                moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False,
-               deterministic: bool = False, scan_layers: bool = False, layer_params=None):
+               deterministic: bool = False, scan_layers=False, layer_params=None):
     """``layer_params``: the decoder layers' params in either layout of
     :mod:`fp8jax.models.layer_stack` (the ``layers`` and ``layer_runs`` entries of a params
     tree), used in place of the layer modules' own (then only their structure is read)."""
@@ -234,7 +234,8 @@ class DeepseekMoE(nnx.Module):
         telemetry=telemetry, moe_groups=moe_groups, gemm_telemetry=gemm_telemetry,
         deterministic=deterministic)
     n = cfg.num_hidden_layers
-    groups = (layer_scan.policy_runs(self.layers, decide) if scan_layers
+    opts = layer_scan.options(scan_layers)
+    groups = (layer_scan.policy_runs(self.layers, decide) if opts
               else [[i] for i in range(n)])
     outs = {}
     for group in groups:
@@ -243,7 +244,7 @@ class DeepseekMoE(nnx.Module):
         h, outs[group[0]] = step(layer, h, group[0], delayed_state)
       else:
         stacked = layer_stack.run_state(self.layers, group, layer_params)
-        h, per_layer = layer_scan.scan(step, *stacked, group, h, delayed_state)
+        h, per_layer = layer_scan.scan(step, *stacked, group, h, delayed_state, opts)
         outs.update(per_layer)
     tel, gemm_tel, aux_losses, routing = {}, {}, {}, {}
     for i in range(n):  # in layer order, as the unrolled loop records them
@@ -330,7 +331,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
           moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
           delayed_state=None, gemm_telemetry: bool = False, deterministic: bool = False,
-          scan_layers: bool = False):
+          scan_layers=False):
   """Forward pass.
 
   Args:
@@ -364,7 +365,9 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       params and outputs. Bit for bit the same with XLA's
       ``--xla_allow_excess_precision=false``; with its default (true) XLA keeps some BF16
       intermediates in float32 depending on what it fuses, and BF16 values can differ in
-      their last bit (then, through routing and FP8 rounding, by more).
+      their last bit (then, through routing and FP8 rounding, by more). A
+      :class:`fp8jax.models.layer_scan.ScanOptions` scans with its unrolling and
+      rematerialization.
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE

@@ -18,6 +18,8 @@ some in float32, depending on what it fuses, so BF16 values can differ in the la
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -58,17 +60,48 @@ def runs(signatures: list) -> list[list[int]]:
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ScanOptions:
+  """How a run is scanned (``scan_layers=ScanOptions(...)``; ``True`` is the default).
+
+  ``unroll``: layers per iteration of the scan's loop (``jax.lax.scan``'s ``unroll``; 0:
+  the whole run, one traced layer still). ``remat``: a policy of
+  ``jax.checkpoint_policies`` by name (``"dots_saveable"``, ``"nothing_saveable"``, ...)
+  for what a layer keeps for its backward pass (the rest is recomputed there), or None:
+  everything the backward pass reads is kept (stacked per layer).
+  """
+  unroll: int = 1
+  remat: str | None = None
+
+  def __post_init__(self):
+    if self.unroll < 0:
+      raise ValueError(f"ScanOptions.unroll is {self.unroll}: layers per iteration, >= 0")
+    if self.remat is not None and not callable(getattr(jax.checkpoint_policies,
+                                                       self.remat, None)):
+      names = sorted(n for n in dir(jax.checkpoint_policies) if n.endswith("saveable"))
+      raise ValueError(f"ScanOptions.remat {self.remat!r} is no policy of "
+                       f"jax.checkpoint_policies; some are {names}")
+
+
+def options(scan_layers) -> ScanOptions | None:
+  """``scan_layers`` (bool or :class:`ScanOptions`) as options, None: the layer loop."""
+  if isinstance(scan_layers, ScanOptions):
+    return scan_layers
+  return ScanOptions() if scan_layers else None
+
+
 def _stack(trees: list):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def scan(step, graphdef, stacked, group: list[int], h, delayed_state):
+def scan(step, graphdef, stacked, group: list[int], h, delayed_state,
+         opts: ScanOptions = ScanOptions()):
   """Runs ``step(layer, h, index, delayed) -> (h, out)`` over the layers ``group`` (alike
   per :func:`signature`) as one scan, with the decisions of the first; ``graphdef``: the
   first layer's (the others differ only in their index attribute); ``stacked``: their
   param state with a leading axis ``len(group)`` (:func:`stack_states`, or params stored
   stacked: :mod:`fp8jax.models.layer_stack`); ``delayed``: the histories of that layer,
-  ``{site: {group[0]: histories}}``.
+  ``{site: {group[0]: histories}}``; ``opts``: unrolling and rematerialization.
 
   Returns:
     (h after the last layer, ``{index: out}`` per layer of ``group``).
@@ -82,7 +115,9 @@ def scan(step, graphdef, stacked, group: list[int], h, delayed_state):
     return step(nnx.merge(graphdef, params), h, first,
                 {site: {first: v} for site, v in histories.items()})
 
-  h, ys = jax.lax.scan(body, h, (stacked, hist))
+  if opts.remat is not None:
+    body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, opts.remat))
+  h, ys = jax.lax.scan(body, h, (stacked, hist), unroll=opts.unroll or True)
   return h, {i: jax.tree.map(lambda y, k=k: y[k], ys) for k, i in enumerate(group)}
 
 

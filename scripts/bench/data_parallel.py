@@ -2,13 +2,14 @@
 process (so that each peak memory is its own); docs/performance.md has the method.
 
     python scripts/bench/data_parallel.py --part=train --devices=2 [--scan-layers]
-        [--storage=stacked|per_layer] [--route=per_device|gspmd] [--batch=8]
+        [--storage=stacked|per_layer] [--scan-unroll=1] [--scan-remat=POLICY]
+        [--route=per_device|gspmd] [--batch=8]
         [--out=$OUT/dp_train_2.json]
 
 ``--scan-layers`` scans the runs of alike layers; ``--storage`` says how their params are
 stored then: stacked per run (``fp8jax.models.layer_stack``, the default: the train state,
 or the evaluator's ``store``) or per layer (stacked in every step, as before stacked
-storage).
+storage); ``--scan-unroll`` and ``--scan-remat`` set ``layer_scan.ScanOptions``.
 
 ``--batch`` is per device (sequences of ``--seq`` tokens): the global batch is
 ``batch x devices`` (weak scaling). ``--route=gspmd`` is the one program over the global
@@ -37,7 +38,7 @@ import jax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
-from fp8jax.models import layer_stack  # noqa: E402
+from fp8jax.models import layer_scan, layer_stack  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
 from fp8jax.study.comparison import model_api, paired  # noqa: E402
 from fp8jax.train import data_parallel as dp  # noqa: E402
@@ -68,7 +69,12 @@ def _tokens(cfg, mesh, n, batch, seq):
 
 
 def _tag(scan, storage):
-  return ("scan" if storage == "stacked" else "scan_per_layer") if scan else "loop"
+  if not scan:
+    return "loop"
+  tag = "scan" if storage == "stacked" else "scan_per_layer"
+  if scan.unroll != 1:
+    tag += f"_unroll{scan.unroll or 'all'}"
+  return tag + (f"_remat_{scan.remat}" if scan.remat else "")
 
 
 def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
@@ -157,6 +163,10 @@ def main():
   ap.add_argument("--scan-layers", action="store_true")
   ap.add_argument("--storage", choices=["stacked", "per_layer"], default="stacked",
                   help="with --scan-layers: the params stored stacked per run, or per layer")
+  ap.add_argument("--scan-unroll", type=int, default=1,
+                  help="with --scan-layers: layers per loop iteration (0: all)")
+  ap.add_argument("--scan-remat", default=None, help="with --scan-layers: a "
+                  "jax.checkpoint_policies name (what a layer keeps for the backward pass)")
   ap.add_argument("--route", choices=["per_device", "gspmd"], default="per_device")
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"])
   ap.add_argument("--model", default="deepseek_moe_2b", help="a models.config name "
@@ -172,8 +182,9 @@ def main():
   part = {"train": train, "paired": paired_eval}[args.part]
   t = time.perf_counter()
   try:
-    part(cfg, mesh, n, args.batch, args.seq, args.scan_layers, args.route, args.moe_impl,
-         args.storage)
+    scan = (layer_scan.ScanOptions(args.scan_unroll, args.scan_remat) if args.scan_layers
+            else None)
+    part(cfg, mesh, n, args.batch, args.seq, scan, args.route, args.moe_impl, args.storage)
   except Exception as err:  # pylint: disable=broad-except
     record(f"{args.part}_{n}gpu_failed", error=f"{type(err).__name__}: {str(err)[:400]}")
   record(f"{args.part}_{n}gpu_wall", seconds=time.perf_counter() - t,

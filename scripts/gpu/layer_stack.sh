@@ -4,6 +4,7 @@
 # configuration: the one-GPU runs side by side, one lane per GPU, then the runs over
 # several GPUs one after another. JSON per run and the logs in OUT_DIR (default $OUT).
 # Each run is stopped after LIMIT seconds (default 420) so that the others still report.
+# STAGE=2 also tries the scan's unrolling and rematerialization (layer_scan.ScanOptions).
 #   STAGE=1|2 bash scripts/gpu/layer_stack.sh
 set -uo pipefail
 out=${OUT_DIR:-${OUT:-.}}
@@ -34,9 +35,14 @@ if [[ ${STAGE:-1} == 1 ]]; then
         "train_1gpu_scan_per_layer train 1 --scan-layers --storage=per_layer" \
         "paired_1gpu_stacked paired 1 --scan-layers"
   bench "train_${n}gpu_stacked" train "$n" --scan-layers
-else
-  lanes "paired_1gpu_loop paired 1" \
-        "paired_1gpu_scan_per_layer paired 1 --scan-layers --storage=per_layer"
+else  # the paired loop, and the stacked scan's unrolling and rematerialization
+  s="train 1 --scan-layers"
+  lanes "train_1gpu_unroll2 $s --scan-unroll=2" \
+        "train_1gpu_remat_dots $s --scan-remat=dots_saveable" \
+        "train_1gpu_unroll_all $s --scan-unroll=0" \
+        "paired_1gpu_loop paired 1" \
+        "train_1gpu_remat_nothing $s --scan-remat=nothing_saveable" \
+        "train_1gpu_unroll2_remat_dots $s --scan-unroll=2 --scan-remat=dots_saveable"
   bench "paired_${n}gpu_stacked" paired "$n" --scan-layers
   if ((n > 2)); then
     CUDA_VISIBLE_DEVICES=0,1 bench train_2gpu_stacked train 2 --scan-layers
