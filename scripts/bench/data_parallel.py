@@ -143,7 +143,8 @@ def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
   record(f"paired_{n}gpu_{tag}_bf16_grad", devices=n,
          batch_per_device=batch, seq=seq, ms=t_base * 1e3,
          tokens_per_s=batch * n * seq / t_base, times=ts)
-  base = base_fn(params, toks[0])
+  base = base_fn(params, toks[0])  # its routing replicated, as the evaluator passes it on
+  base = base._replace(routing=jax.device_put(base.routing, mesh_lib.replicated(mesh)))
   for p in policies:
     fn = compiled[f"policy {p.name}"]
     t, ts = median_time(lambda x, fn=fn, p=p: fn(params, x, base, ev.empty_state[p.name]),

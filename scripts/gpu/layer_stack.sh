@@ -5,7 +5,8 @@
 # several GPUs one after another. JSON per run and the logs in OUT_DIR (default $OUT).
 # Each run is stopped after LIMIT seconds (default 420) so that the others still report.
 # STAGE=2 also tries the scan's unrolling and rematerialization (layer_scan.ScanOptions).
-#   STAGE=1|2 bash scripts/gpu/layer_stack.sh
+# STAGE=3: the scan unrolled, on 1, 2 and N GPUs.
+#   STAGE=1|2|3 bash scripts/gpu/layer_stack.sh
 set -uo pipefail
 out=${OUT_DIR:-${OUT:-.}}
 n=$(nvidia-smi -L | wc -l)
@@ -35,7 +36,7 @@ if [[ ${STAGE:-1} == 1 ]]; then
         "train_1gpu_scan_per_layer train 1 --scan-layers --storage=per_layer" \
         "paired_1gpu_stacked paired 1 --scan-layers"
   bench "train_${n}gpu_stacked" train "$n" --scan-layers
-else  # the paired loop, and the stacked scan's unrolling and rematerialization
+elif [[ $STAGE == 2 ]]; then  # the paired loop, and the stacked scan's unrolling and rematerialization
   s="train 1 --scan-layers"
   lanes "train_1gpu_unroll2 $s --scan-unroll=2" \
         "train_1gpu_remat_dots $s --scan-remat=dots_saveable" \
@@ -47,5 +48,13 @@ else  # the paired loop, and the stacked scan's unrolling and rematerialization
   if ((n > 2)); then
     CUDA_VISIBLE_DEVICES=0,1 bench train_2gpu_stacked train 2 --scan-layers
   fi
+fi
+if [[ ${STAGE:-1} == 3 ]]; then  # the scan unrolled (ScanOptions(unroll=0)) on 1, 2, N GPUs
+  u="--scan-layers --scan-unroll=0"
+  (CUDA_VISIBLE_DEVICES=0 bench paired_1gpu_unroll_all paired 1 $u) &
+  (CUDA_VISIBLE_DEVICES=2,3 bench train_2gpu_unroll_all train 2 $u) &
+  wait
+  bench "train_${n}gpu_unroll_all" train "$n" $u
+  bench "paired_${n}gpu_unroll_all" paired "$n" $u
 fi
 for f in "$logs"/*.log; do echo "== $f"; cat "$f"; done >"$out/logs_stage${STAGE:-1}.txt"
