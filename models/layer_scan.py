@@ -64,13 +64,15 @@ def runs(signatures: list) -> list[list[int]]:
 class ScanOptions:
   """How a run is scanned (``scan_layers=ScanOptions(...)``; ``True`` is the default).
 
-  ``unroll``: layers per iteration of the scan's loop (``jax.lax.scan``'s ``unroll``; 0:
-  the whole run, one traced layer still). ``remat``: a policy of
+  ``unroll``: layers per iteration of the scan's loop (``jax.lax.scan``'s ``unroll``); 0,
+  the default: the whole run, so that the compiled program has no loop while the layer is
+  still traced once. Rolled (1), the scan keeps every residual its backward pass reads
+  stacked over the run (docs/performance.md: memory and speed of each). ``remat``: a policy of
   ``jax.checkpoint_policies`` by name (``"dots_saveable"``, ``"nothing_saveable"``, ...)
   for what a layer keeps for its backward pass (the rest is recomputed there), or None:
   everything the backward pass reads is kept (stacked per layer).
   """
-  unroll: int = 1
+  unroll: int = 0
   remat: str | None = None
 
   def __post_init__(self):

@@ -70,13 +70,13 @@ def test_scan_traces_one_layer_per_run():
 _COMPARE = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from fp8jax.models import config as config_lib, deepseek_moe, delayed_sites, layer_stack
-from fp8jax.models import policy as policy_lib
+from fp8jax.models import config as config_lib, deepseek_moe, delayed_sites, layer_scan
+from fp8jax.models import layer_stack, policy as policy_lib
 cfg = config_lib.tiny(num_hidden_layers=5)
 params = deepseek_moe.init(cfg, jax.random.key(0))
 stacked = layer_stack.stack(params, deepseek_moe.layer_runs(cfg, policy_lib.BF16))
 tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-for expr, impl in json.loads(sys.argv[1]):
+for expr, impl, unroll in json.loads(sys.argv[1]):
   policy = policy_lib.parse_policy(expr)
   state = jax.tree.map(lambda h: h + 0.25, delayed_sites.init(cfg, policy))
   def loss(p, st, scan):
@@ -85,7 +85,7 @@ for expr, impl in json.loads(sys.argv[1]):
     return deepseek_moe.lm_loss(logits, tokens) + aux["aux_loss"], (logits, aux)
   f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True), static_argnums=2)
   a = jax.device_get(f(params, state, False))
-  b = jax.device_get(layer_stack.unstack(f(stacked, state, True)))
+  b = jax.device_get(layer_stack.unstack(f(stacked, state, layer_scan.ScanOptions(unroll))))
   flat = jax.tree_util.tree_flatten_with_path(a)[0]
   differ = [jax.tree_util.keystr(k) for (k, x), y in zip(flat, jax.tree.leaves(b))
             if not np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)]
@@ -98,15 +98,16 @@ for expr, impl in json.loads(sys.argv[1]):
 def test_stacked_scan_is_bit_identical_to_the_loop():
   """Sites (the seed grid's kind of policy), a GEMM recipe and delayed scaling; params per
   layer and scanned as stored stacked give the same bits (tests/test_layer_stack.py: the
-  same from params scanned per layer)."""
-  keep = ("attn@0:e4m3+moe@1-2:e5m2", "gemm:fp32_blockwise@1-2", "moe_l1-4_e4m3_delayed")
-  cases = [(e, i) for e, i, _ in CASES if e in keep]
+  same from params scanned per layer), the scan unrolled (the default) or rolled."""
+  keep = {"attn@0:e4m3+moe@1-2:e5m2": 0, "gemm:fp32_blockwise@1-2": 0,
+          "moe_l1-4_e4m3_delayed": 1}
+  cases = [(e, i, keep[e]) for e, i, _ in CASES if e in keep]
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_allow_excess_precision=false"}
   out = subprocess.run([sys.executable, "-c", _COMPARE, json.dumps(cases)], env=env,
                        capture_output=True, text=True, timeout=900, cwd=REPO)
   assert out.returncode == 0, out.stderr[-3000:]
   rows = [json.loads(line) for line in out.stdout.splitlines()]
-  assert [r["expr"] for r in rows] == [e for e, _ in cases]
+  assert [r["expr"] for r in rows] == [e for e, _, _ in cases]
   for r in rows:
     assert r["same_tree"] and r["leaves"] > 80 and r["differ"] == [], r

@@ -41,4 +41,5 @@ def get_config():
   c.train.steps = 10000
   c.train.save_every = 500
   c.train.fsdp = True
+  c.train.scan_layers = True  # the 27 alike MoE layers traced once
   return c

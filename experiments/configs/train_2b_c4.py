@@ -41,5 +41,7 @@ def get_config():
   c.train.steps = 10000
   c.train.save_every = 500
   c.train.log_every = 10
+  # Alike layers traced once (the layer loop took minutes to compile on several GPUs).
+  c.train.scan_layers = True
   c.train.moe_impl = "pallas"  # the grouped-GEMM kernel (GPU); "dispatch" for XLA's
   return c

@@ -5,8 +5,9 @@
 # several GPUs one after another. JSON per run and the logs in OUT_DIR (default $OUT).
 # Each run is stopped after LIMIT seconds (default 420) so that the others still report.
 # STAGE=2 also tries the scan's unrolling and rematerialization (layer_scan.ScanOptions).
-# STAGE=3: the scan unrolled, on 1, 2 and N GPUs.
-#   STAGE=1|2|3 bash scripts/gpu/layer_stack.sh
+# STAGE=3: the scan unrolled, on 1, 2 and N GPUs; STAGE=4: the loop and the scan
+# unrolled, side by side on one machine.
+#   STAGE=1|2|3|4 bash scripts/gpu/layer_stack.sh
 set -uo pipefail
 out=${OUT_DIR:-${OUT:-.}}
 n=$(nvidia-smi -L | wc -l)
@@ -56,5 +57,10 @@ if [[ ${STAGE:-1} == 3 ]]; then  # the scan unrolled (ScanOptions(unroll=0)) on 
   wait
   bench "train_${n}gpu_unroll_all" train "$n" $u
   bench "paired_${n}gpu_unroll_all" paired "$n" $u
+fi
+if [[ ${STAGE:-1} == 4 ]]; then  # the loop and the scan unrolled on one machine
+  u="--scan-layers --scan-unroll=0"
+  lanes "train_1gpu_loop train 1" "train_1gpu_unroll_all train 1 $u" \
+        "paired_1gpu_loop paired 1" "paired_1gpu_unroll_all paired 1 $u"
 fi
 for f in "$logs"/*.log; do echo "== $f"; cat "$f"; done >"$out/logs_stage${STAGE:-1}.txt"
