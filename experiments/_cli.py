@@ -29,7 +29,7 @@ EXIT_BAD_INPUT = 2
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache", None,
     "JAX's persistent compilation cache: a folder, or 'off'. Default: $FP8JAX_COMPILE_CACHE, "
-    "else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/fp8jax/jax_cache (README: Compilation "
+    "else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/fp8jax/jax_cache (docs/study.md: Compilation "
     "cache).")
 
 _DISK = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENAMETOOLONG}
@@ -135,7 +135,7 @@ def define_distributed():
   return flags.DEFINE_bool(
       "distributed", False, "Join a multi-process run: jax.distributed.initialize() from the "
       "cluster (SLURM, Cloud TPU) or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
-      "JAX_PROCESS_ID (README: Several hosts).")
+      "JAX_PROCESS_ID (docs/multihost.md).")
 
 
 def start_processes(distributed) -> None:

@@ -9,7 +9,7 @@ Writes ``<out>/train`` (checkpoints, metrics), ``<out>/compare`` (rows, details)
 ``<out>/branch`` (branch-off trajectories; ``--branch_k=0`` skips them) and
 ``<out>/compare/report.md`` with its figures. Rerunning continues where it stopped.
 Library INFO logs (Orbax, absl) show only with ``--verbosity=0``; ``--distributed`` runs
-it over several processes (README: Several hosts).
+it over several processes (docs/multihost.md).
 """
 
 import pathlib

@@ -1,7 +1,7 @@
 """What a resume may change: a run stopped by a bad record goes on with
 ``data.skip_bad_records`` (counted in the metrics) or after the shard is repaired past
 its data position; options that change the computation or the data read stay refused.
-(The rules: README, "What may change on resume".)"""
+(The rules: docs/reliability.md, "What may change on resume".)"""
 
 import io
 import json

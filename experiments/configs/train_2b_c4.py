@@ -7,7 +7,7 @@
 Needs the ``data`` extra and a tokenizer whose vocabulary fits the model's 8192 ids (the
 paper's 2B model uses an 8K BPE vocabulary: ``python -m
 fp8jax.experiments.train_tokenizer --vocab_size=8192``). C4 is read in any of the forms
-of the README's "real study" section: a folder that ``prepare_data`` tokenized once
+of docs/study_2b.md: a folder that ``prepare_data`` tokenized once
 (``source=prepared``, as above), the allenai/c4 ``json.gz`` shards streamed directly
 (``--config.data.source=files --config.data.paths='/data/c4/en/c4-train.*.json.gz'``),
 the prepared tfds C4 in TFRecord (``--config.data.source=tfds:c4/en:3.0.1``, needs the

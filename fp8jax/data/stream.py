@@ -44,8 +44,8 @@ from fp8jax.data import packing
 from fp8jax.data import shards as shards_lib
 
 _STATE_KEYS = ("seed", "epoch", "shard", "file", "window", "doc", "offset")
-_CHANGE_RULE = ("a shard may change only past what the run has read (README: What may "
-                "change on resume)")
+_CHANGE_RULE = ("a shard may change only past what the run has read (docs/reliability.md: "
+                "What may change on resume)")
 
 
 def encode_all(tokenizer, texts: list[str]) -> list[np.ndarray]:

@@ -109,7 +109,7 @@ def tfds_source(name: str, split: str = "train", data_dir: str | None = None,
         f"tfds dataset {name!r} (split {split!r}) is not prepared as ArrayRecord or TFRecord "
         f"in data_dir {where}. Copy the prepared files (with their dataset_info.json) under "
         f"{where}, or prepare it, e.g. `tfds build {name.split(':')[0]} --data_dir={where} "
-        "--file_format=array_record` (README: the real study). tfds said: "
+        "--file_format=array_record` (docs/study_2b.md). tfds said: "
         f"{str(e).splitlines()[0]}") from e
   source = TextSource(records, field, f"tfds {name}[{split}]")
   if len(source) == 0:

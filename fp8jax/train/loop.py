@@ -16,7 +16,8 @@ run resumes from the one before (:func:`_restore_latest`); what a workdir may ta
 
 A resume may change only what alters neither a step's computation nor the data already
 read (:data:`fp8jax.train.run_config.RESUME_MAY_CHANGE`, ``train.steps`` upwards with
-``optim.total_steps`` set; README: What may change on resume); it prints each change. With
+``optim.total_steps`` set; docs/reliability.md: What may change on resume); it prints each
+change. With
 document shards, the rows carry ``skipped_records``: bad records skipped so far
 (``data.skip_bad_records``), over all processes and restores.
 

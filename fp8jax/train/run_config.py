@@ -39,7 +39,7 @@ RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_eve
 data the run has read (``skip_bad_records``: a run that stopped at a bad record read none,
 and the records it skipped stay skipped). ``train.steps`` may change too, if the LR
 schedule does not follow it (``optim.total_steps`` set), and ``policy`` with
-``--allow_policy_change`` (README: What may change on resume)."""
+``--allow_policy_change`` (docs/reliability.md: What may change on resume)."""
 FLOAT_DTYPES = ("float32", "bfloat16")
 LOSS_SCALES = ("none", "dynamic")
 

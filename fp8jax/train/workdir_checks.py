@@ -3,7 +3,7 @@ that saved no checkpoint, or to resume under another config or precision policy.
 
     has_run = check(workdir, cfg, resume, policy, allow_policy_change, stream)
 
-What may change on resume is :data:`fp8jax.train.run_config.RESUME_MAY_CHANGE` (README:
+What may change on resume is :data:`fp8jax.train.run_config.RESUME_MAY_CHANGE` (docs/reliability.md:
 What may change on resume); each change is printed.
 """
 
@@ -74,7 +74,7 @@ def check(workdir: pathlib.Path, cfg, resume: bool, policy,
       raise ValueError(f"--resume with a config that differs from {saved} in {changed}; "
                        f"only {', '.join(run_config.RESUME_MAY_CHANGE)} may change, "
                        "train.steps only with optim.total_steps set, and the policy with "
-                       "--allow_policy_change (README: What may change on resume)")
+                       "--allow_policy_change (docs/reliability.md: What may change on resume)")
     for key in diff:
       if key != "policy":
         a, b = (_get(c, key) for c in (old, new))
