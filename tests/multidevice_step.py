@@ -1,4 +1,5 @@
-"""Run by tests/test_multidevice.py in a fresh process with 4 simulated CPU devices.
+"""Run by tests/test_multidevice.py in a fresh process with 4 simulated CPU devices:
+``python tests/multidevice_step.py train|sweep`` prints a JSON object.
 
 The ``pallas`` sweep takes the MoE through the Pallas grouped GEMM (interpreted on CPU)
 in a per-device ``shard_map``, as on GPUs (the trainer runs the same model code under the
@@ -36,55 +37,81 @@ def losses(devices):
   return out, len(state.params["norm"]["weight"].sharding.device_set)
 
 
-def run_loop_and_sweep():
-  """The training loop and the comparison sweep on 1 device, 4 devices, and 4 with FSDP
-  (its layers scanned, stored stacked)."""
-  import tempfile  # pylint: disable=import-outside-toplevel
-
-  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
-  from fp8jax.train import loop, metrics_log, run_config  # pylint: disable=import-outside-toplevel
+def _config():
+  from fp8jax.train import run_config  # pylint: disable=import-outside-toplevel
 
   c = run_config.defaults()
   c.data.seq_len, c.data.global_batch = 32, 8
   c.model_overrides.dtype = "float32"
   c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 1
   c.train.steps, c.train.save_every, c.train.log_every = 3, 3, 1
+  return c
+
+
+def run_loops(tmp, names=("one", "one4", "four", "fsdp")):
+  """The training loop on 1 device, 4 replicas on 1 device, 4 devices, and 4 with FSDP
+  (its layers scanned, stored stacked): ``{train_<name>: [[loss, grad norm]...]}``."""
+  from fp8jax.train import loop, metrics_log  # pylint: disable=import-outside-toplevel
+
+  c, out = _config(), {}
+  for name, devices, fsdp, replicas in (("one", jax.devices()[:1], False, 0),
+                                        ("one4", jax.devices()[:1], False, 4),
+                                        ("four", None, False, 0), ("fsdp", None, True, 0)):
+    if name not in names:
+      continue
+    # FSDP with the layers stored stacked: the run axis is never split
+    c.train.fsdp, c.train.replicas, c.train.scan_layers = fsdp, replicas, fsdp
+    loop.train(c, f"{tmp}/{name}", devices=devices)
+    rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
+    out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
+  return out
+
+
+def run_sweeps(tmp):
+  """The comparison sweep of the one-device run's checkpoint, 4 replicas each time
+  (per-tensor amaxes are per replica): vmapped on one device, one per device on four (XLA
+  MoE and Pallas MoE), and two per device on two."""
+  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
+
   out = {}
+  windows = sweep.Windows(batches=1, batch_size=8)
+  for name, devices, impl in (("one", jax.devices()[:1], "dispatch"),
+                              ("four", None, "dispatch"), ("pallas", None, "pallas"),
+                              ("two", jax.devices()[:2], "dispatch")):
+    sweep.run(f"{tmp}/one", f"{tmp}/cmp_{name}", policies=["attn@0-2:e4m3"], steps=[3],
+              windows=windows, devices=devices, moe_impl=impl, replicas=4, floor=False)
+    row = json.loads(open(f"{tmp}/cmp_{name}/rows.jsonl").readline())
+    out[f"sweep_{name}"] = [row["loss_fp8"], row["diff_norm"], row["norm_bf16"]]
+  return out
+
+
+def run_part(part: str) -> dict:
+  """``train``: the train step and the loops; ``sweep``: the sweeps (after a one-device
+  run to compare)."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+
+  from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
+
   with tempfile.TemporaryDirectory() as tmp:
-    for name, devices, fsdp, replicas in (("one", jax.devices()[:1], False, 0),
-                                          ("one4", jax.devices()[:1], False, 4),
-                                          ("four", None, False, 0), ("fsdp", None, True, 0)):
-      # FSDP with the layers stored stacked: the run axis is never split
-      c.train.fsdp, c.train.replicas, c.train.scan_layers = fsdp, replicas, fsdp
-      loop.train(c, f"{tmp}/{name}", devices=devices)
-      rows = metrics_log.read_rows(f"{tmp}/{name}/metrics.jsonl")
-      out[f"train_{name}"] = [[r["loss"], r["grad_norm"]] for r in rows]
-    windows = sweep.Windows(batches=1, batch_size=8)
-    # 4 replicas each time (per-tensor amaxes are per replica): vmapped on one device,
-    # one per device on four, and two per device on two
-    for name, devices, impl in (("one", jax.devices()[:1], "dispatch"),
-                                ("four", None, "dispatch"), ("pallas", None, "pallas"),
-                                ("two", jax.devices()[:2], "dispatch")):
-      sweep.run(f"{tmp}/one", f"{tmp}/cmp_{name}", policies=["attn@0-2:e4m3"], steps=[3],
-                windows=windows, devices=devices, moe_impl=impl, replicas=4)
-      row = json.loads(open(f"{tmp}/cmp_{name}/rows.jsonl").readline())
-      out[f"sweep_{name}"] = [row["loss_fp8"], row["diff_norm"], row["norm_bf16"]]
+    if part == "sweep":
+      run_loops(tmp, names=("one",))
+      return run_sweeps(tmp)
+    one, _ = losses(jax.devices()[:1])
+    four, n = losses(jax.devices())
+    out = {"one": one, "four": four, "devices": n, **run_loops(tmp)}
+    try:
+      mesh_lib.check_global_batch(6, mesh_lib.data_mesh())
+    except ValueError as e:
+      out["error"] = str(e)
+    c = _config()
     c.data.global_batch = 6
     try:
       loop.train(c, f"{tmp}/bad")
     except ValueError as e:
       out["loop_error"] = str(e)
-  return out
+    return out
 
 
 if __name__ == "__main__":
   assert len(jax.devices()) == 4, jax.devices()
-  one, _ = losses(jax.devices()[:1])
-  four, n = losses(jax.devices())
-  try:
-    mesh_lib.check_global_batch(6, mesh_lib.data_mesh())
-    error = None
-  except ValueError as e:
-    error = str(e)
-  json.dump({"one": one, "four": four, "devices": n, "error": error, **run_loop_and_sweep()},
-            sys.stdout)
+  json.dump(run_part(sys.argv[1]), sys.stdout)
