@@ -111,3 +111,29 @@ def test_stacked_scan_is_bit_identical_to_the_loop():
   assert [r["expr"] for r in rows] == [e for e, _, _ in cases]
   for r in rows:
     assert r["same_tree"] and r["leaves"] > 80 and r["differ"] == [], r
+
+
+def test_scan_options_refuse_what_they_cannot_do():
+  with pytest.raises(ValueError, match="layers per iteration"):
+    layer_scan.ScanOptions(unroll=-1)
+  with pytest.raises(ValueError, match="no policy of jax.checkpoint_policies.*dots_saveable"):
+    layer_scan.ScanOptions(remat="dots")
+  assert layer_scan.options(True) == layer_scan.ScanOptions()
+  assert layer_scan.options(False) is None
+
+
+@pytest.mark.parametrize("opts, unroll, remat", [
+    (True, True, False), (layer_scan.ScanOptions(unroll=1), 1, False),
+    (layer_scan.ScanOptions(unroll=2, remat="nothing_saveable"), 2, True)])
+def test_scan_options_reach_the_scan(opts, unroll, remat):
+  """The run is one scan with the options' unrolling, its layer under ``jax.checkpoint``
+  when they name a policy."""
+  params = deepseek_moe.abstract_params(CFG)
+  tokens = jax.ShapeDtypeStruct((2, 8), "int32")
+  jaxpr = jax.make_jaxpr(lambda p, t: deepseek_moe.apply(p, t, CFG, scan_layers=opts))(
+      params, tokens)
+  (scan,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+  want = scan.params["length"] if unroll is True else unroll
+  assert scan.params["unroll"] == want
+  inner = scan.params["jaxpr"].jaxpr.eqns
+  assert any(e.primitive.name.startswith(("checkpoint", "remat")) for e in inner) == remat
