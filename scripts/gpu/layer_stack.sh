@@ -6,8 +6,9 @@
 # Each run is stopped after LIMIT seconds (default 420) so that the others still report.
 # STAGE=2 also tries the scan's unrolling and rematerialization (layer_scan.ScanOptions).
 # STAGE=3: the scan unrolled, on 1, 2 and N GPUs; STAGE=4: the loop and the scan
-# unrolled, side by side on one machine.
-#   STAGE=1|2|3|4 bash scripts/gpu/layer_stack.sh
+# unrolled, side by side on one machine; STAGE=5: N GPUs, XLA's latency-hiding scheduler
+# and all-reduces combined up to 32 MiB against the defaults.
+#   STAGE=1|2|3|4|5 bash scripts/gpu/layer_stack.sh
 set -uo pipefail
 out=${OUT_DIR:-${OUT:-.}}
 n=$(nvidia-smi -L | wc -l)
@@ -62,5 +63,12 @@ if [[ ${STAGE:-1} == 4 ]]; then  # the loop and the scan unrolled on one machine
   u="--scan-layers --scan-unroll=0"
   lanes "train_1gpu_loop train 1" "train_1gpu_unroll_all train 1 $u" \
         "paired_1gpu_loop paired 1" "paired_1gpu_unroll_all paired 1 $u"
+fi
+if [[ ${STAGE:-1} == 5 ]]; then  # the gradient all-reduce overlapped with the backward pass?
+  u="--scan-layers --scan-unroll=0"
+  bench "train_${n}gpu_unroll_all" train "$n" $u
+  XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true \
+    --xla_gpu_all_reduce_combine_threshold_bytes=33554432" \
+    bench "train_${n}gpu_unroll_all_lhs" train "$n" $u
 fi
 for f in "$logs"/*.log; do echo "== $f"; cat "$f"; done >"$out/logs_stage${STAGE:-1}.txt"
