@@ -51,7 +51,7 @@ from fp8jax.kernels import scaled_matmul_pallas as smp
 Blocks = gmp.Blocks
 ROWS = Blocks(m=64, n=128, k=128, num_warps=4, num_stages=4)
 """Fprop / Dgrad default, the fastest tile tried at the 2B shapes on an H200
-(``docs/perf_raw/2026-11-26_h200_grouped_scaled_variants/``): Fprop / Dgrad 1.54 / 1.56 ms
+(``docs/perf_raw/2026-11-26_h200_grouped_scaled_variants.tar.gz``): Fprop / Dgrad 1.54 / 1.56 ms
 (with row masks 1.59 / 1.64) against 1.63 / 1.62 (1.68 / 1.68) for 128x128x128, 8 warps."""
 WGRAD = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
 """Wgrad default: the fastest of the tiles tried on the H100 (1.67 ms with
