@@ -67,10 +67,11 @@ class ScanOptions:
   ``unroll``: layers per iteration of the scan's loop (``jax.lax.scan``'s ``unroll``); 0,
   the default: the whole run, so that the compiled program has no loop while the layer is
   still traced once. Rolled (1), the scan keeps every residual its backward pass reads
-  stacked over the run (docs/performance.md: memory and speed of each). ``remat``: a policy of
-  ``jax.checkpoint_policies`` by name (``"dots_saveable"``, ``"nothing_saveable"``, ...)
-  for what a layer keeps for its backward pass (the rest is recomputed there), or None:
-  everything the backward pass reads is kept (stacked per layer).
+  stacked over the run (docs/performance/archive/2026-11-28_layer_stack_4_gpus.md: memory and
+  speed of each). ``remat``: a policy of ``jax.checkpoint_policies`` by name
+  (``"dots_saveable"``, ``"nothing_saveable"``, ...) for what a layer keeps for its backward
+  pass (the rest is recomputed there), or None: everything the backward pass reads is kept
+  (stacked per layer).
   """
   unroll: int = 0
   remat: str | None = None

@@ -266,7 +266,8 @@ def test_sweep_evaluates_delayed_policies_after_warm_up(train_run, tmp_path):
   out = tmp_path / "cmp"
   windows = sweep.Windows(offsets=(0,), batches=1, batch_size=4)
   pols = ["attn@0:e4m3", "attn@0:e4m3/delayed(h=1)", "moe@1-2:te_hybrid"]
-  sweep.run(train_run, out, policies=pols, windows=windows, steps=[4], delayed_warmup=2)
+  sweep.run(train_run, out, policies=pols, windows=windows, steps=[4], delayed_warmup=2,
+            floor=False)
   rows = {r["policy"]: r for r in results_io.read(out / "rows.jsonl")}
   drop = lambda r: json.dumps({k: v for k, v in r.items() if k != "policy"})  # noqa: E731
   assert drop(rows["attn@0:e4m3"]) == drop(rows["attn@0:e4m3/delayed(h=1)"])

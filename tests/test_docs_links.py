@@ -1,11 +1,14 @@
-"""Every relative link in README.md and docs/*.md points at a file of the repository, and
-every #anchor into a markdown page names one of its headings."""
+"""Every relative link in README.md and the markdown pages under docs/ (subfolders
+included) points at a file of the repository, and every #anchor into a markdown page names
+one of its headings."""
 
 import pathlib
 import re
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+TOP_PAGES = sorted((REPO / "docs").glob("*.md"))
+SUB_PAGES = sorted(p for p in (REPO / "docs").rglob("*.md") if p.parent != REPO / "docs")
+PAGES = [REPO / "README.md", *TOP_PAGES, *SUB_PAGES]
 # [text](target) and ![alt](target); the text may span lines, the target may not.
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*```.*?^\s*```", flags=re.S | re.M)
@@ -51,8 +54,22 @@ def test_relative_links_resolve():
   assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+def _linked_from(page):
+  return {(page.parent / t.partition("#")[0]).resolve() for t in _links(page)
+          if not re.match(r"^[a-z][a-z0-9+.-]*:", t)}
+
+
 def test_pages_link_to_something():
   """The README links every docs page, so none is orphaned."""
-  linked = {(REPO / t.partition("#")[0]).resolve() for t in _links(REPO / "README.md")}
-  orphans = [p.name for p in PAGES[1:] if p.resolve() not in linked]
+  linked = _linked_from(REPO / "README.md")
+  orphans = [p.name for p in TOP_PAGES if p.resolve() not in linked]
   assert not orphans, f"docs pages the README does not link: {orphans}"
+
+
+def test_subfolder_pages_are_linked():
+  """Each page in a subfolder of docs/ (e.g. every archived performance set) is linked from
+  another page, so none is orphaned."""
+  links = {p.resolve(): _linked_from(p) for p in PAGES}
+  orphans = [str(p.relative_to(REPO)) for p in SUB_PAGES
+             if not any(p.resolve() in to for page, to in links.items() if page != p.resolve())]
+  assert not orphans, f"docs pages no other page links: {orphans}"

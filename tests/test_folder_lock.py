@@ -117,7 +117,7 @@ def test_writers_take_the_lock(held, train_run, tmp_path):
   cfg.optim.warmup_steps = 1
   calls = {
       "train": lambda: loop.train(cfg, folder),
-      "sweep": lambda: sweep.run(train_run, folder, policies=["bf16"],
+      "sweep": lambda: sweep.run(train_run, folder, policies=["bf16"], floor=False,
                                  windows=sweep.Windows(batches=1, batch_size=4)),
       "branch": lambda: branch.run(train_run, folder, policies=["bf16"], from_steps=[0],
                                    branches=branch.Branches(k=1)),

@@ -212,7 +212,7 @@ def auto_applies(x_shape: tuple[int, ...], dtype, spec: spec_lib.QuantSpec) -> b
   FP6, FP4) with one-level scales and a 16- or 32-bit float input. Use it with
   :func:`auto_config`. Two-level (NVFP4) scales are left to the fused XLA path: on an H100
   the kernel, which needs the tensor amax first, ran at 38.8% of a copy's bandwidth against
-  46.1% for XLA (docs/performance.md)."""
+  46.1% for XLA (docs/performance/archive/2026-11-23_mx_nvfp4_fake_quant.md)."""
   from fp8jax.kernels import placement
 
   if spec.scale_format == "e4m3":

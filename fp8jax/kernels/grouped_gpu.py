@@ -9,7 +9,8 @@ with a custom VJP whose Fprop, Dgrad and Wgrad each run on
   any shape, any CUDA GPU; JAX has deprecated its Pallas Triton backend).
 
 :data:`PREFERRED` holds the choice measured at the 2B and 16B shapes on an H100
-(``scripts/bench/mosaic_grouped.py``, ``docs/performance.md``). A direction whose Mosaic
+(``scripts/bench/mosaic_grouped.py``,
+``docs/performance/archive/2026-11-23_third_pass_mosaic_cudnn.md``). A direction whose Mosaic
 kernel cannot take the shape (see :func:`grouped_matmul_mosaic.problem`) or that runs on a
 GPU other than Hopper uses the Triton kernel. Outputs equal those of either kernel alone
 (float32 accumulation, rows past ``sum(group_sizes)`` zero).

@@ -54,8 +54,8 @@ class Config:
 
 
 # The fastest configurations of the sweeps at the 2B and 16B shapes on an H100
-# (scripts/bench/mosaic_grouped.py; docs/performance.md). block_k 128 exceeds the shared
-# memory; grid_block_n 4 is 10-45% faster than 1 for Fprop and Dgrad.
+# (scripts/bench/mosaic_grouped.py; docs/performance/archive/2026-11-23_third_pass_mosaic_cudnn.md).
+# block_k 128 exceeds the shared memory; grid_block_n 4 is 10-45% faster than 1 for Fprop and Dgrad.
 FORWARD = Config(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=4)
 DGRAD = Config(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=4)
 WGRAD = Config(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=2)

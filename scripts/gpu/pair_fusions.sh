@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Where the GEMM recipe's pass spends its time beyond the kernels (docs/performance.md):
+# Where the GEMM recipe's pass spends its time beyond the kernels
+# (docs/performance/archive/2026-11-26_pair_fusions_wgrad.md):
 # a profile of the 2B paired evaluation of gemm:fp32_blockwise (profile_step.py) with an
 # XLA dump, each of its kernels beside the bytes it moves (fusion_bytes.py), then the 2B
 # BF16 train step with float32 and with BF16 AdamW moments (study_perf.py).
