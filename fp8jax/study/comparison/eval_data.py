@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fp8jax.data import pipeline, tokenizers
+from fp8jax.data import pipeline, progress, tokenizers
 from fp8jax.train import run_config
 
 
@@ -71,9 +71,12 @@ def check_data(ckpt, steps, data_id: str, allow_other_data: bool = False) -> Non
                      "compare anyway")
 
 
-def eval_batches(train_cfg, windows: Windows,
-                 data: dict | None = None) -> dict[tuple[int, int], np.ndarray]:
+def eval_batches(train_cfg, windows: Windows, data: dict | None = None,
+                 stream=None) -> dict[tuple[int, int], np.ndarray]:
   """{(offset, batch index): this process's int32 [batch_size / processes, S] tokens}.
+
+  Each offset is reached by reading the stream from its start; a long read shows a
+  progress line with its ETA on ``stream`` (default stderr).
 
   Raises:
     ValueError: ``windows.seq_len`` exceeds the model's positions (as ``train`` refuses).
@@ -92,8 +95,11 @@ def eval_batches(train_cfg, windows: Windows,
         process_count=jax.process_count(), data_dir=d["data_dir"], paths=d["paths"],
         split=windows.split or d["split"], field=d["field"],
         skip_bad_records=d["skip_bad_records"])
-    for _ in range(offset):
+    skip = progress.Progress(offset, f"compare: reading to data offset {offset}", stream)
+    for done in range(1, offset + 1):
       next(it)
+      skip.update(done, f"{done}/{offset} batches")
+    skip.close()
     for b in range(windows.batches):
       out[(offset, b)] = next(it)
     it.close()  # stops a streaming source's reading thread

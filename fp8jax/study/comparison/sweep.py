@@ -179,7 +179,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                               d["paths"], d["data_dir"], windows.split or d["split"],
                               d["field"])
   check_data(ckpt, steps, data_id, allow_other_data)
-  batches = eval_batches(train_cfg, windows, data)
+  batches = eval_batches(train_cfg, windows, data, stream)
   meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
           "policies": {p.name: {**policy_meta(p, cfg.num_hidden_layers),
                                 **({"delayed_warmup": delayed_warmup}
