@@ -96,3 +96,26 @@ def test_a_damaged_meta_json_is_named_with_its_line(tmp_path, text, error):
       results_io.resumed_meta(tmp_path, {"policies": {}}, ("policies",), "a sweep")
     with pytest.raises(ValueError, match=error):
       trajectory.load_branches(tmp_path)
+
+
+def test_a_figure_killed_mid_write_leaves_the_previous_file(tmp_path):
+  """save_figure writes beside the file and renames: a failure mid-write (a kill, a full
+  disk) leaves the previous figure whole and no partial file behind."""
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+
+  path = tmp_path / "fig.png"
+  fig = Figure(figsize=(2, 2))
+  fig.add_subplot().plot([0, 1], [1, 0])
+  results_io.save_figure(fig, path)
+  before = path.read_bytes()
+  assert before.startswith(b"\x89PNG")
+
+  class Torn(Figure):
+    def savefig(self, fname, **kwargs):
+      with open(fname, "wb") as f:
+        f.write(before[:20])
+      raise OSError(28, "No space left on device")
+
+  with pytest.raises(OSError, match="No space left"):
+    results_io.save_figure(Torn(), path)
+  assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]

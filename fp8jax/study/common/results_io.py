@@ -47,6 +47,19 @@ def write_json(path, obj) -> None:
   tmp.replace(path)
 
 
+def save_figure(fig, path, dpi: int = 100) -> None:
+  """Saves a matplotlib figure as ``path`` (its format from the suffix) atomically: a kill
+  mid-write leaves the previous file, never a truncated one."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+  try:
+    with metrics_log.writing(tmp):
+      fig.savefig(tmp, dpi=dpi)
+    tmp.replace(path)
+  finally:
+    tmp.unlink(missing_ok=True)
+
+
 def repair(path, keep=lambda row: True) -> list[dict]:
   """Drops a torn last line and the rows ``keep`` rejects; returns the rows kept."""
   path = pathlib.Path(path)

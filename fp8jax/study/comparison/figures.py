@@ -19,7 +19,7 @@ import numpy as np
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import rows as metrics_rows
 from fp8jax.models import param_paths
-from fp8jax.study.common import results, stats
+from fp8jax.study.common import results, results_io, stats
 from fp8jax.study.comparison import conditioning, floor, questions
 from fp8jax.study.comparison import format_width as width_lib
 
@@ -45,7 +45,7 @@ def _figure(n_panels: int, ncols: int = 4, size: tuple[float, float] = (4.2, 3.2
 def _save(fig, out_dir: str | pathlib.Path, name: str) -> pathlib.Path:
   path = pathlib.Path(out_dir) / f"{name}.png"
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=100)
+  results_io.save_figure(fig, path, dpi=100)
   return path
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import pathlib
 
+from fp8jax.study.common import results_io
 from fp8jax.study.numerics import formats_study
 
 FIGURES = ("formats_snr.png", "stochastic_rounding.png", "hadamard_wgrad.png")
@@ -50,7 +51,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
   fig.suptitle("Formats with 1% outlier channels (x r)")
   fig.tight_layout(rect=(0, 0.07, 1, 1))
-  fig.savefig(out / FIGURES[0], dpi=120)
+  results_io.save_figure(fig, out / FIGURES[0], dpi=120)
   plt.close(fig)
 
   bias, sums = results["sr_bias"], results["sr_sum"]
@@ -76,7 +77,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   axes[1].legend(fontsize=7)
   fig.suptitle("Stochastic (solid) vs nearest (dashed) rounding")
   fig.tight_layout()
-  fig.savefig(out / FIGURES[1], dpi=120)
+  results_io.save_figure(fig, out / FIGURES[1], dpi=120)
   plt.close(fig)
 
   had = results["hadamard"]
@@ -91,7 +92,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
          title="Wgrad X^T dY: with / without the 16-point RHT")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(out / FIGURES[2], dpi=120)
+  results_io.save_figure(fig, out / FIGURES[2], dpi=120)
   plt.close(fig)
   return list(FIGURES)
 

@@ -21,6 +21,7 @@ import math
 import pathlib
 
 from fp8jax.data import folder_lock
+from fp8jax.study.common import results_io
 from fp8jax.study.numerics import formats_report, formats_study, fp8_study
 
 TARGET = 0.02  # DeepSeek-V3: "maximum relative error of nearly 2%" at K = 4096
@@ -93,7 +94,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   fig.suptitle("FP8 GEMM accumulation error (E4M3, per-tensor scales)")
   fig.tight_layout(rect=(0, 0.16, 1, 1))
   names.append("accumulation_error.png")
-  fig.savefig(out / names[-1], dpi=120)
+  results_io.save_figure(fig, out / names[-1], dpi=120)
   plt.close(fig)
 
   snr = results["quantization_snr"]
@@ -109,7 +110,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   fig.suptitle("Quantization SNR with injected outliers")
   fig.tight_layout()
   names.append("quantization_snr.png")
-  fig.savefig(out / names[-1], dpi=120)
+  results_io.save_figure(fig, out / names[-1], dpi=120)
   plt.close(fig)
 
   dq = results["double_quant"]
@@ -125,7 +126,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   ax.legend()
   fig.tight_layout()
   names.append("double_quant.png")
-  fig.savefig(out / names[-1], dpi=120)
+  results_io.save_figure(fig, out / names[-1], dpi=120)
   plt.close(fig)
 
   dl = results["delayed"]
@@ -139,7 +140,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   ax1.legend()
   fig.tight_layout()
   names.append("delayed_vs_current.png")
-  fig.savefig(out / names[-1], dpi=120)
+  results_io.save_figure(fig, out / names[-1], dpi=120)
   plt.close(fig)
   if "formats_snr" in results:
     names += formats_report.write_figures(results, out)

@@ -15,6 +15,7 @@ import pathlib
 
 import numpy as np
 
+from fp8jax.study.common import results_io
 from fp8jax.study.runs.overlay import load_run
 from fp8jax.study.runs.validation import DONE, REFERENCE, Matrix, run_name
 
@@ -89,5 +90,5 @@ def draw(out, matrix: Matrix, metric: str = "lm_loss", smooth: int = 5,
   ax_gap.yaxis.set_major_formatter(lambda y, _: f"{100 * y:+.1f}%")
   ax_gap.legend(fontsize=7, ncols=2)
   path = pathlib.Path(out) / "validation.png"
-  fig.savefig(path, dpi=100)
+  results_io.save_figure(fig, path, dpi=100)
   return path
