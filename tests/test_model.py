@@ -251,7 +251,7 @@ def test_moe_groups_give_the_same_result(gemm):
 
   grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
   ref = grad(params, 1)
-  for groups in (2, 4):
+  for groups in (4,):  # one sequence per group
     got = grad(params, groups)
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
     for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got[1])[0],
