@@ -201,3 +201,44 @@ def test_a_prepared_folder_without_documents_is_named_in_one_line(tmp_path):
   (tmp_path / prepared.MANIFEST).write_text(json.dumps(manifest))
   with pytest.raises(ValueError, match=r"holds no documents \(were its sources empty\?\)"):
     prepared.PreparedDocs(tmp_path)
+
+
+def _damage_middle(path):
+  """Flips the bytes of the file's middle third: the same size, so the manifest's checks
+  pass."""
+  data = bytearray(path.read_bytes())
+  third = len(data) // 3
+  data[third:2 * third] = bytes(b ^ 0xFF for b in data[third:2 * third])
+  path.write_bytes(bytes(data))
+
+
+def test_verify_data_reads_every_record_and_names_a_damaged_file(tmp_path):
+  write_c4(tmp_path / "c4", shards_n=2, docs_n=40)
+  out = tmp_path / "prep"
+  m = prepare_quietly([str(tmp_path / "c4" / "*.json.gz")], out, "bytes", workers=1)
+  assert prepared.verify(out) == [(f["name"], "ok") for f in m["files"]]
+  _damage_middle(out / m["files"][1]["name"])
+  prepared.read_manifest(out)  # sizes and hash still agree
+  (first, ok), (second, bad) = prepared.verify(out)
+  assert (first, ok) == (m["files"][0]["name"], "ok") and second == m["files"][1]["name"]
+  assert bad.startswith("corrupt: "), bad
+  # Training meets the damage as a one-line error that names the folder and verify.
+  with pytest.raises(ValueError, match=r"prep: its token files do not open .*verify --data="):
+    prepared.PreparedDocs(out)
+
+
+@pytest.mark.slow
+def test_verify_binary_on_a_prepared_folder(tmp_path):
+  write_c4(tmp_path / "c4", shards_n=2, docs_n=20)
+  out = tmp_path / "prep"
+  m = prepare_quietly([str(tmp_path / "c4" / "*.json.gz")], out, "bytes", workers=1)
+  run = lambda *a: subprocess.run(  # noqa: E731
+      [sys.executable, "-m", "fp8jax.experiments.verify", *a], capture_output=True, text=True,
+      timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  got = run(f"--data={out}")
+  assert got.returncode == 0 and got.stdout.count(": ok\n") == 2, got.stderr
+  _damage_middle(out / m["files"][0]["name"])
+  got = run(f"--data={out}")
+  assert got.returncode == 1 and "corrupt: " in got.stdout and "Traceback" not in got.stderr
+  got = run(f"--data={tmp_path / 'nothing'}")
+  assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr

@@ -76,6 +76,50 @@ def read_manifest(folder) -> dict:
   return manifest
 
 
+def _array_record_source(files: list[str]):
+  try:
+    from array_record.python import (  # pylint: disable=import-outside-toplevel
+      array_record_data_source as ards,
+    )
+  except ImportError as e:
+    raise ImportError("reading prepared data needs array-record: pip install "
+                      "fp8jax[data]") from e
+  return ards.ArrayRecordDataSource(files)
+
+
+def verify(folder) -> list[tuple[str, str]]:
+  """Reads every record of every token file of a prepared folder: ``[(file name, "ok" or
+  what is wrong)]`` in manifest order. A file is wrong when it does not read (ArrayRecord
+  checks its chunks) or holds other document or token counts than the manifest says.
+
+  Raises:
+    FileNotFoundError, ValueError: as :func:`read_manifest` (no manifest, a missing file,
+      a size or hash that differs from the manifest).
+  """
+  folder = pathlib.Path(folder).expanduser()
+  manifest = read_manifest(folder)
+  dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+  out = []
+  for f in manifest["files"]:
+    documents = tokens = 0
+    try:
+      if f["documents"]:
+        source = _array_record_source([str(folder / f["name"])])
+        for documents in range(1, len(source) + 1):
+          tokens += len(source[documents - 1]) // dtype.itemsize
+    except Exception as e:  # pylint: disable=broad-except  # any damage, by name
+      first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+      out.append((f["name"], f"corrupt: document {documents} does not read "
+                              f"({type(e).__name__}: {first[:200]})"))
+      continue
+    if (documents, tokens) != (f["documents"], f["tokens"]):
+      out.append((f["name"], f"corrupt: {documents} documents and {tokens} tokens, the "
+                              f"manifest says {f['documents']} and {f['tokens']}"))
+    else:
+      out.append((f["name"], "ok"))
+  return out
+
+
 def check_tokenizer(manifest: dict, tokenizer, folder) -> None:
   """Raises ValueError if ``tokenizer`` is not the one the data was prepared with."""
   want = manifest["tokenizer"]
@@ -99,18 +143,16 @@ class PreparedDocs:
     self.hash = self.manifest["hash"]
     self.eos_id = int(self.manifest["tokenizer"]["eos_id"])
     self.dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
-    try:
-      from array_record.python import (  # pylint: disable=import-outside-toplevel
-        array_record_data_source as ards,
-      )
-    except ImportError as e:
-      raise ImportError("reading prepared data needs array-record: pip install "
-                        "fp8jax[data]") from e
     files = [str(self.folder / f["name"]) for f in self.manifest["files"] if f["documents"]]
     if not files:
       raise ValueError(f"{self.folder}: the prepared corpus holds no documents (were its "
                        "sources empty?); prepare it again from data that has some")
-    self._source = ards.ArrayRecordDataSource(files)
+    try:
+      self._source = _array_record_source(files)
+    except ImportError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # damage, named in one line
+      raise ValueError(self._damaged(f"its token files do not open ({type(e).__name__})")) from e
     if len(self._source) != self.manifest["documents"]:
       raise ValueError(f"{self.folder}: the token files hold {len(self._source)} documents, "
                        f"the manifest says {self.manifest['documents']}")
@@ -119,7 +161,17 @@ class PreparedDocs:
     return len(self._source)
 
   def __getitem__(self, index: int) -> np.ndarray:
-    return np.frombuffer(self._source[index], self.dtype).astype(np.int32)
+    try:
+      record = self._source[index]
+    except Exception as e:  # pylint: disable=broad-except  # damage, named in one line
+      raise ValueError(self._damaged(f"document {index} does not read "
+                                     f"({type(e).__name__})")) from e
+    return np.frombuffer(record, self.dtype).astype(np.int32)
+
+  def _damaged(self, what: str) -> str:
+    return (f"{self.folder}: {what}; `python -m fp8jax.experiments.verify "
+            f"--data={self.folder}` names the damaged token files (prepare the folder "
+            "again, or restore them)")
 
   def __repr__(self) -> str:
     return f"PreparedDocs({self.folder}, {len(self)} documents, hash {self.hash})"
