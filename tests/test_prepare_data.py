@@ -242,3 +242,34 @@ def test_verify_binary_on_a_prepared_folder(tmp_path):
   assert got.returncode == 1 and "corrupt: " in got.stdout and "Traceback" not in got.stderr
   got = run(f"--data={tmp_path / 'nothing'}")
   assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
+
+
+def test_a_full_disk_is_an_oserror_naming_the_file(tmp_path, monkeypatch):
+  """The ArrayRecord writer's RuntimeError that quotes the system's 'No space left on
+  device' becomes that OSError, which the binaries print as one line."""
+  import errno  # pylint: disable=import-outside-toplevel
+
+  from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+
+  from fp8jax.experiments import _cli  # pylint: disable=import-outside-toplevel
+
+  real = array_record_module.ArrayRecordWriter
+
+  class Full:
+    def __init__(self, *args):
+      self.writer = real(*args)
+
+    def write(self, data):
+      raise RuntimeError("FdWriter::Write() failed: No space left on device [system:28]")
+
+    def close(self):
+      self.writer.close()
+
+  monkeypatch.setattr(array_record_module, "ArrayRecordWriter", Full)
+  write_c4(tmp_path / "c4", shards_n=1, docs_n=5)
+  with pytest.raises(OSError) as got:
+    prepare_quietly([str(tmp_path / "c4")], tmp_path / "prep", "bytes", workers=1)
+  assert got.value.errno == errno.ENOSPC
+  assert _cli.message(got.value) == (f"{tmp_path}/prep/tokens/00000.array_record.tmp: "
+                                     "no space left on device")
+  assert prepare.disk_error(ValueError("other"), "x").args == ("other",)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import datetime
+import errno
 import hashlib
 import json
 import multiprocessing as mp
@@ -89,6 +90,23 @@ def _sha256(path) -> str:
     return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+# What the ArrayRecord (Riegeli) writer says when the file system refuses a write: its
+# errors are RuntimeErrors that quote the system's message.
+_DISK_MESSAGES = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+                  "Read-only file system": errno.EROFS}
+
+
+def disk_error(e: Exception, path) -> Exception:
+  """``e`` as the ``OSError`` of the file system's refusal (full disk, quota, read-only)
+  that it quotes, naming ``path``; else ``e`` itself."""
+  if isinstance(e, OSError):
+    return e
+  for text, code in _DISK_MESSAGES.items():
+    if text in str(e):
+      return OSError(code, os.strerror(code), str(path))
+  return e
+
+
 def prepare_unit(unit: int, path: str, out: str, field: str, dtype: str,
                  skip_bad: bool) -> dict:
   """Tokenizes shard ``path`` into ``out/tokens/<unit>.array_record``; returns its stats."""
@@ -96,9 +114,16 @@ def prepare_unit(unit: int, path: str, out: str, field: str, dtype: str,
     array_record_module,
   )
 
-  tok, q = _worker["tok"], _worker.get("queue")
   final = pathlib.Path(out) / "tokens" / f"{unit:05d}.array_record"
   tmp = final.with_name(final.name + ".tmp")
+  try:
+    return _write_unit(array_record_module, unit, path, field, dtype, skip_bad, final, tmp)
+  except RuntimeError as e:
+    raise disk_error(e, tmp) from e
+
+
+def _write_unit(array_record_module, unit, path, field, dtype, skip_bad, final, tmp) -> dict:
+  tok, q = _worker["tok"], _worker.get("queue")
   skips = shards.Skips(stream=False)
   stats = {"unit": unit, "documents": 0, "tokens": 0, "text_bytes": 0, "records": 0}
   writer = array_record_module.ArrayRecordWriter(str(tmp), "group_size:1,uncompressed")
