@@ -96,11 +96,11 @@ for expr, impl, unroll in json.loads(sys.argv[1]):
 
 @pytest.mark.slow
 def test_stacked_scan_is_bit_identical_to_the_loop():
-  """Sites (the seed grid's kind of policy), a GEMM recipe and delayed scaling; params per
-  layer and scanned as stored stacked give the same bits (tests/test_layer_stack.py: the
-  same from params scanned per layer), the scan unrolled (the default) or rolled."""
-  keep = {"attn@0:e4m3+moe@1-2:e5m2": 0, "gemm:fp32_blockwise@1-2": 0,
-          "moe_l1-4_e4m3_delayed": 1}
+  """Sites (the seed grid's kind of policy) and delayed scaling; params per layer and
+  scanned as stored stacked give the same bits (tests/test_layer_stack.py: the same from
+  params scanned per layer), the scan unrolled (the default) or rolled. A GEMM recipe:
+  tests/test_scan_wiring.py, a scanned run's losses against the loop's."""
+  keep = {"attn@0:e4m3+moe@1-2:e5m2": 0, "moe_l1-4_e4m3_delayed": 1}
   cases = [(e, i, keep[e]) for e, i, _ in CASES if e in keep]
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_allow_excess_precision=false"}

@@ -158,13 +158,14 @@ def test_two_processes_preempt_kill_resume_and_match_one(tmp_path, start):
   run, rec = tmp_path / "run", tmp_path / "records"
   ckpts, cmp = run / "train" / "checkpoints", run / "compare"
   study = ["fp8jax.experiments.study", f"--out={run}", *CONFIG, *STUDY]
-  # References: 1 process x 4 devices and 1 x 1, the whole run at once (in the background).
-  # Four data-parallel replicas each time (vmapped on the one device).
+  # The reference: 1 process x 1 device, the whole run at once (in the background), with
+  # four data-parallel replicas vmapped on the one device (tests/test_multidevice.py: one
+  # process of 4 devices against it).
   refs = {n: single(start, n, tmp_path / f"ref{n}.log", tmp_path / f"rec_ref{n}",
                     tmp_path / f"ref{n}", "fp8jax.experiments.study",
                     f"--out={tmp_path / f'ref{n}'}", *CONFIG, *STUDY,
                     f"--config.train.steps={STEPS}", "--config.train.replicas=4", POLICIES)
-          for n in (4, 1)}
+          for n in (1,)}
 
   # 1. SIGTERM to process 1: both processes save at the same step and exit 75.
   log = tmp_path / "1.log"
@@ -237,11 +238,11 @@ def test_two_processes_preempt_kill_resume_and_match_one(tmp_path, start):
 
   for n, proc in refs.items():
     assert finish(proc) == 0, (tmp_path / f"ref{n}.log").read_text()
-  ref1, ref4 = tmp_path / "ref1", tmp_path / "ref4"
+  ref1 = tmp_path / "ref1"
   # Losses and gradient norms of every step (the same tolerance as tests/test_multidevice).
   got = losses(run / "train")
   assert sorted(got) == list(range(1, STEPS + 1))
-  for ref in (ref1, ref4):
+  for ref in (ref1,):
     np.testing.assert_allclose([got[s] for s in sorted(got)],
                                [losses(ref / "train")[s] for s in sorted(got)], rtol=2e-5)
   # Sweep rows (the step the SIGTERM saved at is an extra checkpoint of this run).
@@ -252,7 +253,7 @@ def test_two_processes_preempt_kill_resume_and_match_one(tmp_path, start):
   # devices against 1 x 1 device (no multi-process step involved), one row of 16 at 1.8e-3
   # in diff_norm and 1e-5 in loss_fp8, every other value within 2e-5.
   got = sweep_values(cmp)
-  for ref in (ref1, ref4):
+  for ref in (ref1,):
     want = sweep_values(ref / "compare")
     assert set(want) <= set(got)
     keys = sorted(want)
