@@ -99,8 +99,6 @@ _DISK_MESSAGES = {"No space left on device": errno.ENOSPC, "Disk quota exceeded"
 def disk_error(e: Exception, path) -> Exception:
   """``e`` as the ``OSError`` of the file system's refusal (full disk, quota, read-only)
   that it quotes, naming ``path``; else ``e`` itself."""
-  if isinstance(e, OSError):
-    return e
   for text, code in _DISK_MESSAGES.items():
     if text in str(e):
       return OSError(code, os.strerror(code), str(path))

@@ -2,7 +2,7 @@
 process (so that each peak memory is its own); docs/performance.md has the method.
 
     python scripts/bench/data_parallel.py --part=train --devices=2 [--scan-layers]
-        [--storage=stacked|per_layer] [--scan-unroll=1] [--scan-remat=POLICY]
+        [--storage=stacked|per_layer] [--scan-unroll=0] [--scan-remat=POLICY]
         [--route=per_device|gspmd] [--batch=8]
         [--out=$OUT/dp_train_2.json]
 
@@ -72,8 +72,8 @@ def _tag(scan, storage):
   if not scan:
     return "loop"
   tag = "scan" if storage == "stacked" else "scan_per_layer"
-  if scan.unroll != 1:
-    tag += f"_unroll{scan.unroll or 'all'}"
+  if scan.unroll:  # the default, 0, unrolls the whole run
+    tag += "_rolled" if scan.unroll == 1 else f"_unroll{scan.unroll}"
   return tag + (f"_remat_{scan.remat}" if scan.remat else "")
 
 
@@ -164,8 +164,8 @@ def main():
   ap.add_argument("--scan-layers", action="store_true")
   ap.add_argument("--storage", choices=["stacked", "per_layer"], default="stacked",
                   help="with --scan-layers: the params stored stacked per run, or per layer")
-  ap.add_argument("--scan-unroll", type=int, default=1,
-                  help="with --scan-layers: layers per loop iteration (0: all)")
+  ap.add_argument("--scan-unroll", type=int, default=0,
+                  help="with --scan-layers: layers per loop iteration (0: all, the default)")
   ap.add_argument("--scan-remat", default=None, help="with --scan-layers: a "
                   "jax.checkpoint_policies name (what a layer keeps for the backward pass)")
   ap.add_argument("--route", choices=["per_device", "gspmd"], default="per_device")

@@ -33,22 +33,23 @@ lanes() {  # JOB... (each "NAME PART DEVICES FLAGS"): one-GPU jobs spread over t
   wait
 }
 if [[ ${STAGE:-1} == 1 ]]; then
+  r="--scan-layers --scan-unroll=1"  # rolled
   lanes "train_1gpu_loop train 1" \
-        "train_1gpu_stacked train 1 --scan-layers" \
-        "train_1gpu_scan_per_layer train 1 --scan-layers --storage=per_layer" \
-        "paired_1gpu_stacked paired 1 --scan-layers"
-  bench "train_${n}gpu_stacked" train "$n" --scan-layers
+        "train_1gpu_stacked train 1 $r" \
+        "train_1gpu_scan_per_layer train 1 $r --storage=per_layer" \
+        "paired_1gpu_stacked paired 1 $r"
+  bench "train_${n}gpu_stacked" train "$n" $r
 elif [[ $STAGE == 2 ]]; then  # the paired loop, and the stacked scan's unrolling and rematerialization
   s="train 1 --scan-layers"
   lanes "train_1gpu_unroll2 $s --scan-unroll=2" \
-        "train_1gpu_remat_dots $s --scan-remat=dots_saveable" \
+        "train_1gpu_remat_dots $s --scan-unroll=1 --scan-remat=dots_saveable" \
         "train_1gpu_unroll_all $s --scan-unroll=0" \
         "paired_1gpu_loop paired 1" \
-        "train_1gpu_remat_nothing $s --scan-remat=nothing_saveable" \
+        "train_1gpu_remat_nothing $s --scan-unroll=1 --scan-remat=nothing_saveable" \
         "train_1gpu_unroll2_remat_dots $s --scan-unroll=2 --scan-remat=dots_saveable"
-  bench "paired_${n}gpu_stacked" paired "$n" --scan-layers
+  bench "paired_${n}gpu_stacked" paired "$n" --scan-layers --scan-unroll=1
   if ((n > 2)); then
-    CUDA_VISIBLE_DEVICES=0,1 bench train_2gpu_stacked train 2 --scan-layers
+    CUDA_VISIBLE_DEVICES=0,1 bench train_2gpu_stacked train 2 --scan-layers --scan-unroll=1
   fi
 fi
 if [[ ${STAGE:-1} == 3 ]]; then  # the scan unrolled (ScanOptions(unroll=0)) on 1, 2, N GPUs
