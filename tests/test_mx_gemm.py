@@ -24,7 +24,7 @@ def _sylvester(n):
 
 @pytest.mark.parametrize("n", [2, 16, 32])
 def test_hadamard_is_orthogonal_and_signed_sylvester(n):
-  q = hadamard.hadamard_matrix(n, seed=3).astype(np.float64)
+  q = hadamard.hadamard_matrix(n, "random", seed=3).astype(np.float64)
   np.testing.assert_allclose(q @ q.T, np.eye(n), atol=1e-6)
   # Rows are ±(Sylvester rows) / sqrt(n): the random signs flip whole rows only.
   ratio = np.round(q * np.sqrt(n) / _sylvester(n), 5)
@@ -39,22 +39,23 @@ def test_hadamard_refuses_non_power_of_two():
 
 def test_random_hadamard_pads_and_inverts():
   x = np.random.default_rng(0).standard_normal((3, 37)).astype(np.float32)
-  y = np.asarray(hadamard.random_hadamard(jnp.asarray(x), 16, seed=1), np.float64)
+  y = np.asarray(hadamard.random_hadamard(jnp.asarray(x), 16, signs="random", seed=1,
+                                         dtype="float32"), np.float64)
   assert y.shape == (3, 48)
-  q = hadamard.hadamard_matrix(16, 1).astype(np.float64)
+  q = hadamard.hadamard_matrix(16, "random", 1).astype(np.float64)
   back = (y.reshape(3, 3, 16) @ q.T).reshape(3, 48)
   np.testing.assert_allclose(back[:, :37], x, atol=1e-5)
   np.testing.assert_allclose(back[:, 37:], 0, atol=1e-5)
 
 
 def test_transform_leaves_the_wgrad_product_unchanged():
-  """(X^T Q)(Q^T dY) = X^T dY: the transformed operands' product (float32, HIGHEST)
-  agrees with the plain float64 product to float32 rounding."""
+  """(X^T Q)(Q^T dY) = X^T dY: the transformed operands' product (the transform in
+  float32, HIGHEST) agrees with the plain float64 product to float32 rounding."""
   rng = np.random.default_rng(1)
   xt = rng.standard_normal((24, 70)).astype(np.float32)  # [K, tokens]
   dyt = rng.standard_normal((20, 70)).astype(np.float32)  # [N, tokens]
-  a = hadamard.random_hadamard(jnp.asarray(xt), 16)
-  b = hadamard.random_hadamard(jnp.asarray(dyt), 16)
+  a = hadamard.random_hadamard(jnp.asarray(xt), 16, dtype="float32")
+  b = hadamard.random_hadamard(jnp.asarray(dyt), 16, dtype="float32")
   got = np.asarray(jnp.einsum("kt,nt->nk", a, b, precision="highest"), np.float64)
   want = dyt.astype(np.float64) @ xt.astype(np.float64).T
   np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
@@ -153,8 +154,8 @@ def test_pad_groups_keeps_each_expert_product():
     np.testing.assert_array_equal(np.asarray(xp)[prow][: int(sizes[e])], np.asarray(x)[rows])
     assert np.all(np.asarray(xp)[prow][int(sizes[e]):] == 0)
     # The transform stays inside the group: the per-expert product is unchanged.
-    a = hadamard.random_hadamard(xp[prow].T, 16)
-    b = hadamard.random_hadamard(dyp[prow].T, 16)
+    a = hadamard.random_hadamard(xp[prow].T, 16, dtype="float32")
+    b = hadamard.random_hadamard(dyp[prow].T, 16, dtype="float32")
     got = np.asarray(jnp.einsum("kt,nt->kn", a, b, precision="highest"), np.float64)
     want = np.asarray(x, np.float64)[rows].T @ np.asarray(dy, np.float64)[rows]
     np.testing.assert_allclose(got, want, atol=1e-5)

@@ -196,7 +196,8 @@ def _preset_table():
       "nvfp4": dict(format="e2m1", granularity=t16, rounding="nearest", **nv),
       "nvfp4_weight": dict(format="e2m1", granularity=fp8jax.block((16, 16)),
                            rounding="nearest", **nv),
-      "nvfp4_sr": dict(format="e2m1", granularity=t16, rounding="stochastic", **nv),
+      "nvfp4_sr": dict(format="e2m1", granularity=t16, rounding="stochastic", sr_bits=8,
+                       **nv),
   }
 
 

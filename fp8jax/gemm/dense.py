@@ -18,10 +18,11 @@ for Wgrad) come from ``config.transpose`` (see ``fp8jax.gemm.transpose``). Accum
 the per-interval application of scales are in ``fp8jax.gemm.accumulate``.
 
 With ``wgrad_hadamard=n`` the Wgrad operands X^T and dY^T are multiplied along the tokens
-by the random Hadamard transform (``fp8jax.gemm.hadamard``) before they are quantized, as
-the NVFP4 recipe does. Stochastic-rounding specs draw their bits from keys derived from the
-operand (``fp8jax.quant.rounding_bits``), a separate stream per GEMM. Recipes by name
-are in ``fp8jax.gemm.recipes``.
+by the random Hadamard transform (``fp8jax.gemm.hadamard``; Transformer Engine's signs and
+BF16 precision unless ``rht_signs`` / ``rht_dtype`` say otherwise) before they are
+quantized, as the NVFP4 recipe does. Stochastic-rounding specs draw their bits from keys
+derived from the operand (``fp8jax.quant.rounding_bits``), a separate stream per GEMM.
+Recipes by name are in ``fp8jax.gemm.recipes``.
 
 Memory: the high-precision X and W are saved for the backward pass and re-quantized
 there (the same bits as in the forward pass).
@@ -63,7 +64,12 @@ class GemmConfig:
       "scaling_aware".
     wgrad_hadamard: block size of the random Hadamard transform applied to the Wgrad
       operands along the tokens (16 in the NVFP4 recipe); 0 = none.
-    hadamard_seed: seed of the transform's random signs.
+    rht_signs: the transform's sign vector (``fp8jax.gemm.hadamard``): "te" (default;
+      Transformer Engine's fixed 16 signs, size 16 only), "random" (drawn from
+      ``hadamard_seed``) or "none".
+    rht_dtype: precision of the transform: "bfloat16" (default; Transformer Engine's:
+      operands and result rounded to bfloat16, FP32 sums) or "float32".
+    hadamard_seed: seed of the transform's signs with ``rht_signs="random"``.
     impl: implementation of the FP32-accumulation products (the results agree to float32
       rounding): "auto" (the Pallas kernels on one GPU where the scales suit them, else
       XLA; :mod:`fp8jax.kernels.placement`), "xla", or "pallas" (the kernels, interpreted
@@ -89,6 +95,8 @@ class GemmConfig:
   accumulation: accumulate.Accumulation = accumulate.FP32
   transpose: str = "requant"
   wgrad_hadamard: int = 0
+  rht_signs: str = "te"
+  rht_dtype: str = "bfloat16"
   hadamard_seed: int = 0
   impl: str = "auto"
   fp8_mma: bool = False
@@ -98,6 +106,7 @@ class GemmConfig:
     h = self.wgrad_hadamard
     if not isinstance(h, int) or h < 0 or (h and h & (h - 1)):
       raise ValueError(f"wgrad_hadamard must be 0 or a power of two, got {h!r}")
+    hadamard.check_options(h or len(hadamard.TE_SIGNS), self.rht_signs, self.rht_dtype)
     if h and self.transpose != "requant":
       raise ValueError("the Wgrad Hadamard transform quantizes the transformed high-precision "
                        f"operands: it needs transpose='requant', got {self.transpose!r}")
@@ -137,7 +146,10 @@ class GemmConfig:
   def describe(self) -> str:
     modes = "/".join(getattr(self, d) for d in _OPERAND_ROLES)
     text = f"{modes} acc={self.accumulation.describe()} transpose={self.transpose}"
-    text += f" rht={self.wgrad_hadamard}" if self.wgrad_hadamard else ""
+    if self.wgrad_hadamard:
+      text += f" rht={self.wgrad_hadamard}"
+      text += "" if self.rht_signs == "te" else f"/{self.rht_signs}"
+      text += "" if self.rht_dtype == "bfloat16" else f"/{self.rht_dtype}"
     text += " fp8_mma" if self.fp8_mma else ""
     return text + (f" impl={self.impl}" if self.impl != "auto" else "")
 
@@ -205,6 +217,12 @@ def _fp8_matmul(aq, btq, cfg, mode):
   return accumulate.scaled_matmul(aq, btq, cfg.accumulation, cfg.impl, cfg.fp8_mma)
 
 
+def wgrad_transform(v, cfg: GemmConfig):
+  """The config's Hadamard transform of a Wgrad operand along its last axis (the tokens)."""
+  return hadamard.random_hadamard(v, cfg.wgrad_hadamard, signs=cfg.rht_signs,
+                                  seed=cfg.hadamard_seed, dtype=cfg.rht_dtype)
+
+
 def operand_key(x, spec, stream: int):
   """The stochastic-rounding key of one GEMM operand (derived from its bits), or None."""
   if spec.rounding != "stochastic":
@@ -238,10 +256,8 @@ def _wgrad(dy3, x3, cfg):
     return _bf16_matmul(jnp.swapaxes(dy3, -1, -2), jnp.swapaxes(x3, -1, -2))
   r = cfg.roles
   if cfg.wgrad_hadamard:  # quantize the transformed operands [B, N|K, M_pad]
-    dyt = hadamard.random_hadamard(jnp.swapaxes(dy3, -1, -2), cfg.wgrad_hadamard,
-                                   cfg.hadamard_seed)
-    xt = hadamard.random_hadamard(jnp.swapaxes(x3, -1, -2), cfg.wgrad_hadamard,
-                                  cfg.hadamard_seed)
+    dyt = wgrad_transform(jnp.swapaxes(dy3, -1, -2), cfg)
+    xt = wgrad_transform(jnp.swapaxes(x3, -1, -2), cfg)
     dytq = qtensor.quantize(dyt, r.grad, key=operand_key(dyt, r.grad, 5))
     xtq = qtensor.quantize(xt, r.input, key=operand_key(xt, r.input, 6))
     return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)

@@ -40,7 +40,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_operands, grouped_tensor_core, hadamard, padding, transpose
+from fp8jax.gemm import grouped_operands, grouped_tensor_core, padding, transpose
 from fp8jax.gemm.tiled import tiled_matmul  # noqa: F401  (also this module's API)
 from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas
 from fp8jax.numerics import arguments
@@ -283,8 +283,8 @@ def _wgrad_operands(x, dy, sizes, cfg, layout, rows_first: bool = False):
     return (transpose.quantize_columns(x, r.input), transpose.quantize_columns(dy, r.grad),
             sizes)
   if cfg.wgrad_hadamard:
-    xt = hadamard.random_hadamard(x.T, cfg.wgrad_hadamard, cfg.hadamard_seed)  # [K, rows]
-    dyt = hadamard.random_hadamard(dy.T, cfg.wgrad_hadamard, cfg.hadamard_seed)
+    xt = gemm_lib.wgrad_transform(x.T, cfg)  # [K, rows]
+    dyt = gemm_lib.wgrad_transform(dy.T, cfg)
     return (qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6)),
             qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5)), sizes)
   mask = (lambda q: q) if valid is None else (lambda q: padding.mask_padding_scales(q, valid))

@@ -23,9 +23,11 @@ name                recipe
                     nearest (the format alone, without the recipe's measures)
 ``nvfp4_recipe``    the NVFP4 training recipe (arXiv 2509.25149; Transformer Engine's NVFP4
                     recipe): 16x16 blocks for W (Fprop and Dgrad see the same quantized
-                    weight), stochastic rounding of dY, the 16-point random Hadamard
-                    transform on the Wgrad operands; a model policy also keeps the last
-                    layers in BF16 (:data:`BF16_TAIL`)
+                    weight), stochastic rounding of dY from 8 random bits per element (as
+                    Blackwell's ``cvt.rs`` and TE), the 16-point random Hadamard transform
+                    on the Wgrad operands with TE's fixed signs in BF16
+                    (``fp8jax.gemm.hadamard``); a model policy also keeps the last layers
+                    in BF16 (:data:`BF16_TAIL`)
 ==================  =======================================================================
 
 Variants for the validation matrix (docs/validation.md): ``mxfp8_ocp`` (MXFP8 with the OCP
@@ -35,6 +37,10 @@ one of its elements (arXiv 2509.25149, section 4): ``nvfp4_recipe_no_rht`` (no H
 transform), ``nvfp4_recipe_no_2d`` (1x16 weight blocks, so Fprop and Dgrad quantize the
 weight along different axes), ``nvfp4_recipe_no_sr`` (dY rounded to nearest) and
 ``nvfp4_recipe_no_tail`` (every layer in NVFP4).
+
+The idealised forms of the recipe's two random elements stay available as fields:
+``recipe("nvfp4_recipe").replace(rht_signs="random", rht_dtype="float32")`` (signs drawn
+from ``hadamard_seed``, the transform in float32) and a grad spec with ``sr_bits=24``.
 """
 
 from __future__ import annotations
@@ -71,8 +77,8 @@ RECIPES: dict[str, GemmConfig] = {
     "nvfp4_recipe": GemmConfig(
         roles=RoleSpecs(input=_NVFP4,
                         weight=presets.preset("nvfp4_weight"),
-                        grad=_NVFP4.replace(rounding="stochastic")),
-        wgrad_hadamard=16),
+                        grad=_NVFP4.replace(rounding="stochastic", sr_bits=8)),
+        wgrad_hadamard=16, rht_signs="te", rht_dtype="bfloat16"),
 }
 RECIPES["mxfp8_ocp"] = GemmConfig(roles=_same(presets.preset("mxfp8_ocp")))
 RECIPES["nvfp4_recipe_no_rht"] = RECIPES["nvfp4_recipe"].replace(wgrad_hadamard=0)

@@ -230,38 +230,76 @@ def round_to_format(x: jnp.ndarray, fmt: FloatFormat) -> jnp.ndarray:
   return jnp.where(jnp.isnan(x), x, out)
 
 
-def stochastic_round_to_format(x: jnp.ndarray, fmt: FloatFormat,
-                               bits: jnp.ndarray) -> jnp.ndarray:
+SR_BITS = (24, 8)
+"""Random bits per element that stochastic rounding can use: 24 (the default, nearly ideal)
+or 8 (Blackwell's ``cvt.rs.satfinite.e2m1x4.f32`` and Transformer Engine's software
+fallback of it)."""
+
+
+def _grid_step(a: jnp.ndarray, fmt: FloatFormat) -> jnp.ndarray:
+  """The spacing of ``fmt``'s grid at the non-negative float32 ``a`` (a power of two:
+  ``2**(max(floor(log2 a), emin) - mantissa_bits)``, the subnormal quantum below the
+  smallest normal), as float32."""
+  emin = int(np.log2(fmt.min_normal))
+  exponent = lax.shift_right_logical(lax.bitcast_convert_type(a, jnp.uint32),
+                                     np.uint32(_F32_MANTISSA_BITS)).astype(jnp.int32)
+  step_exp = jnp.maximum(exponent - _F32_BIAS, emin) - fmt.mantissa_bits
+  return lax.bitcast_convert_type((step_exp + _F32_BIAS) << _F32_MANTISSA_BITS, jnp.float32)
+
+
+def stochastic_round_to_format(x: jnp.ndarray, fmt: FloatFormat, bits: jnp.ndarray,
+                               sr_bits: int = 24) -> jnp.ndarray:
   """Stochastic rounding of ``x`` to ``fmt``'s values, as float32.
 
   Each |x| below ``fmt.max`` becomes one of its two neighbours on the format's grid,
-  ``lo <= |x| <= hi``, with ``P(hi) = (|x| - lo) / (hi - lo)``, so ``E[result] = x``;
-  grid values stay exact, |x| >= max and ±inf saturate to ±max, NaN stays NaN, the sign
-  (of zero too) is kept. ``t = |x| / ulp`` and its fraction are exact in float32 and are
-  compared with a 24-bit uniform draw from ``bits``: the probabilities are exact except
-  for |x| below half the smallest subnormal, where they are resolved to 2**-24.
+  ``lo <= |x| <= hi``; grid values stay exact, |x| >= max and ±inf saturate to ±max, NaN
+  stays NaN, the sign (of zero too) is kept. With ``f = (|x| - lo) / (hi - lo)``:
+
+  * ``sr_bits=24``: ``t = |x| / ulp`` and its fraction are exact in float32 and are
+    compared with a 24-bit uniform draw ``u`` (the top 24 bits of ``bits``): ``hi`` when
+    ``u < f``, so ``P(hi) = ceil(2**24 f) / 2**24`` = ``f`` except for |x| below half the
+    smallest subnormal, where it is resolved to 2**-24. ``E[result] = x``.
+  * ``sr_bits=8``: the rounding of ``cvt.rs.satfinite.e2m1x4.f32`` as Transformer
+    Engine's software fallback computes it (``stochastic_round_fp4_e2m1`` in
+    ``transformer_engine/common/util/ptx.cuh``, NVIDIA/TransformerEngine commit
+    fc1fc0e787fc4fe3b50c71e4a9e353c0593615ff, PR #3281), for any format: ``r`` = the low 8
+    bits of ``bits`` (TE hands element ``i`` of four byte ``i`` of one 32-bit word),
+    ``t = float32(|x| + (r / 256) * step(|x|))`` (one rounding, as ``fmaf``),
+    ``result = min(floor(t / step(t)) * step(t), max)``, with ``step(v)`` the grid spacing
+    at ``v``. The 8 bits are added just below the last kept mantissa bit and the sum is
+    truncated, so ``P(hi) = floor(256 f) / 256``: rounding toward zero is favoured,
+    ``E[|result|] - |x| = -step * (f - floor(256 f) / 256)``, between ``-step / 256`` and
+    0 (few-bit stochastic rounding is biased; arXiv 2504.20634). The float32 rounding of
+    ``t`` changes the result only where ``t`` falls within half a float32 ulp below a grid
+    value of a higher binade than |x|: in E2M1, |x| = 2**-9 - 2**-30 with ``r = 255`` gives
+    0.5 (exact arithmetic: 0), as TE does. TE maps a NaN to +max (satfinite); here NaN
+    stays NaN, as with the other roundings, and the quantize ops mark its block NaN.
 
   Args:
     x: float32 array (other float dtypes are converted), already scaled.
     fmt: the target format.
     bits: uint32 random bits shaped like ``x`` (e.g. ``jax.random.bits``).
+    sr_bits: 24 or 8 (:data:`SR_BITS`).
 
   Returns:
     float32 array shaped like ``x`` holding values representable in ``fmt``.
   """
+  if sr_bits not in SR_BITS:
+    raise ValueError(f"sr_bits must be one of {SR_BITS}, got {sr_bits!r}")
   x = jnp.asarray(x).astype(jnp.float32)
-  m = fmt.mantissa_bits
-  emin = int(np.log2(fmt.min_normal))
   a = jnp.abs(x)
-  exponent = lax.shift_right_logical(lax.bitcast_convert_type(a, jnp.uint32),
-                                     np.uint32(_F32_MANTISSA_BITS)).astype(jnp.int32)
-  ulp_exp = jnp.maximum(exponent - _F32_BIAS, emin) - m  # log2 of the grid spacing at |x|
-  ulp = lax.bitcast_convert_type((ulp_exp + _F32_BIAS) << _F32_MANTISSA_BITS, jnp.float32)
-  t = a / ulp  # exact: a power-of-two division
-  lo = jnp.floor(t)
-  u = lax.shift_right_logical(bits.astype(jnp.uint32), np.uint32(8)).astype(
-      jnp.float32) * np.float32(2.0**-24)
-  mag = (lo + (u < t - lo).astype(jnp.float32)) * ulp
+  bits = bits.astype(jnp.uint32)
+  if sr_bits == 8:
+    u = (bits & np.uint32(0xFF)).astype(jnp.float32) * np.float32(2.0**-8)
+    t = a + u * _grid_step(a, fmt)  # u * step is exact: one float32 rounding, as fmaf
+    step_t = _grid_step(t, fmt)  # t may have crossed into the next binade
+    mag = jnp.floor(t / step_t) * step_t  # exact: power-of-two divisions
+  else:
+    ulp = _grid_step(a, fmt)
+    t = a / ulp  # exact: a power-of-two division
+    lo = jnp.floor(t)
+    u = lax.shift_right_logical(bits, np.uint32(8)).astype(jnp.float32) * np.float32(2.0**-24)
+    mag = (lo + (u < t - lo).astype(jnp.float32)) * ulp
   mag = jnp.minimum(mag, np.float32(fmt.max))
   out = jnp.where(jnp.signbit(x), -mag, mag)
   return jnp.where(jnp.isnan(x), x, out)

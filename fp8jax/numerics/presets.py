@@ -32,8 +32,10 @@ name                       recipe
                            cotangent the same
 ``nvfp4_weight``           NVFP4 with 16x16 blocks (the recipe's weights: Fprop and
                            Dgrad see the same quantized weight); straight-through
-``nvfp4_sr``               ``nvfp4`` with stochastic rounding (the recipe's
-                           gradients)
+``nvfp4_sr``               ``nvfp4`` with stochastic rounding from 8 random bits
+                           per element, as Blackwell's ``cvt.rs`` and Transformer
+                           Engine round (the recipe's gradients; ``sr_bits=24`` for
+                           the nearly unbiased rounding)
 =========================  ======================================================
 
 ``fp8jax.gemm.recipes`` combines them per GEMM operand (e.g. the full NVFP4 recipe with
@@ -82,8 +84,8 @@ PRESETS: dict[str, QuantSpec] = {
                                   backward=_MXFP4.replace(pow2_rounding="rceil")),
     "nvfp4": _NVFP4.replace(backward=_NVFP4),
     "nvfp4_weight": _NVFP4.replace(granularity=gran.block((16, 16))),
-    "nvfp4_sr": _NVFP4.replace(rounding="stochastic",
-                               backward=_NVFP4.replace(rounding="stochastic")),
+    "nvfp4_sr": _NVFP4.replace(rounding="stochastic", sr_bits=8,
+                               backward=_NVFP4.replace(rounding="stochastic", sr_bits=8)),
 }
 
 

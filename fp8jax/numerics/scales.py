@@ -172,17 +172,18 @@ def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec,
 
 
 def round_elements(v: jnp.ndarray, fmt: formats.FloatFormat,
-                   bits: jnp.ndarray | None = None) -> jnp.ndarray:
+                   bits: jnp.ndarray | None = None, sr_bits: int = 24) -> jnp.ndarray:
   """Scaled float32 values rounded to ``fmt`` (as float32): to nearest even, or
-  stochastically with uint32 ``bits`` shaped like ``v``."""
+  stochastically with uint32 ``bits`` shaped like ``v``, of which ``sr_bits`` (24 or 8)
+  are used per element (``formats.stochastic_round_to_format``)."""
   if bits is None:
     return formats.round_to_format(v, fmt)
-  return formats.stochastic_round_to_format(v, fmt, bits)
+  return formats.stochastic_round_to_format(v, fmt, bits, sr_bits)
 
 
 def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
                  fmt: formats.FloatFormat, dtype, tensor_scale_inv: jax.Array | None = None,
-                 bits: jax.Array | None = None) -> jax.Array:
+                 bits: jax.Array | None = None, sr_bits: int = 24) -> jax.Array:
   """The elementwise round trip for given scales.
 
   ``round(float32(x) * s) * scale_inv [* tensor_scale_inv]`` (nearest even, or
@@ -197,12 +198,13 @@ def apply_scales(x: jax.Array, s: jax.Array, scale_inv: jax.Array,
     dtype: output dtype.
     tensor_scale_inv: the second (per-tensor) level of two-level scales, or None.
     bits: uint32 random bits shaped like ``x`` for stochastic rounding, or None.
+    sr_bits: random bits per element that stochastic rounding uses (24 or 8).
 
   Returns:
     ``x_hat`` of ``dtype`` with the broadcast shape of ``x`` and the scales.
   """
   dtype = jnp.dtype(dtype)
-  q = round_elements(x.astype(jnp.float32) * s, fmt, bits)
+  q = round_elements(x.astype(jnp.float32) * s, fmt, bits, sr_bits)
   out = q * scale_inv
   if tensor_scale_inv is not None:
     out = out * tensor_scale_inv

@@ -63,8 +63,14 @@ class QuantSpec:
       Every rule clamps the biased exponent to [1, 253], so s and scale_inv are
       normal powers of two in [2**-126, 2**126].
     store_e8m0: store ``scale_inv`` as ``float8_e8m0fnu`` (requires "pow2").
-    rounding: "nearest" (ties to even) or "stochastic" (unbiased; needs a PRNG key or
-      derives one from the input's bits, see ``fp8jax.quantize``).
+    rounding: "nearest" (ties to even) or "stochastic" (needs a PRNG key or derives one
+      from the input's bits, see ``fp8jax.quantize``).
+    sr_bits: random bits per element of stochastic rounding (ignored when rounding to
+      nearest): 24 (default; unbiased to 2**-24 of a step) or 8, the rounding of
+      Blackwell's ``cvt.rs`` FP4 conversion and of Transformer Engine's NVFP4 recipe,
+      biased toward zero by up to 1/256 of a step (see
+      ``formats.stochastic_round_to_format``; the ``nvfp4_sr`` preset and the
+      ``nvfp4_recipe`` gradients use 8).
     eps: floor on the amax (``max(amax, eps)``). 0 is allowed: a block whose amax
       is then 0 uses s = 1, so an all-zero block always gives exact zeros. FP32
       scales are clamped to [2**-126, 2**126] so that s and 1/s stay finite.
@@ -85,6 +91,7 @@ class QuantSpec:
   pow2_rounding: str | None = None
   store_e8m0: bool = False
   rounding: str = "nearest"
+  sr_bits: int = 24
   eps: float = 1e-12
   margin: int = 0
   backward: QuantSpec | None = None
@@ -104,6 +111,8 @@ class QuantSpec:
       object.__setattr__(self, "pow2_rounding", self.pow2_rounding or "floor")
       _check_choice("pow2_rounding", self.pow2_rounding, POW2_ROUNDINGS)
     _check_choice("rounding", self.rounding, ROUNDINGS)
+    if type(self.sr_bits) is not int or self.sr_bits not in formats.SR_BITS:
+      raise ValueError(f"sr_bits must be one of {formats.SR_BITS}, got {self.sr_bits!r}")
     if self.scale_format == "e4m3":
       if self.scaling != "current":
         raise ValueError("two-level E4M3 scales (NVFP4) need current scaling")
@@ -157,7 +166,7 @@ class QuantSpec:
       scale = "e4m3+fp32"
     text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
     if self.rounding == "stochastic":
-      text += " sr"
+      text += " sr" if self.sr_bits == 24 else f" sr{self.sr_bits}"
     if self.noise_control:
       text += " noise-control"
     if self.backward is not None:

@@ -71,7 +71,7 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
       bits = jnp.pad(bits, [(0, p - d) for d, p in zip(shape, padded)])
     bits = bits.reshape(split)
   out = scales.apply_scales(xs, s, scale_inv, spec.fmt, x.dtype, tensor_scale_inv,
-                            bits).reshape(padded)
+                            bits, spec.sr_bits).reshape(padded)
   if padded != shape:
     out = out[tuple(slice(0, d) for d in shape)]
   return out

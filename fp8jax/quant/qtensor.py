@@ -108,7 +108,7 @@ def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
   if bits is None and spec.fmt.storage_dtype is spec.fmt.dtype and spec.fmt.has_nan:
     data = formats.saturating_cast(scaled, spec.fmt)
   else:
-    q = scales.round_elements(scaled, spec.fmt, bits)
+    q = scales.round_elements(scaled, spec.fmt, bits, spec.sr_bits)
     if not spec.fmt.has_nan:
       q = jnp.where(jnp.isnan(q), 0.0, q)  # the block's scale carries the NaN
     data = q.astype(spec.fmt.storage_dtype)  # exact: q holds format values
