@@ -33,15 +33,15 @@ The training loop records the run's precision policy in every checkpoint's meta
 reads it back (None for checkpoints written before it existed). A resume under another
 policy raises :class:`PolicyMismatchError` unless allowed (``fp8jax.train.loop.train``).
 :class:`NoCheckpointer` stands in for a :class:`Checkpointer` in a run without checkpoints.
+
+``full_state="last"`` keeps the optimizer state in the newest checkpoint only (and at
+``keep_full`` steps), the others holding the params only: :mod:`fp8jax.train.full_state`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import pathlib
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,10 @@ import orbax.checkpoint as ocp
 import fp8jax
 from fp8jax.models import delayed_sites, layer_stack
 from fp8jax.train import checkpoint_digest, data_positions, faults, multihost, run_identity
+from fp8jax.train import full_state as full_state_lib
+from fp8jax.train.orbax_errors import disk_errors, quiet_closed_loop_callbacks
+
+ParamsOnlyCheckpointError = full_state_lib.ParamsOnlyCheckpointError
 
 DELAYED = "delayed"
 """The train-state field that holds the delayed-scaling state."""
@@ -91,13 +95,19 @@ class Checkpointer:
   restores verify the arrays they read against them (see :mod:`fp8jax.train.checkpoint_digest`)
   and raise :class:`~fp8jax.train.checkpoint_digest.CorruptCheckpointError` or
   :class:`~fp8jax.train.checkpoint_digest.IncompleteCheckpointError`, or warn for a checkpoint
-  written before digests existed.
+  written before digests existed. ``full_state``, ``keep_full`` (steps) and
+  ``params_dtype``: :mod:`fp8jax.train.full_state` (``"all"``: every checkpoint whole).
   """
 
   def __init__(self, directory, save_every: int, max_to_keep: int | None = None,
-               digests: bool = True):
+               digests: bool = True, full_state: str = "all", keep_full=(),
+               params_dtype: str = ""):
     if save_every < 1:
       raise ValueError(f"save_every must be >= 1, got {save_every}")
+    if full_state not in full_state_lib.MODES:
+      raise ValueError(f"full_state must be one of {full_state_lib.MODES}, got {full_state!r}")
+    self.full_state, self.keep_full = full_state, {int(s) for s in keep_full}
+    self.params_dtype = params_dtype
     options = ocp.CheckpointManagerOptions(save_interval_steps=save_every,
                                            max_to_keep=max_to_keep, create=True)
     self.manager = ocp.CheckpointManager(pathlib.Path(directory).resolve(), options=options)
@@ -123,17 +133,26 @@ class Checkpointer:
     meta = {**meta, "code_version": code_version()}
     if (identity := self.run_identity()) is not None:
       meta[RUN] = identity
+    items, digested = {"state": _stored(state)}, state
+    if self.full_state == "last":  # two items; the digests of the arrays as stored
+      items["state"], items[full_state_lib.ITEM] = full_state_lib.split(items["state"],
+                                                                self.params_dtype)
+      opt = items[full_state_lib.ITEM]
+      meta[full_state_lib.META] = {"item": full_state_lib.ITEM,
+                                   "master_params": full_state_lib.MASTER in opt}
+      digested = {**items["state"], **items[full_state_lib.ITEM]}
     if self.digests:
-      meta["digests"] = {**checkpoint_digest.record(state),
+      meta["digests"] = {**checkpoint_digest.record(digested),
                          "positions": data_positions.record(data_position)}
     if _has_delayed(state):
       meta["delayed_state"] = delayed_sites.layout(getattr(state, DELAYED))
     if layer_stack.is_stacked(state):
       meta[LAYER_RUNS] = layer_stack.layout(state)
-    with _disk_errors(self.step_path(step)):
+    self._drop_old_optimizer_states()  # the previous save is finished and checked first
+    with disk_errors(self.step_path(step)):
       started = self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(_stored(state)), data=ocp.args.JsonSave(data_position),
-          meta=ocp.args.JsonSave(meta),
+          data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta),
+          **{k: ocp.args.StandardSave(v) for k, v in items.items()},
           **{data_positions.ITEM: data_positions.PositionsSave(data_position)}), force=force)
     if faults.reached(f"checkpoint_save/{step}"):
       faults.kill()
@@ -142,12 +161,40 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def has_optimizer_state(self, step: int) -> bool:
+    """Whether checkpoint ``step`` keeps its optimizer state (resume and branch need it)."""
+    return full_state_lib.has_optimizer(self.step_path(step), saved_meta(self, step))
+
+  def check_full_state(self, steps, what: str) -> None:
+    """Raises :class:`ParamsOnlyCheckpointError` (one line) if one of ``steps`` holds
+    the params only; ``what``: the reader, e.g. ``"--resume"``."""
+    params_only = [s for s in steps if not self.has_optimizer_state(s)]
+    if params_only:
+      full = [s for s in self.all_steps() if self.has_optimizer_state(s)]
+      raise full_state_lib.refusal(self.directory, params_only, full, what)
+
+  def _drop_old_optimizer_states(self) -> None:
+    """Under ``full_state="last"``: waits for the save in flight, then drops the optimizer
+    state of every checkpoint older than the newest one that keeps it, once that one is
+    flushed to disk and checked (:func:`fp8jax.train.full_state.problem`); not at
+    ``keep_full`` steps."""
+    if self.full_state != "last":
+      return
+    with disk_errors(self.directory):
+      self.manager.wait_until_finished()
+    if multihost.is_main():
+      steps = self.all_steps()
+      full_state_lib.drop_superseded({s: self.step_path(s) for s in steps},
+                                     {s: saved_meta(self, s) for s in steps}, self.keep_full)
+
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def restore(self, step: int, abstract_state):
+  def restore(self, step: int, abstract_state, what: str = "restoring the train state"):
     """(state, data position, meta) of ``step``, verified; ``abstract_state`` gives
-    shapes, dtypes and (optionally) shardings."""
+    shapes, dtypes and (optionally) shardings. Raises :class:`ParamsOnlyCheckpointError`
+    naming ``what`` if the checkpoint holds the params only."""
+    self.check_full_state([step], what)
     out, status = self._restore(step, abstract_state, partial=False)
     checkpoint_digest.check(status)
     return out
@@ -165,13 +212,18 @@ class Checkpointer:
     arrays that restore as saved but hold NaN or infinite values are
     :class:`~fp8jax.train.checkpoint_digest.NonFinite`."""
     restored, status = self._restore(step, abstract_state, partial=False, own_position=False)
-    return status if restored is None else checkpoint_digest.finite(status, restored[0])
+    if restored is None:
+      return status
+    status = checkpoint_digest.finite(status, restored[0])
+    if isinstance(status, checkpoint_digest.Ok) and not self.has_optimizer_state(step):
+      status = checkpoint_digest.Ok(status.checkpoint, status.arrays, params_only=True)
+    return status
 
   def _restore(self, step, abstract, partial: bool, own_position: bool = True):
     """((tree, data position or None, meta), status): the arrays are restored in their
     saved dtype, verified, then cast to ``abstract``'s dtypes; the data position is this
     process's (``own_position``) or process 0's."""
-    _quiet_closed_loop_callbacks()
+    quiet_closed_loop_callbacks()
     error = None
     try:
       meta = self.manager.restore(step, args=ocp.args.Composite(
@@ -188,8 +240,13 @@ class Checkpointer:
       target = _stored(abstract)
       if saved_runs != want:  # restored as saved, then restacked below
         target = layer_stack.stack(target, saved_runs)
+      split = full_state_lib.META in meta and not partial
+      if split:  # two items; the optimizer one may be gone (only verify gets here then)
+        target = full_state_lib.restore_target(target, meta)
       target = _saved_dtypes(target, (recorded or {}).get("dtypes", {}))
-      if partial:
+      if split:
+        args = full_state_lib.restore_args(target, meta, self.step_path(step))
+      elif partial:
         restore_args = jax.tree.map(
             lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), target)
         args = ocp.args.Composite(state=ocp.args.PyTreeRestore(
@@ -198,6 +255,7 @@ class Checkpointer:
         args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                   data=ocp.args.JsonRestore())
       out = self.manager.restore(step, args=args)
+      tree = {**out.state, **(out.get(full_state_lib.ITEM) or {})} if split else out.state
       position = None if partial else out.data
       if own_position and not partial:
         position = data_positions.restore(self.manager, step, out.data)
@@ -208,14 +266,16 @@ class Checkpointer:
     if multihost.any_process(error is not None):  # then every process skips the collectives
       return None, checkpoint_digest.Incomplete(str(self.step_path(step)),
                                         error or "does not restore on another process")
-    status = checkpoint_digest.verify_tree(str(self.step_path(step)), out.state, recorded)
+    status = checkpoint_digest.verify_tree(str(self.step_path(step)), tree, recorded)
     bad = None if partial else data_positions.check(
         self.step_path(step), (recorded or {}).get("positions"), out.data)
     if multihost.any_process(bad is not None) and not isinstance(status, checkpoint_digest.Corrupt):
       path, found, expected = bad or ("(on another process)", "?", "?")
       status = checkpoint_digest.Corrupt(str(self.step_path(step)), path, expected, found,
                                  what="data position")
-    state = out.state
+    state = full_state_lib.join(tree, _stored(abstract)) if split else tree
+    if split and isinstance(state, dict) and full_state_lib.OPT not in state:
+      return (state, position, meta), status  # params only: verified, as saved
     if saved_runs != want:  # stored the other way: restacked on the devices
       state = _restacked(state, want, _stored(abstract))
     state = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype),
@@ -226,49 +286,12 @@ class Checkpointer:
     return (state, position, meta), status
 
   def wait(self):
-    with _disk_errors(self.directory):  # an asynchronous save's error surfaces here
+    with disk_errors(self.directory):  # an asynchronous save's error surfaces here
       self.manager.wait_until_finished()
+    self._drop_old_optimizer_states()
 
   def close(self):
     self.manager.close()
-
-
-@contextlib.contextmanager
-def _disk_errors(path):
-  """A full or read-only disk met while saving (an OSError, or an error of Orbax or
-  TensorStore saying so) as an OSError naming ``path``."""
-  try:
-    yield
-  except Exception as e:  # pylint: disable=broad-except
-    text = str(e)
-    for code, words in ((errno.ENOSPC, "No space left on device"),
-                        (errno.EROFS, "Read-only file system"),
-                        (errno.EDQUOT, "Disk quota exceeded")):
-      if getattr(e, "errno", None) == code or words in text:
-        raise OSError(code, words, str(path)) from e
-    raise
-
-
-def _quiet_closed_loop_callbacks() -> None:
-  """Drops the ``RuntimeError('Event loop is closed')`` that a failed restore leaves.
-
-  Orbax abandons the TensorStore reads still in flight when one fails; as they finish they
-  schedule callbacks on the restore's event loop, already closed, and Python reports each
-  as an unraisable exception (a page of tracebacks around the clear error). Before the
-  first restore, this wraps ``sys.unraisablehook`` once to drop that one message;
-  everything else passes through.
-  """
-  previous = sys.unraisablehook
-  if getattr(previous, "quiets_closed_loop", False):
-    return
-
-  def hook(unraisable):
-    exc = unraisable.exc_value
-    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
-      previous(unraisable)
-
-  hook.quiets_closed_loop = True
-  sys.unraisablehook = hook
 
 
 def _has_delayed(tree) -> bool:

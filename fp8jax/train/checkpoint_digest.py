@@ -154,9 +154,11 @@ def record(tree) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Ok:
-  """Every restored array matches its recorded digest."""
+  """Every restored array matches its recorded digest; ``params_only``: the checkpoint
+  holds no optimizer state (:mod:`fp8jax.train.full_state`)."""
   checkpoint: str
   arrays: int
+  params_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +214,9 @@ Status = Ok | Corrupt | Incomplete | NoDigests | NonFinite | Foreign
 def describe(status: Status) -> str:
   """One line: ``ok (N arrays)``, ``corrupt: array ... ``, ``incomplete: ...``, ..."""
   match status:
-    case Ok(arrays=n):
-      return f"ok ({n} arrays verified)"
+    case Ok(arrays=n, params_only=params_only):
+      also = "; params only, the optimizer state dropped" if params_only else ""
+      return f"ok ({n} arrays verified{also})"
     case Corrupt(path=path, expected=expected, found=found, more=more, what=what):
       also = f" (and {more} more arrays)" if more else ""
       return (f"corrupt: {what} {path} has digest {found}, its save recorded {expected}"

@@ -4,8 +4,9 @@
 
 ``workdir`` receives ``config.json``, ``run.json`` (the run's identity, recorded by every
 checkpoint: :mod:`fp8jax.train.run_identity`), ``metrics.jsonl``,
-``checkpoints/<step>/`` (step 0, every ``train.save_every`` steps and the last step) and,
-if asked, ``tensorboard/``.
+``checkpoints/<step>/`` (step 0, every ``train.save_every`` steps and the last step; with
+``train.full_state="last"`` only the newest keeps the optimizer state:
+:mod:`fp8jax.train.full_state`) and, if asked, ``tensorboard/``.
 Everything that can be checked before compute is checked first (see
 :mod:`fp8jax.train.run_config`). A workdir that already holds checkpoints is only
 continued with ``resume=True``, which restores the latest checkpoint (params, optimizer
@@ -164,13 +165,13 @@ def _restore_latest(ckpt, target, stream):
   way) and the run resumes from the one before, saying so; else its error is raised."""
   steps = ckpt.all_steps()
   try:
-    return (steps[-1], *ckpt.restore(steps[-1], target)[:2])
+    return (steps[-1], *ckpt.restore(steps[-1], target, "--resume")[:2])
   except CheckpointError as e:
     if len(steps) < 2:
       raise
     try:
-      state, position, _ = ckpt.restore(steps[-2], target)
-    except CheckpointError:
+      state, position, _ = ckpt.restore(steps[-2], target, "--resume")
+    except (CheckpointError, ckpt_lib.ParamsOnlyCheckpointError):
       raise e from None
     path = ckpt.step_path(steps[-1])
     kind = ("corrupt" if isinstance(e, CorruptCheckpointError) else
@@ -213,7 +214,10 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
     step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
     if cfg.precision.fp8_param_gather:
       print(f"[train] {param_gather.describe(abstract.params)}", file=stream, flush=True)
-    ckpt = (ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every)
+    ckpt = (ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every,
+                                  full_state=cfg.train.full_state,
+                                  keep_full=cfg.train.full_state_steps,
+                                  params_dtype=cfg.train.checkpoint_params_dtype)
             if cfg.train.checkpoints else ckpt_lib.NoCheckpointer(workdir / "checkpoints"))
     writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
               else metrics_log.NoWriter())

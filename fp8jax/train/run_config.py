@@ -30,11 +30,13 @@ import ml_collections
 from fp8jax.models import config as model_config_lib
 from fp8jax.models import deepseek_moe
 from fp8jax.models import policy as policy_lib
+from fp8jax.train import full_state, optim
 from fp8jax.train import loss_scale as loss_scale_lib
-from fp8jax.train import optim
 
 RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_every",
-                     "train.tensorboard", "train.peak_tflops", "train.noise_probe_every")
+                     "train.tensorboard", "train.peak_tflops", "train.noise_probe_every",
+                     "train.full_state", "train.full_state_steps",
+                     "train.checkpoint_params_dtype")
 """Keys a ``--resume`` may change freely: they change neither a step's computation nor the
 data the run has read (``skip_bad_records``: a run that stopped at a bad record read none,
 and the records it skipped stay skipped). ``train.steps`` may change too, if the LR
@@ -87,6 +89,12 @@ def defaults() -> ml_collections.ConfigDict:
       tensorboard=False,
       checkpoints=True,                 # False: no checkpoint at all (speed runs); such a
                                         # run cannot be resumed
+      full_state="all",                 # "last": only the newest checkpoint (and those at
+                                        # full_state_steps) keeps the optimizer state, the
+                                        # others the params only (fp8jax.train.full_state)
+      full_state_steps=(),              # steps whose checkpoints keep it ("last" only)
+      checkpoint_params_dtype="",       # "bfloat16": checkpoints store the params in BF16,
+                                        # the newest the exact ones too ("last" only)
       noise_probe_every=0,              # N > 0: every N-th step also logs the BF16 gradient's
                                         # norm against the quantization noise's (a multiple
                                         # of log_every; fp8jax.train.noise_probe)
@@ -208,6 +216,25 @@ def _check_precision(p) -> None:
                      f"precision.loss_scale_min {lo}, got {init}")
 
 
+def _check_full_state(t) -> None:
+  if t.full_state not in full_state.MODES:
+    raise ValueError(f"train.full_state must be one of {full_state.MODES}, got "
+                     f"{t.full_state!r}")
+  steps = t.full_state_steps
+  if isinstance(steps, str | int) or not all(
+      isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps):
+    raise ValueError(f"train.full_state_steps must be a tuple of steps (integers >= 0), got "
+                     f"{steps!r}")
+  if t.checkpoint_params_dtype not in full_state.PARAMS_DTYPES:
+    raise ValueError(f"train.checkpoint_params_dtype must be one of "
+                     f"{full_state.PARAMS_DTYPES}, got {t.checkpoint_params_dtype!r}")
+  for key, value in (("full_state_steps", tuple(steps)),
+                     ("checkpoint_params_dtype", t.checkpoint_params_dtype)):
+    if value and t.full_state != "last":
+      raise ValueError(f"train.{key}={value!r} needs train.full_state='last' (with 'all' "
+                       "every checkpoint keeps its full state, in the params' own dtype)")
+
+
 def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPolicy]:
   """Checks everything that needs no data or devices; returns (model config, policy)."""
   bad = _unknown_keys(cfg, defaults())
@@ -231,6 +258,7 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
                      f"train.log_every {t.log_every}, got {t.noise_probe_every}")
   if not isinstance(t.checkpoints, bool):
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
+  _check_full_state(t)
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:
     raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
                      f"{t.moe_impl!r}")

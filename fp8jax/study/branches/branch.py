@@ -222,6 +222,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
   if missing or not steps:
     raise ValueError(f"checkpoints {missing or steps} are not in {train_workdir}; available: "
                      f"{available}")
+  ckpt.check_full_state(steps, "branch")  # params-only checkpoints: before any compile
   if not allow_policy_change:
     check_trained_policies(ckpt, steps)
   expr = {p.name: sweep.expression(p) for p in pols}
@@ -351,7 +352,7 @@ class _Engine:
     """The reference and ``group`` trained ``k`` steps from checkpoint ``from_step``; their
     branches.jsonl lines (the reference's first)."""
     target = loop.restore_target(self.abstract, self.sharding)
-    state, position, meta = ckpt.restore(from_step, target)
+    state, position, meta = ckpt.restore(from_step, target, "branch")
     del meta  # its policy was checked before any step (check_trained_policies)
     batches = self._batches(position)
     noise_names = self.branches.noise_names()
