@@ -6,7 +6,7 @@
   run replays the same examples;
 * ``explore``: 40 fresh examples per property from one seed per run, printed in the
   pytest header; ``FP8JAX_HYPOTHESIS_SEED=N`` (or ``--hypothesis-seed=N``) replays a run.
-  CI runs the numerics property tests once more this way after the suite (``.ci/run``);
+  CI runs every property test once more this way after the suite (``.ci/run``);
 * ``thorough``: 1000 examples, and the tests marked ``thorough`` (many-example repeats of
   property tests that also run at default size), which the other profiles leave out.
 """
