@@ -5,6 +5,8 @@ The reference builds the Sylvester matrix from its closed form ``H[i, j] = (-1)*
 & j)``, multiplies each block of the data by the signs elementwise and then by ``H / 4``,
 in float64, and rounds with ml_dtypes."""
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 import jax
@@ -146,6 +148,17 @@ def test_configs_default_to_te_and_keep_the_old_option():
   signs = np.random.default_rng(2).choice([-1.0, 1.0], size=16)
   np.testing.assert_allclose(np.asarray(dense.wgrad_transform(x, old), np.float64),
                              _reference(np.asarray(x), signs, "float32"), atol=1e-6)
+
+
+def test_ideal_recipe_differs_from_the_recipe_in_its_transform_and_rounding_only():
+  new, ideal = recipes.recipe("nvfp4_recipe"), recipes.recipe("nvfp4_recipe_ideal")
+  assert (ideal.rht_signs, ideal.rht_dtype, ideal.roles.grad.sr_bits) == (
+      "random", "float32", 24)
+  assert (new.rht_signs, new.rht_dtype, new.roles.grad.sr_bits) == ("te", "bfloat16", 8)
+  back = ideal.replace(rht_signs="te", rht_dtype="bfloat16", roles=dataclasses.replace(
+      ideal.roles, grad=ideal.roles.grad.replace(sr_bits=8)))
+  assert back == new
+  assert recipes.BF16_TAIL["nvfp4_recipe_ideal"] == recipes.BF16_TAIL["nvfp4_recipe"]
 
 
 def test_config_validation():

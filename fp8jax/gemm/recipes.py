@@ -40,7 +40,9 @@ weight along different axes), ``nvfp4_recipe_no_sr`` (dY rounded to nearest) and
 
 The idealised forms of the recipe's two random elements stay available as fields:
 ``recipe("nvfp4_recipe").replace(rht_signs="random", rht_dtype="float32")`` (signs drawn
-from ``hadamard_seed``, the transform in float32) and a grad spec with ``sr_bits=24``.
+from ``hadamard_seed``, the transform in float32) and a grad spec with ``sr_bits=24``;
+``nvfp4_recipe_ideal`` has both (the recipe as this library simulated it before it
+followed Transformer Engine's signs and the hardware's 8-bit stochastic rounding).
 """
 
 from __future__ import annotations
@@ -87,9 +89,13 @@ RECIPES["nvfp4_recipe_no_2d"] = RECIPES["nvfp4_recipe"].replace(
 RECIPES["nvfp4_recipe_no_sr"] = RECIPES["nvfp4_recipe"].replace(
     roles=dataclasses.replace(RECIPES["nvfp4_recipe"].roles, grad=_NVFP4))
 RECIPES["nvfp4_recipe_no_tail"] = RECIPES["nvfp4_recipe"]
+RECIPES["nvfp4_recipe_ideal"] = RECIPES["nvfp4_recipe"].replace(
+    rht_signs="random", rht_dtype="float32",
+    roles=dataclasses.replace(RECIPES["nvfp4_recipe"].roles,
+                              grad=RECIPES["nvfp4_recipe"].roles.grad.replace(sr_bits=24)))
 
 BF16_TAIL = {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_rht": 0.16, "nvfp4_recipe_no_2d": 0.16,
-             "nvfp4_recipe_no_sr": 0.16}
+             "nvfp4_recipe_no_sr": 0.16, "nvfp4_recipe_ideal": 0.16}
 """Share of a model's final layers whose linear layers a recipe keeps in BF16 (the NVFP4
 recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
 

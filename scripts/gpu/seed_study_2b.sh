@@ -17,7 +17,7 @@
 # binaries resume from what they wrote).
 # SIZE=tiny: the same stages at tiny size on CPU (train_tiny.py's model, STEPS=8). More
 # from the environment: STEPS, SAVE_EVERY, BRANCH_FROM (steps), K, TEXT_MB, WARMUP,
-# POLICIES (compare), BRANCH_POLICIES, OFFSETS, BATCHES, BATCH_SIZE, EXTRA (more
+# (BRANCH_FROM= : no branches), POLICIES (compare), BRANCH_POLICIES, OFFSETS, BATCHES, BATCH_SIZE, EXTRA (more
 # --config.* flags), PY (default python3).
 set -uo pipefail
 results=${1:?usage: seed_study_2b.sh RESULTS [DEADLINE_S]}
@@ -30,7 +30,7 @@ results=$(cd "$results" && pwd)
 if [ "$size" = tiny ]; then
   work=${WORK:-/tmp/ds_tiny}
   config=experiments/configs/train_tiny.py
-  steps=${STEPS:-8} save_every=${SAVE_EVERY:-2} branch_from=${BRANCH_FROM:-4,8} k=${K:-2}
+  steps=${STEPS:-8} save_every=${SAVE_EVERY:-2} branch_from=${BRANCH_FROM-4,8} k=${K:-2}
   text_mb=${TEXT_MB:-1} vocab=320 warmup=${WARMUP:-2}
   size_flags=(--config.data.seq_len=32 --config.data.global_batch=4)
   policies=${POLICIES:-seed,noise(attn_l0-3_e4m3),noise(moe_l0-3_e4m3)}
@@ -42,7 +42,7 @@ if [ "$size" = tiny ]; then
 else
   work=${WORK:-/tmp/ds2b}
   config=experiments/configs/train_2b_c4.py
-  steps=${STEPS:-2000} save_every=${SAVE_EVERY:-200} branch_from=${BRANCH_FROM:-400,800,1200,1600,2000}
+  steps=${STEPS:-2000} save_every=${SAVE_EVERY:-200} branch_from=${BRANCH_FROM-400,800,1200,1600,2000}
   k=${K:-50} text_mb=${TEXT_MB:-64} vocab=8192 warmup=${WARMUP:-200}
   size_flags=(--config.train.checkpoint_params_dtype=bfloat16)
   policies=${POLICIES:-seed,noise(attn_l0-8_e4m3),noise(moe_l0-8_e4m3)}
