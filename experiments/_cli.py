@@ -8,7 +8,9 @@ Bad input, unwritable outputs and full disks end the binary with one line on std
 (:class:`fp8jax.data.folder_lock.FolderLockedError`), a missing file, a permission
 denied, a path that is a file where a folder belongs or the reverse, a full or read-only
 file system (``OSError`` with ``ENOSPC``, ``EDQUOT`` or ``EROFS``), a config file that does
-not load and a ``--config.<field>`` override that does not apply. Other exceptions are
+not load, a ``--config.<field>`` override that does not apply and a flag value of the wrong
+type (``--config.train.steps=abc``: absl alone would exit 1 with two lines). Other
+exceptions are
 bugs and keep their traceback; with ``--verbosity=1`` (or higher) every error does.
 
 Every binary keeps JAX's persistent compilation cache (:mod:`fp8jax.train.compile_cache`):
@@ -88,6 +90,16 @@ def fail(text: str) -> None:
   sys.exit(EXIT_BAD_INPUT)
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parse with a flag error (an unknown flag, a value of the wrong type) as one
+  line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(f"bad command line: {_one_line(e)}")
+    raise  # not reached: fail exits
+
+
 def run(main) -> None:
   """``app.run(main)`` with the persistent compilation cache set up (``--compile_cache``),
   and with the known errors of flag parsing and of ``main`` as one line
@@ -102,7 +114,7 @@ def run(main) -> None:
     return main(argv)
 
   try:
-    app.run(wrapped)
+    app.run(wrapped, flags_parser=_parse_flags)
   except (SystemExit, KeyboardInterrupt):
     raise
   except Exception as e:  # pylint: disable=broad-except
