@@ -53,6 +53,12 @@ def _run(args: list[str], cwd) -> subprocess.CompletedProcess:
                         env=env, cwd=cwd, timeout=120)
 
 
+def _fuzzed(data, names: list[str]) -> list[str]:
+  """One to three ``--NAME=VALUE`` flags drawn from ``names`` and :data:`VALUES`."""
+  chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3))
+  return [f"--{n}={data.draw(VALUES)}" for n in chosen]
+
+
 def _check(out: subprocess.CompletedProcess) -> None:
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
   assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
@@ -67,10 +73,8 @@ def test_train_with_fuzzed_flags_and_overrides(tmp_path_factory, data):
   folder = tmp_path_factory.mktemp("fuzz")
   workdir = folder / "a_file"
   workdir.write_text("not a folder")
-  names = data.draw(st.lists(st.sampled_from(
-      [n for n in _binary_flags("train") if n not in ("workdir", "config")] + _config_keys()),
-      min_size=1, max_size=3))
-  args = [f"--{n}={data.draw(VALUES)}" for n in names]
+  names = [n for n in _binary_flags("train") if n not in ("workdir", "config")]
+  args = _fuzzed(data, names + _config_keys())
   _check(_run(["fp8jax.experiments.train",
                f"--config={REPO / 'experiments/configs/train_tiny.py'}",
                f"--workdir={workdir}", *args], folder))
@@ -82,8 +86,6 @@ def test_train_with_fuzzed_flags_and_overrides(tmp_path_factory, data):
 def test_compare_with_fuzzed_flags(tmp_path_factory, data):
   folder = tmp_path_factory.mktemp("fuzz")
   missing = folder / "no_run"
-  names = data.draw(st.lists(st.sampled_from(
-      [n for n in _binary_flags("compare") if n != "train_workdir"]), min_size=1, max_size=3))
-  args = [f"--{n}={data.draw(VALUES)}" for n in names]
+  args = _fuzzed(data, [n for n in _binary_flags("compare") if n != "train_workdir"])
   _check(_run(["fp8jax.experiments.compare", f"--train_workdir={missing}",
                f"--out={folder / 'out'}", *args], folder))
