@@ -9,15 +9,24 @@ in checkpoints.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+
+_CHUNK = 1024  # documents per tokenizer call
 
 
 def pack(docs, tokenizer, seq_len: int) -> np.ndarray:
-  """int32 [num_sequences, seq_len] from the documents, with EOS after each one."""
+  """int32 [num_sequences, seq_len] from the documents, with EOS after each one (the
+  documents tokenized ``_CHUNK`` at a time by ``tokenizer.encode_batch``)."""
   if seq_len < 2:
     raise ValueError(f"seq_len must be >= 2, got {seq_len}")
   eos = np.asarray([tokenizer.eos_id], np.int32)
-  stream = np.concatenate([np.concatenate([tokenizer.encode(d), eos]) for d in docs])
+  docs, parts = iter(docs), []
+  while chunk := list(itertools.islice(docs, _CHUNK)):
+    for ids in tokenizer.encode_batch(chunk):
+      parts += [np.asarray(ids, np.int32), eos]
+  stream = np.concatenate(parts) if parts else np.zeros(0, np.int32)
   n = len(stream) // seq_len
   if n == 0:
     raise ValueError(f"the documents hold {len(stream)} tokens, fewer than one sequence "

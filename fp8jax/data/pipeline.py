@@ -5,7 +5,8 @@ Sources (:data:`SOURCES`):
 * ``"embedded"``: the Python documentation's help topics
   (:func:`fp8jax.data.sources.embedded_corpus`), packed in memory.
 * ``"synthetic:<MB>"``: that many megabytes of generated text that does not repeat within
-  a long run (:mod:`fp8jax.data.synthetic`), packed in memory.
+  a long run (:mod:`fp8jax.data.synthetic`), packed in memory (kept on disk with
+  ``$FP8JAX_DATA_CACHE``: :mod:`fp8jax.data.packed_cache`).
 * ``"files"``: document shards given as ``paths`` (files, folders or globs: ``.json.gz``
   such as the allenai/c4 shards, ``.jsonl[.gz]``, ``.txt[.gz]``, ``.parquet``, TFRecord),
   streamed with flat memory (:mod:`fp8jax.data.stream`).
@@ -31,7 +32,16 @@ import hashlib
 import json
 import pathlib
 
-from fp8jax.data import packing, prepared, shards, sources, stream, synthetic, tfds_source
+from fp8jax.data import (
+  packed_cache,
+  packing,
+  prepared,
+  shards,
+  sources,
+  stream,
+  synthetic,
+  tfds_source,
+)
 
 SOURCES = ("embedded", "synthetic:<MB>", "files", "prepared", "tfds:<name>")
 
@@ -219,7 +229,11 @@ def make_batches(source: str, tokenizer, seq_len: int, global_batch: int, seed: 
     it = tfds_source.StreamingBatches(what, tokenizer, seq_len, global_batch, **procs)
   elif kind == "tfds":
     it = tfds_source.StreamingBatches(what, tokenizer, seq_len, global_batch, **procs)
+  elif kind == "synthetic":  # generated and tokenized once per machine with a cache
+    sequences = packed_cache.packed(
+        lambda: packing.pack(synthetic.corpus(what), tokenizer, seq_len), ident, seq_len)
+    it = packing.BatchIterator(sequences, global_batch, **procs)
   else:
-    docs = synthetic.corpus(what) if kind == "synthetic" else sources.embedded_corpus()
-    it = packing.BatchIterator(packing.pack(docs, tokenizer, seq_len), global_batch, **procs)
+    it = packing.BatchIterator(packing.pack(sources.embedded_corpus(), tokenizer, seq_len),
+                               global_batch, **procs)
   return DataStream(it, ident, _legacy_id(kind, what, tokenizer, field))

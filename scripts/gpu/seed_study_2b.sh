@@ -44,8 +44,8 @@ else
   config=experiments/configs/train_2b_c4.py
   steps=${STEPS:-2000} save_every=${SAVE_EVERY:-200} branch_from=${BRANCH_FROM-400,800,1200,1600,2000}
   # 2000 x 16 x 2048 = 65.5M tokens; the 8192-id BPE gives 5.2 bytes per token on this
-  # text, so 400 MB is read once (64 MB would repeat about 4 epochs). Each binary's start
-  # generates and tokenizes it again (minutes: est_start).
+  # text, so 400 MB is read once (64 MB would repeat about 4 epochs). The first start
+  # generates and tokenizes it (minutes), later ones read FP8JAX_DATA_CACHE.
   k=${K:-50} text_mb=${TEXT_MB:-400} vocab=8192 warmup=${WARMUP:-200}
   size_flags=(--config.train.checkpoint_params_dtype=bfloat16)
   policies=${POLICIES:-seed,noise(attn_l0-8_e4m3),noise(moe_l0-8_e4m3)}
@@ -58,6 +58,8 @@ read -r -a extra <<<"${EXTRA:-}"
 mkdir -p "$work/done" "$work/logs"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export FP8JAX_COMPILE_CACHE=${FP8JAX_COMPILE_CACHE:-$work/jax_cache}
+# The generated text, tokenized and packed once, read back by every later start.
+export FP8JAX_DATA_CACHE=${FP8JAX_DATA_CACHE:-$work/data_cache}
 call=$(date -u +%Y%m%dT%H%M%S)
 calls=$work/logs/calls.txt
 { echo "call $call: SIZE=$size deadline ${deadline}s"
