@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import NoReturn
 
 from absl import app, flags
 
@@ -84,7 +85,7 @@ def _verbose() -> bool:
                for a in sys.argv[1:])
 
 
-def fail(text: str) -> None:
+def fail(text: str) -> NoReturn:
   """Prints ``error: text`` on stderr and exits with status 2."""
   print(f"error: {text}", file=sys.stderr, flush=True)
   sys.exit(EXIT_BAD_INPUT)
@@ -97,7 +98,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(f"bad command line: {_one_line(e)}")
-    raise  # not reached: fail exits
 
 
 def run(main) -> None:

@@ -114,11 +114,7 @@ def flush(step_dir: pathlib.Path) -> None:
   """Writes every file and folder of ``step_dir`` through to the disk (fsync)."""
   for root, dirs, files in os.walk(step_dir):
     for name in files + dirs + ["."]:
-      fd = os.open(os.path.join(root, name), os.O_RDONLY)
-      try:
-        os.fsync(fd)
-      finally:
-        os.close(fd)
+      flush_dir(os.path.join(root, name))
 
 
 def problem(step_dir: pathlib.Path, meta: dict) -> str | None:
@@ -156,7 +152,8 @@ def drop(step_dir: pathlib.Path) -> None:
     shutil.rmtree(gone)
 
 
-def flush_dir(path: pathlib.Path) -> None:
+def flush_dir(path) -> None:
+  """fsync of one file or folder (a folder: the names in it)."""
   fd = os.open(path, os.O_RDONLY)
   try:
     os.fsync(fd)
