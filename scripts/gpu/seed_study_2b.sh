@@ -16,9 +16,12 @@
 # (default 540) seconds; one that overruns is stopped with SIGTERM at the deadline (the
 # binaries resume from what they wrote).
 # SIZE=tiny: the same stages at tiny size on CPU (train_tiny.py's model, STEPS=8). More
-# from the environment: STEPS, SAVE_EVERY, BRANCH_FROM (steps), K, TEXT_MB, WARMUP,
-# (BRANCH_FROM= : no branches), POLICIES (compare), BRANCH_POLICIES, OFFSETS, BATCHES, BATCH_SIZE, EXTRA (more
-# --config.* flags), PY (default python3).
+# from the environment: STEPS, SAVE_EVERY, BRANCH_FROM (steps; BRANCH_FROM= : none),
+# BRANCH_AFTER (steps whose checkpoints keep their optimizer state, branched after the
+# compare and the report, which then runs again: no training restart per branch point,
+# but a full checkpoint on disk each), K, TEXT_MB, WARMUP, POLICIES (compare),
+# BRANCH_POLICIES, OFFSETS, BATCHES, BATCH_SIZE, EXTRA (more --config.* flags), PY
+# (default python3).
 set -uo pipefail
 results=${1:?usage: seed_study_2b.sh RESULTS [DEADLINE_S]}
 deadline=${2:-540}
@@ -54,6 +57,10 @@ else
   est_start=${EST_START:-120} est_step=${EST_STEP:-0.2} est_ckpt=${EST_CKPT:-90} est_branch=${EST_BRANCH:-300}
 fi
 branch_policies=${BRANCH_POLICIES:-seed}
+branch_after=${BRANCH_AFTER:-}
+opt_item=optimizer  # fp8jax.train.full_state.ITEM
+keep_full=()
+[ -n "$branch_after" ] && keep_full=(--config.train.full_state_steps="($branch_after,)")
 read -r -a extra <<<"${EXTRA:-}"
 mkdir -p "$work/done" "$work/logs"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -144,7 +151,7 @@ train_to() {  # train_to STEP: trains (or resumes) to STEP; its rc
     --config.data.tokenizer="$work/tok/tokenizer.json" --config.train.steps="$1" \
     --config.optim.total_steps="$steps" --config.optim.warmup_steps="$warmup" \
     --config.train.save_every="$save_every" --config.train.full_state=last \
-    "${size_flags[@]}" "${extra[@]}"
+    "${keep_full[@]}" "${size_flags[@]}" "${extra[@]}"
 }
 IFS=, read -r -a branch_steps <<<"$branch_from"
 targets=$(printf '%s\n' "${branch_steps[@]}" "$steps" | sort -n -u)
@@ -210,14 +217,42 @@ while ((${#todo[@]})); do
   todo=("${todo[@]:n}")
 done
 
-# 4. The report, with the branches.
-if [ ! -f "$work/done/report" ]; then
+# 4. The report, with the branches so far.
+report() {  # report MARKER: the report of the compare (and the branches), then MARKER
   fits "$est_start" || { echo "no time for the report"; exit 0; }
-  branch_flag=()
-  [ -d "$work/branch" ] && branch_flag=(--branch="$work/branch")  # BRANCH_FROM= : none
+  local branch_flag=()
+  [ -d "$work/branch" ] && branch_flag=(--branch="$work/branch")  # no branches: none
   run_unit report "$py" scripts/run.py fp8jax.experiments.report --results="$work/compare" \
     "${branch_flag[@]}" || { echo "report failed: $work/logs/report.log"; exit 1; }
-  touch "$work/done/report"
+  touch "$work/done/$1"
+}
+[ -f "$work/done/report" ] || report report
+
+# 5. The BRANCH_AFTER branches, as many checkpoints per call as fit, then the report again.
+if [ -n "$branch_after" ]; then
+  IFS=, read -r -a late <<<"$branch_after"
+  todo=()
+  for s in "${late[@]}"; do [ -f "$work/done/branch_$s" ] || todo+=("$s"); done
+  while ((${#todo[@]})); do
+    for s in "${todo[@]}"; do
+      [ -d "$work/train/checkpoints/$s/$opt_item" ] || {
+        echo "error: BRANCH_AFTER step $s: its checkpoint holds no optimizer state"; exit 1; }
+    done
+    per=$(measured branch "$est_branch")
+    n=$(awk -v l="$(left)" -v p="$per" -v r="$est_start" 'BEGIN { print int((l - r) / p) }')
+    ((n > 0)) || { echo "no time for the branches from ${todo[*]}"; exit 0; }
+    unit=("${todo[@]:0:n}")
+    s=$SECONDS
+    run_unit branch "$py" scripts/run.py fp8jax.experiments.branch --train_workdir="$work/train" \
+      --out="$work/branch" --policies="$branch_policies" --k="$k" \
+      --from_steps="$(IFS=,; echo "${unit[*]}")" \
+      || { rc=$?; echo "branches stopped: $work/logs/branch.log (rc $rc)"; ((rc == 124 || rc == 137)) && exit 0; exit 1; }
+    awk -v d="$((SECONDS - s))" -v n="${#unit[@]}" 'BEGIN { print d / n }' >"$work/est_branch"
+    for s in "${unit[@]}"; do touch "$work/done/branch_$s"; done
+    rm -f "$work/done/report_branches"
+    todo=("${todo[@]:n}")
+  done
+  [ -f "$work/done/report_branches" ] || report report_branches
 fi
 touch "$work/done/all"
 echo "all stages done in $work; results in $results"
