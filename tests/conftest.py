@@ -13,6 +13,7 @@
 
 import os
 import secrets
+import zlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Many tests (and the binaries they start) compile the same tiny-model functions: a
@@ -54,14 +55,21 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-  """How to replay this run's hypothesis examples."""
+  """How to replay this run's hypothesis examples; the slow tier's shard, if one."""
   seed = config.getoption("hypothesis_seed", None)
   if settings.default.derandomize:
-    return f"fp8jax hypothesis: profile {PROFILE}, derandomized (fixed examples)"
-  if seed is not None:
-    return (f"fp8jax hypothesis: profile {PROFILE}, seed {seed}; replay with "
-            f"FP8JAX_HYPOTHESIS={PROFILE} {SEED_VARIABLE}={seed}")
-  return f"fp8jax hypothesis: profile {PROFILE}, random examples (failures print a blob)"
+    lines = [f"fp8jax hypothesis: profile {PROFILE}, derandomized (fixed examples)"]
+  elif seed is not None:
+    lines = [f"fp8jax hypothesis: profile {PROFILE}, seed {seed}; replay with "
+             f"FP8JAX_HYPOTHESIS={PROFILE} {SEED_VARIABLE}={seed}"]
+  else:
+    lines = [f"fp8jax hypothesis: profile {PROFILE}, random examples (failures print a blob)"]
+  shard = _shard()
+  if shard:
+    lines.append(f"fp8jax slow tests: shard {shard[0]}/{shard[1]} (the files whose path's "
+                 f"CRC-32 is {shard[0]} mod {shard[1]}, and {', '.join(EVERY_SHARD)}); every "
+                 f"one: {SHARD_VARIABLE}=all")
+  return lines
 
 
 # The longest tests of the slow tier (minutes each on 2 cores), run first: xdist hands out
@@ -77,15 +85,51 @@ RUN_FIRST = ("tests/test_multihost.py", "tests/test_multidevice.py",
              "tests/test_data_parallel.py")
 
 
+SHARD_VARIABLE = "FP8JAX_SLOW_SHARD"
+"""``i/k``: only the slow tests of the files in shard ``i`` of ``k`` (:func:`slow_shard`);
+unset or ``all``: every one. CI runs one shard per commit (``.ci/run``)."""
+EVERY_SHARD = ("tests/test_notebooks.py",)
+"""Slow files that run in every shard: the notebooks are executed in every CI run."""
+
+
+def slow_shard(path: str, k: int) -> int:
+  """The shard (0..k-1) of a test file, by the CRC-32 of its path from the repository
+  root (``tests/test_x.py``): a file's tests, and the fixtures they share, stay together."""
+  return zlib.crc32(path.encode()) % k
+
+
+def _shard() -> tuple[int, int] | None:
+  value = os.environ.get(SHARD_VARIABLE, "all")
+  if value == "all":
+    return None
+  try:
+    i, k = (int(x) for x in value.split("/"))
+  except ValueError:
+    i, k = -1, 0
+  if not 0 <= i < k:
+    raise pytest.UsageError(f"{SHARD_VARIABLE}={value!r}: expected 'i/k' with 0 <= i < k, "
+                            "or 'all'")
+  return i, k
+
+
 def pytest_collection_modifyitems(config, items):
-  """Leaves out the tests marked ``thorough`` unless FP8JAX_HYPOTHESIS=thorough, and puts
-  the :data:`RUN_FIRST` tests first."""
+  """Leaves out the tests marked ``thorough`` unless FP8JAX_HYPOTHESIS=thorough, and the
+  slow tests outside the :data:`SHARD_VARIABLE` shard; puts the :data:`RUN_FIRST` tests
+  first."""
   items.sort(key=lambda item: not item.nodeid.startswith(RUN_FIRST))  # stable
-  if THOROUGH:
-    return
-  keep = [item for item in items if item.get_closest_marker("thorough") is None]
+  shard = _shard()
+
+  def kept(item) -> bool:
+    if not THOROUGH and item.get_closest_marker("thorough") is not None:
+      return False
+    if shard is None or item.get_closest_marker("slow") is None:
+      return True
+    path = item.nodeid.split("::")[0]
+    return path in EVERY_SHARD or slow_shard(path, shard[1]) == shard[0]
+
+  keep = [item for item in items if kept(item)]
   if len(keep) != len(items):
-    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    config.hook.pytest_deselected(items=[i for i in items if not kept(i)])
     items[:] = keep
 
 
