@@ -66,7 +66,7 @@ def pytest_report_header(config):
     lines = [f"fp8jax hypothesis: profile {PROFILE}, random examples (failures print a blob)"]
   shard = _shard()
   if shard:
-    lines.append(f"fp8jax slow tests: shard {shard[0]}/{shard[1]} (the files whose path's "
+    lines.append(f"fp8jax slow tests: shard {shard[0]}/{shard[1]} (the tests whose id's "
                  f"CRC-32 is {shard[0]} mod {shard[1]}, and {', '.join(EVERY_SHARD)}); every "
                  f"one: {SHARD_VARIABLE}=all")
   return lines
@@ -92,10 +92,11 @@ EVERY_SHARD = ("tests/test_notebooks.py",)
 """Slow files that run in every shard: the notebooks are executed in every CI run."""
 
 
-def slow_shard(path: str, k: int) -> int:
-  """The shard (0..k-1) of a test file, by the CRC-32 of its path from the repository
-  root (``tests/test_x.py``): a file's tests, and the fixtures they share, stay together."""
-  return zlib.crc32(path.encode()) % k
+def slow_shard(nodeid: str, k: int) -> int:
+  """The shard (0..k-1) of a test, by the CRC-32 of its id (``tests/test_x.py::test_y[p]``):
+  the longest files' tests spread over the shards. A run takes one shard, so a fixture
+  that tests of one file share is still built at most once per run."""
+  return zlib.crc32(nodeid.encode()) % k
 
 
 def _shard() -> tuple[int, int] | None:
@@ -124,8 +125,8 @@ def pytest_collection_modifyitems(config, items):
       return False
     if shard is None or item.get_closest_marker("slow") is None:
       return True
-    path = item.nodeid.split("::")[0]
-    return path in EVERY_SHARD or slow_shard(path, shard[1]) == shard[0]
+    return (item.nodeid.split("::")[0] in EVERY_SHARD
+            or slow_shard(item.nodeid, shard[1]) == shard[0])
 
   keep = [item for item in items if kept(item)]
   if len(keep) != len(items):

@@ -1,10 +1,12 @@
 """The binaries keep JAX's persistent compilation cache: where it lives, how to move or turn
 it off, and that a second run in a fresh process compiles nothing new."""
 
+import io
 import os
 import pathlib
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -46,7 +48,8 @@ def _run(*args, **env):
 
 
 def _entries(folder: pathlib.Path) -> set[str]:
-  return {p.name for p in folder.rglob("*") if p.is_file() and not p.name.endswith("-atime")}
+  return {p.name for p in folder.rglob("*") if p.is_file() and not p.name.endswith("-atime")
+          and p.name != compile_cache.CHECKED}
 
 
 @pytest.mark.slow
@@ -111,3 +114,47 @@ def test_the_training_binary_reruns_without_compiling(tmp_path):
     assert "[train] compiled the step in" in out.stderr
     entries.append(_entries(cache))
   assert len(entries[0]) >= 3 and entries[1] == entries[0]
+
+
+def _entry(folder: pathlib.Path, name: str, data: bytes, mtime: float | None = None):
+  for path, content in ((folder / f"{name}-cache", data), (folder / f"{name}-atime", b"t")):
+    path.write_bytes(content)
+    if mtime is not None:
+      os.utime(path, (mtime, mtime))
+
+
+def test_repair_removes_entries_cut_short_once_each(tmp_path):
+  from jax._src import compilation_cache as jcc  # pylint: disable=import-outside-toplevel
+
+  whole = jcc.compress_executable(zlib.compress(os.urandom(4000)) * 3)
+  _entry(tmp_path, "good", whole)
+  _entry(tmp_path, "cut", whole[: len(whole) // 2])  # a write stopped by a full disk
+  _entry(tmp_path, "empty", b"")
+  out = io.StringIO()
+  assert sorted(compile_cache.repair(tmp_path, out)) == ["cut-cache", "empty-cache"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      compile_cache.CHECKED, "good-atime", "good-cache"]
+  assert out.getvalue().count("\n") == 1 and "removed 2 damaged entries" in out.getvalue()
+  # Only entries written since the last check are read again.
+  old = (tmp_path / compile_cache.CHECKED).stat().st_mtime - 60
+  _entry(tmp_path, "old", b"", mtime=old)
+  _entry(tmp_path, "new", whole[:10])
+  out = io.StringIO()
+  assert compile_cache.repair(tmp_path, out) == ["new-cache"]
+  assert (tmp_path / "old-cache").exists() and "removed 1 damaged entry " in out.getvalue()
+  assert compile_cache.repair(tmp_path / "missing", out) == []
+
+
+@pytest.mark.slow
+def test_a_cache_damaged_by_a_full_disk_heals_at_the_next_run(tmp_path):
+  cache = tmp_path / "cache"
+  hits, misses = _run(f"--compile_cache={cache}")
+  for entry in cache.glob("*-cache"):  # every entry cut short, as a full disk leaves them
+    entry.write_bytes(entry.read_bytes()[:100])
+  out = subprocess.run([sys.executable, "-c", _BINARY, f"--compile_cache={cache}"],
+                       env=_env(), capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"removed {misses} damaged entries" in out.stderr
+  assert "Error reading persistent compilation cache" not in out.stderr
+  assert out.stdout.split()[-3::2] == ["0", str(misses)]  # compiled again, written whole
+  assert _run(f"--compile_cache={cache}") == (misses, 0)

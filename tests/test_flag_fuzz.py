@@ -4,8 +4,8 @@ for 2, one line on stderr; never a traceback (experiments/_cli.py).
 The flags come from the binaries' own sources (every ``flags.DEFINE_*`` of the module) and,
 for ``train``, from every key of :func:`fp8jax.train.run_config.defaults` as a
 ``--config.<key>`` override. So that a valid command line ends quickly, ``train`` is given
-a workdir that is a file and ``compare`` a training run that does not exist: every command
-line is then an error, of the flags or of the path.
+a workdir that is a file, and ``compare`` and the other binaries an input that does not
+exist: every command line is then an error, of the flags or of the path.
 """
 
 import json
@@ -89,3 +89,29 @@ def test_compare_with_fuzzed_flags(tmp_path_factory, data):
   args = _fuzzed(data, [n for n in _binary_flags("compare") if n != "train_workdir"])
   _check(_run(["fp8jax.experiments.compare", f"--train_workdir={missing}",
                f"--out={folder / 'out'}", *args], folder))
+
+
+# Binaries given a missing input, so that every fuzzed command line is an error: the
+# fixed flags, and the flags left out of the fuzzing (those fixed, and ``--out`` where a
+# valid value would start work).
+_MISSING = {
+    "branch": (["--train_workdir={m}", "--out={f}/out"], ("train_workdir", "out")),
+    "verify": (["--workdir={m}"], ("workdir",)),
+    "report": (["--results={m}"], ("results",)),
+    "convert_hf": (["--hf_dir={m}", "--out={f}/out"], ("hf_dir", "out")),
+    "compare_runs": (["--runs={m},{m}2", "--out={f}/out"], ("runs", "out")),
+    "prepare_data": (["--input={m}.jsonl", "--out={f}/out"], ("input", "out")),
+    "train_tokenizer": (["--input={m}.jsonl", "--out={f}/out"], ("input", "out")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("binary", sorted(_MISSING))
+@settings(max_examples=3)
+@given(data=st.data())
+def test_other_binaries_with_fuzzed_flags(tmp_path_factory, binary, data):
+  folder = tmp_path_factory.mktemp("fuzz")
+  fixed, left_out = _MISSING[binary]
+  fixed = [a.format(m=folder / "missing", f=folder) for a in fixed]
+  args = _fuzzed(data, [n for n in _binary_flags(binary) if n not in left_out])
+  _check(_run([f"fp8jax.experiments.{binary}", *fixed, *args], folder))

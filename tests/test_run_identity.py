@@ -52,6 +52,9 @@ def test_runs_without_an_identity_are_not_checked(tmp_path):
 def test_a_resume_sets_a_foreign_newest_checkpoint_aside(train_run, tmp_path):
   """The issue's case: another run's checkpoint placed as the newest of this workdir; the
   resume keeps it (renamed ``<step>.foreign``) and continues this run from its own."""
+  identity = run_identity.read(train_run)  # names the data, as each checkpoint's position
+  position = json.loads((train_run / "checkpoints" / "4" / "data" / "metadata").read_text())
+  assert identity["data"] and identity["data"] == position["data"]
   c = run_config.load_saved(train_run)
   c.seed, c.train.steps, c.optim.total_steps = c.seed + 1, 2, 4
   work = tmp_path / "mine"

@@ -207,7 +207,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
       tmp.replace(workdir / "config.json")
 
     if main and not (has_run and run_identity.read(workdir)):  # a new run, or one from
-      run_identity.create(workdir, cfg)  # before identities: its checkpoints from now on
+      # before identities (its checkpoints record it from now on)
+      run_identity.create(workdir, cfg, getattr(data, "data", None))
     multihost.barrier("fp8jax_run_identity")
     tx = optimizer_for(cfg)
     init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh, policy)

@@ -1,10 +1,12 @@
 """The identity of a training run, so that a checkpoint copied in from another run is
 recognised: ``<workdir>/run.json``, written when the run starts.
 
-    identity = create(workdir, cfg)   # {"id", "seed", "model", "policy", "created"}
-    identity == read(workdir)
+    identity = create(workdir, cfg, data)  # {"id", "seed", "model", "policy", "data",
+    identity == read(workdir)                #  "created"}
 
-Every checkpoint records its run's identity in its meta (``meta["run"]``,
+``data`` is the data's id (:func:`fp8jax.data.pipeline.data_id`: the source, its files or
+manifest and the tokenizer, digested), the same that each checkpoint's data position
+records. Every checkpoint records its run's identity in its meta (``meta["run"]``,
 :class:`fp8jax.train.checkpoint.Checkpointer` reads it from the folder above its
 checkpoints); a restore, ``verify`` or ``compare`` of a checkpoint whose recorded ``id`` is
 not its workdir's finds it :class:`~fp8jax.train.checkpoint_digest.Foreign`. Runs (and
@@ -21,11 +23,11 @@ import uuid
 FILE = "run.json"
 
 
-def create(workdir, cfg) -> dict:
-  """A new identity for the run starting in ``workdir`` (written atomically; any earlier
-  one, of a run that saved nothing, replaced)."""
+def create(workdir, cfg, data: str | None = None) -> dict:
+  """A new identity for the run starting in ``workdir`` on the data named ``data`` (written
+  atomically; any earlier one, of a run that saved nothing, replaced)."""
   identity = {"id": uuid.uuid4().hex, "seed": int(cfg.seed), "model": str(cfg.model),
-              "policy": str(cfg.policy),
+              "policy": str(cfg.policy), "data": data,
               "created": datetime.datetime.now(datetime.UTC).isoformat(
                   timespec="seconds")}
   path = pathlib.Path(workdir) / FILE
