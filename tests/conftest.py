@@ -86,8 +86,9 @@ RUN_FIRST = ("tests/test_multihost.py", "tests/test_multidevice.py",
 
 
 SHARD_VARIABLE = "FP8JAX_SLOW_SHARD"
-"""``i/k``: only the slow tests of the files in shard ``i`` of ``k`` (:func:`slow_shard`);
-unset or ``all``: every one. CI runs one shard per commit (``.ci/run``)."""
+"""``i/k``: of the slow tests, only those in shard ``i`` of ``k`` (:func:`slow_shard`) and
+those of :data:`EVERY_SHARD`; unset or ``all``: every one. CI runs one shard per commit
+(``.ci/run``)."""
 EVERY_SHARD = ("tests/test_notebooks.py",)
 """Slow files that run in every shard: the notebooks are executed in every CI run."""
 
