@@ -129,9 +129,11 @@ def pytest_collection_modifyitems(config, items):
     return (item.nodeid.split("::")[0] in EVERY_SHARD
             or slow_shard(item.nodeid, shard[1]) == shard[0])
 
-  keep = [item for item in items if kept(item)]
-  if len(keep) != len(items):
-    config.hook.pytest_deselected(items=[i for i in items if not kept(i)])
+  keep, drop = [], []
+  for item in items:
+    (keep if kept(item) else drop).append(item)
+  if drop:
+    config.hook.pytest_deselected(items=drop)
     items[:] = keep
 
 

@@ -99,6 +99,26 @@ run_unit() {  # run_unit LOG CMD...: CMD under the deadline (SIGTERM, then SIGKI
 latest_step() {
   ls "$work/train/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -1
 }
+units() {  # units NAME EST FLAG CMD...: the steps in todo, as many per run of CMD as fit
+  # (EST: seconds per step beyond a binary's start, until measured), each run given
+  # FLAG=<its steps>; done/NAME_<step> after each run
+  local name=$1 est=$2 flag=$3 per n s rc
+  shift 3
+  while ((${#todo[@]})); do
+    per=$(measured "${name}_step" "$est")
+    n=$(awk -v l="$(left)" -v b="$est_start" -v p="$per" 'BEGIN { print int((l - b) / p) }')
+    ((n > 0)) || { echo "no time for $name of ${todo[*]}"; exit 0; }
+    unit=("${todo[@]:0:n}")
+    s=$SECONDS
+    run_unit "$name" "$@" "$flag=$(IFS=,; echo "${unit[*]}")" || {
+      rc=$?; echo "$name stopped: $work/logs/$name.log (rc $rc)"
+      ((rc == 124 || rc == 137)) && exit 0; exit 1; }
+    awk -v d="$((SECONDS - s))" -v b="$est_start" -v n="${#unit[@]}" \
+      'BEGIN { v = (d - b) / n; print (v > 1 ? v : 1) }' >"$work/est_${name}_step"
+    for s in "${unit[@]}"; do touch "$work/done/${name}_$s"; done
+    todo=("${todo[@]:n}")
+  done
+}
 sync_results() {  # the small files that come back, from WORK to RESULTS
   mkdir -p "$results/train/checkpoints" "$results/logs" "$results/done"
   cp -f "$work"/logs/* "$results/logs/" 2>/dev/null
@@ -201,21 +221,9 @@ fi
 ckpts=$(ls "$work/train/checkpoints" | grep -E '^[0-9]+$' | sort -n)
 todo=()
 for s in $ckpts; do [ -f "$work/done/compare_$s" ] || todo+=("$s"); done
-while ((${#todo[@]})); do
-  per=$(measured ckpt "$est_ckpt")
-  n=$(awk -v l="$(left)" -v b="$est_start" -v p="$per" 'BEGIN { print int((l - b) / p) }')
-  ((n > 0)) || { echo "no time to compare checkpoints ${todo[*]}"; exit 0; }
-  unit=("${todo[@]:0:n}")
-  s=$SECONDS
-  run_unit compare "$py" scripts/run.py fp8jax.experiments.compare --train_workdir="$work/train" \
-    --out="$work/compare" --policies="$policies" --steps="$(IFS=,; echo "${unit[*]}")" \
-    --offsets="$offsets" --batches="$batches" --batch_size="$batch_size" "${compare_flags[@]}" \
-    || { rc=$?; echo "compare stopped: $work/logs/compare.log (rc $rc)"; ((rc == 124 || rc == 137)) && exit 0; exit 1; }
-  awk -v d="$((SECONDS - s))" -v b="$est_start" -v n="${#unit[@]}" \
-    'BEGIN { v = (d - b) / n; print (v > 1 ? v : 1) }' >"$work/est_ckpt"
-  for s in "${unit[@]}"; do touch "$work/done/compare_$s"; done
-  todo=("${todo[@]:n}")
-done
+units compare "$est_ckpt" --steps "$py" scripts/run.py fp8jax.experiments.compare \
+  --train_workdir="$work/train" --out="$work/compare" --policies="$policies" \
+  --offsets="$offsets" --batches="$batches" --batch_size="$batch_size" "${compare_flags[@]}"
 
 # 4. The report, with the branches so far.
 report() {  # report MARKER: the report of the compare (and the branches), then MARKER
@@ -233,25 +241,13 @@ if [ -n "$branch_after" ]; then
   IFS=, read -r -a late <<<"$branch_after"
   todo=()
   for s in "${late[@]}"; do [ -f "$work/done/branch_$s" ] || todo+=("$s"); done
-  while ((${#todo[@]})); do
-    for s in "${todo[@]}"; do
-      [ -d "$work/train/checkpoints/$s/$opt_item" ] || {
-        echo "error: BRANCH_AFTER step $s: its checkpoint holds no optimizer state"; exit 1; }
-    done
-    per=$(measured branch "$est_branch")
-    n=$(awk -v l="$(left)" -v p="$per" -v r="$est_start" 'BEGIN { print int((l - r) / p) }')
-    ((n > 0)) || { echo "no time for the branches from ${todo[*]}"; exit 0; }
-    unit=("${todo[@]:0:n}")
-    s=$SECONDS
-    run_unit branch "$py" scripts/run.py fp8jax.experiments.branch --train_workdir="$work/train" \
-      --out="$work/branch" --policies="$branch_policies" --k="$k" \
-      --from_steps="$(IFS=,; echo "${unit[*]}")" \
-      || { rc=$?; echo "branches stopped: $work/logs/branch.log (rc $rc)"; ((rc == 124 || rc == 137)) && exit 0; exit 1; }
-    awk -v d="$((SECONDS - s))" -v n="${#unit[@]}" 'BEGIN { print d / n }' >"$work/est_branch"
-    for s in "${unit[@]}"; do touch "$work/done/branch_$s"; done
-    rm -f "$work/done/report_branches"
-    todo=("${todo[@]:n}")
+  for s in "${todo[@]}"; do
+    [ -d "$work/train/checkpoints/$s/$opt_item" ] || {
+      echo "error: BRANCH_AFTER step $s: its checkpoint holds no optimizer state"; exit 1; }
   done
+  ((${#todo[@]})) && rm -f "$work/done/report_branches"
+  units branch "$est_branch" --from_steps "$py" scripts/run.py fp8jax.experiments.branch \
+    --train_workdir="$work/train" --out="$work/branch" --policies="$branch_policies" --k="$k"
   [ -f "$work/done/report_branches" ] || report report_branches
 fi
 touch "$work/done/all"
