@@ -38,6 +38,10 @@ def main(argv):
   if not _INPUT.value or not _OUT.value:
     print("error: --input and --out are required", file=sys.stderr)
     return 2
+  if not 0 < _SAMPLE_MB.value < float("inf"):
+    print(f"error: --sample_mb must be a number of megabytes > 0, got {_SAMPLE_MB.value}",
+          file=sys.stderr)
+    return 2
   try:
     meta = bpe.train_bpe(_INPUT.value, _OUT.value, vocab_size=_VOCAB.value,
                          sample_bytes=int(_SAMPLE_MB.value * 1e6), field=_FIELD.value,

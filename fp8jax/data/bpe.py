@@ -21,6 +21,7 @@ check it against ``tokenizers``) and several times faster, for ``prepare_data``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import pathlib
 import sys
@@ -119,20 +120,24 @@ def train_bpe(inputs, out, vocab_size: int = 8192, sample_bytes: int = 256 * 10*
   ``out/tokenizer.json`` and ``out/tokenizer_meta.json``; returns the metadata.
 
   Raises:
-    ValueError: ``vocab_size`` leaves no room for merges (< 259), or the sample is empty.
+    ValueError: ``vocab_size`` leaves no room for merges (< 259), ``sample_bytes`` is not
+      positive, or the sample is empty.
   """
   log = log or sys.stderr
   if vocab_size < 259:
     raise ValueError(f"vocab_size {vocab_size} is below the 256 byte symbols + 2 special "
                      "tokens + 1 merge")
+  if sample_bytes <= 0:
+    raise ValueError(f"the sample size must be > 0 bytes, got {sample_bytes}")
+  stats = {}
+  docs = sample_documents(inputs, sample_bytes, field, seed, skip_bad, stats, log)
+  first = next(docs, None)  # opens the inputs: a missing one is the only line printed
   out = pathlib.Path(out).expanduser()
   out.mkdir(parents=True, exist_ok=True)
   tok, trainer = build(vocab_size)
-  stats = {}
   print(f"[tokenizer] sampling {progress.format_bytes(sample_bytes)} of text, then learning "
         f"{vocab_size} ids", file=log, flush=True)
-  tok.train_from_iterator(sample_documents(inputs, sample_bytes, field, seed, skip_bad, stats,
-                                           log), trainer)
+  tok.train_from_iterator(itertools.chain(() if first is None else (first,), docs), trainer)
   if stats["documents"] == 0:
     raise ValueError(f"no documents in field {field!r} of {inputs}")
   path = out / "tokenizer.json"
