@@ -218,10 +218,13 @@ class DeepseekMoE(nnx.Module):
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
                train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
                moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False,
-               deterministic: bool = False, scan_layers=False, layer_params=None):
+               deterministic: bool = False, scan_layers=False, layer_params=None,
+               param_transform=None):
     """``layer_params``: the decoder layers' params in either layout of
     :mod:`fp8jax.models.layer_stack` (the ``layers`` and ``layer_runs`` entries of a params
-    tree), used in place of the layer modules' own (then only their structure is read)."""
+    tree), used in place of the layer modules' own (then only their structure is read);
+    ``param_transform``: applied to each decoder layer's params where the layer runs (see
+    :func:`apply`)."""
     cfg = self.cfg
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
@@ -241,10 +244,14 @@ class DeepseekMoE(nnx.Module):
     for group in groups:
       if len(group) == 1:
         layer = layer_stack.module(self.layers, group[0], layer_params)
+        if param_transform is not None:
+          graphdef, state = nnx.split(layer)
+          layer = nnx.merge(graphdef, param_transform(state))
         h, outs[group[0]] = step(layer, h, group[0], delayed_state)
       else:
         stacked = layer_stack.run_state(self.layers, group, layer_params)
-        h, per_layer = layer_scan.scan(step, *stacked, group, h, delayed_state, opts)
+        h, per_layer = layer_scan.scan(step, *stacked, group, h, delayed_state, opts,
+                                       param_transform)
         outs.update(per_layer)
     tel, gemm_tel, aux_losses, routing = {}, {}, {}, {}
     for i in range(n):  # in layer order, as the unrolled loop records them
@@ -331,7 +338,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
           moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
           delayed_state=None, gemm_telemetry: bool = False, deterministic: bool = False,
-          scan_layers=False):
+          scan_layers=False, param_transform=None):
   """Forward pass.
 
   Args:
@@ -368,6 +375,12 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       their last bit (then, through routing and FP8 rounding, by more). A
       :class:`fp8jax.models.layer_scan.ScanOptions` scans with its unrolling and
       rematerialization.
+    param_transform: a function of a params tree, applied to each decoder layer's params
+      where that layer runs (each layer of the loop, each iteration of a scan) and to each
+      of the other top-level entries (embedding, final norm, head) where the forward pass
+      starts; None: none. Data parallelism passes
+      :func:`fp8jax.train.data_parallel.mean_in_backward`, which averages each part's
+      gradient over the replicas as soon as the backward pass has it.
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -380,12 +393,15 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   if sorted(i for unit in stored for i in unit) != list(range(cfg.num_hidden_layers)):
     raise ValueError(f"the params hold layers {stored}, the model has "
                      f"{cfg.num_hidden_layers}: each layer once, per layer or stacked")
-  model = nnx.merge(graphdef, layer_stack.filled(state, {
-      k: v for k, v in params.items() if k not in layer_params}))
+  rest = {k: v for k, v in params.items() if k not in layer_params}
+  if param_transform is not None:
+    rest = {k: param_transform(v) for k, v in rest.items()}
+  model = nnx.merge(graphdef, layer_stack.filled(state, rest))
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
                moe_groups=moe_groups, delayed_state=delayed_state,
                gemm_telemetry=gemm_telemetry, deterministic=deterministic,
-               scan_layers=scan_layers, layer_params=layer_params)
+               scan_layers=scan_layers, layer_params=layer_params,
+               param_transform=param_transform)
 
 
 def lm_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:

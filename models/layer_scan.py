@@ -98,13 +98,14 @@ def _stack(trees: list):
 
 
 def scan(step, graphdef, stacked, group: list[int], h, delayed_state,
-         opts: ScanOptions = ScanOptions()):
+         opts: ScanOptions = ScanOptions(), param_transform=None):
   """Runs ``step(layer, h, index, delayed) -> (h, out)`` over the layers ``group`` (alike
   per :func:`signature`) as one scan, with the decisions of the first; ``graphdef``: the
   first layer's (the others differ only in their index attribute); ``stacked``: their
   param state with a leading axis ``len(group)`` (:func:`stack_states`, or params stored
   stacked: :mod:`fp8jax.models.layer_stack`); ``delayed``: the histories of that layer,
-  ``{site: {group[0]: histories}}``; ``opts``: unrolling and rematerialization.
+  ``{site: {group[0]: histories}}``; ``opts``: unrolling and rematerialization;
+  ``param_transform``: applied to each layer's params in its iteration (None: none).
 
   Returns:
     (h after the last layer, ``{index: out}`` per layer of ``group``).
@@ -115,6 +116,8 @@ def scan(step, graphdef, stacked, group: list[int], h, delayed_state,
 
   def body(h, xs):
     params, histories = xs
+    if param_transform is not None:
+      params = param_transform(params)
     return step(nnx.merge(graphdef, params), h, first,
                 {site: {first: v} for site, v in histories.items()})
 

@@ -37,6 +37,28 @@ def losses(devices):
   return out, len(state.params["norm"]["weight"].sharding.device_set)
 
 
+def per_layer_reduction() -> bool:
+  """Whether the train step on the 4 devices, its layers scanned over params stored
+  stacked, gives the same state and metrics bit for bit with each layer's gradients
+  averaged in the backward pass (the default) as with the whole gradient averaged at the
+  end."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  cfg = mc.tiny(dtype="float32")
+  tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
+  mesh = mesh_lib.data_mesh()
+  state = jax.device_get(step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16,
+                                              stacked=True)(0))  # each step donates its own
+  tokens = jax.random.randint(jax.random.key(3), (8, 16), 0, cfg.vocab_size)
+  outs = []
+  for per_layer in (True, False):
+    step = mesh_lib.shard_step(step_lib.make_train_step(
+        cfg, tx, mesh=mesh, scan_layers=True, reduce_per_layer=per_layer), mesh)
+    outs.append(jax.device_get(step(jax.device_put(state, mesh_lib.replicated(mesh)),
+                                    jax.device_put(tokens, mesh_lib.batch_sharding(mesh)))))
+  return all(jax.tree.leaves(jax.tree.map(np.array_equal, *outs)))
+
+
 def _config():
   from fp8jax.train import run_config  # pylint: disable=import-outside-toplevel
 
@@ -98,7 +120,8 @@ def run_part(part: str) -> dict:
       return run_sweeps(tmp)
     one, _ = losses(jax.devices()[:1])
     four, n = losses(jax.devices())
-    out = {"one": one, "four": four, "devices": n, **run_loops(tmp)}
+    out = {"one": one, "four": four, "devices": n, **run_loops(tmp),
+           "per_layer_equal": per_layer_reduction()}
     try:
       mesh_lib.check_global_batch(6, mesh_lib.data_mesh())
     except ValueError as e:

@@ -32,6 +32,7 @@ def test_four_devices_train_as_one():
   for name in ("four", "fsdp", "one4"):
     np.testing.assert_allclose(result[f"train_{name}"], result["train_one"], rtol=2e-5)
   assert "not divisible by the 4 devices" in result["loop_error"]
+  assert result["per_layer_equal"]
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ results are those of the plain program.
 from __future__ import annotations
 
 import contextvars
+import functools
 import re
 
 import jax
@@ -116,6 +117,39 @@ def _bound_axes():
 def mean(tree):
   """The mean over the replicas of every leaf (inside :func:`per_device`)."""
   return lax.pmean(tree, _bound_axes())
+
+
+def mean_in_backward(tree):
+  """``tree`` unchanged; its cotangent (the gradient with respect to it) averaged over the
+  replicas (inside :func:`per_device`). Applied where a part of the params is used (each
+  decoder layer's where that layer runs: ``deepseek_moe.apply``'s ``param_transform``),
+  each part's gradient is averaged as soon as the backward pass has it, so that its
+  all-reduce runs while the backward pass goes on through the layers before it, instead of
+  one reduction of the whole gradient at the end. The same values as :func:`mean` of the
+  gradient, element by element."""
+  return _mean_in_backward(_bound_axes(), tree)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _mean_in_backward(axes, tree):
+  del axes
+  return tree
+
+
+def _mean_in_backward_fwd(axes, tree):
+  del axes
+  return tree, None
+
+
+def _mean_in_backward_bwd(axes, _, cotangent):
+  def one(ct):
+    if ct.dtype == jax.dtypes.float0:  # integer leaves have no gradient to reduce
+      return ct
+    return lax.pmean(ct, axes)
+  return (jax.tree.map(one, cotangent),)
+
+
+_mean_in_backward.defvjp(_mean_in_backward_fwd, _mean_in_backward_bwd)
 
 
 def total(tree):

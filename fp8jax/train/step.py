@@ -95,7 +95,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                     fp8_param_gather: bool = False, with_routing: bool = False,
                     deterministic: bool = False, scan_layers: bool = False, mesh=None,
-                    replicas: int | None = None):
+                    replicas: int | None = None, reduce_per_layer: bool = False):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
   ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
   (:mod:`fp8jax.train.data_parallel`; the state replicated; ``replicas``: their number,
@@ -105,13 +105,19 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   keywords: the precision options of the module docstring; ``deterministic``: the
   embedding's gradient without atomics (:mod:`fp8jax.train.determinism`); ``scan_layers``:
   alike consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`: less to
-  trace and compile, the same results)."""
+  trace and compile, the same results); ``reduce_per_layer`` (with ``mesh``): each
+  layer's gradients averaged over the replicas where the backward pass leaves that layer
+  (:func:`fp8jax.train.data_parallel.mean_in_backward`), so that XLA may overlap those
+  all-reduces with the rest of the backward pass; False (the default): the whole gradient
+  averaged at its end, 2.6-3.6% faster on 2 and 4 H200s (XLA did not overlap them;
+  docs/performance.md). The same values either way."""
 
-  def objective(params, delayed, tokens, scale):
+  def objective(params, delayed, tokens, scale, param_transform=None):
     used = param_gather.gather(params) if fp8_param_gather else params
     logits, aux = deepseek_moe.apply(used, tokens, cfg, policy, moe_impl=moe_impl,
                                      moe_groups=moe_groups, delayed_state=delayed,
-                                     deterministic=deterministic, scan_layers=scan_layers)
+                                     deterministic=deterministic, scan_layers=scan_layers,
+                                     param_transform=param_transform)
     lm = deepseek_moe.lm_loss(logits, tokens)
     loss = lm + aux["aux_loss"]
     routing = aux["routing"] if with_routing else {}
@@ -120,7 +126,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   if mesh is not None and moe_groups != 1:
     raise ValueError(f"moe_groups is {moe_groups}, but with a mesh each device dispatches "
                      "its own tokens: leave it at 1")
-  gradients = _gradients(objective, mesh, replicas)
+  gradients = _gradients(objective, mesh, replicas, reduce_per_layer)
 
   def step(state: TrainState, tokens):
     scale = None if loss_scale is None else state.loss_scale["scale"]
@@ -159,24 +165,30 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   return step
 
 
-def _gradients(objective, mesh, replicas):
+def _gradients(objective, mesh, replicas, reduce_per_layer=True):
   """``(params, delayed, tokens, scale) -> (loss, lm, aux, routing, grads, delayed)``:
   the objective's values and its gradients with respect to the params and the amax
   histories (their update), over the global batch; with ``mesh``, per device and then
-  combined (:mod:`fp8jax.train.data_parallel`)."""
-  def local(params, delayed, tokens, scale):
+  combined (:mod:`fp8jax.train.data_parallel`), the gradients in the backward pass with
+  ``reduce_per_layer``."""
+  def local(params, delayed, tokens, scale, param_transform=None):
     (_, (loss, lm, aux, routing)), (grads, new_delayed) = jax.value_and_grad(
-        objective, argnums=(0, 1), has_aux=True)(params, delayed, tokens, scale)
+        objective, argnums=(0, 1), has_aux=True)(params, delayed, tokens, scale,
+                                                 param_transform)
     return loss, lm, aux, routing, grads, new_delayed
 
   if mesh is None:
     return local
 
   def combined(params, delayed, tokens, scale):
-    loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale)
+    if reduce_per_layer:
+      loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale,
+                                                         dp.mean_in_backward)
+    else:
+      loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale)
+      grads = dp.mean(grads)
     rows, counts = dp.split_routing(routing)
-    return (*dp.mean((loss, lm, aux)), rows, counts, dp.mean(grads),
-            dp.maximum(new_delayed))
+    return (*dp.mean((loss, lm, aux)), rows, counts, grads, dp.maximum(new_delayed))
 
   run = dp.per_device(combined, mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS, dp.SAME),
                       out_specs=(dp.SAME,) * 3 + (dp.ROWS,) + (dp.SAME,) * 3,

@@ -3,7 +3,7 @@ process (so that each peak memory is its own); docs/performance.md has the metho
 
     python scripts/bench/data_parallel.py --part=train --devices=2 [--scan-layers]
         [--storage=stacked|per_layer] [--scan-unroll=0] [--scan-remat=POLICY]
-        [--route=per_device|gspmd] [--batch=8]
+        [--route=per_device|gspmd] [--reduce=at_end|per_layer] [--batch=8]
         [--out=$OUT/dp_train_2.json]
 
 ``--scan-layers`` scans the runs of alike layers; ``--storage`` says how their params are
@@ -14,7 +14,9 @@ storage); ``--scan-unroll`` and ``--scan-remat`` set ``layer_scan.ScanOptions``.
 ``--batch`` is per device (sequences of ``--seq`` tokens): the global batch is
 ``batch x devices`` (weak scaling). ``--route=gspmd`` is the one program over the global
 batch that XLA partitions (the route FSDP takes), ``per_device`` the data-parallel
-replicas of ``fp8jax.train.data_parallel``.
+replicas of ``fp8jax.train.data_parallel``. ``--reduce``: the replicas average the whole
+gradient after the backward pass (``at_end``, the default, as the trainer does) or each
+layer's gradients in it (``per_layer``: ``data_parallel.mean_in_backward``).
 
 Recorded: the tracing (``lower``) and compile times (the paired functions compiled
 side by side in threads, as the sweep compiles them), the median step time after a
@@ -24,6 +26,7 @@ MFU per GPU (``fp8jax.train.flops``), each device's peak memory and XLA's temp s
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import os
 import pathlib
@@ -68,23 +71,24 @@ def _tokens(cfg, mesh, n, batch, seq):
                                                    cfg.vocab_size), mesh) for i in range(3)]
 
 
-def _tag(scan, storage):
+def _tag(scan, storage, reduce="at_end"):
+  end = "_reduce_per_layer" if reduce == "per_layer" else ""
   if not scan:
-    return "loop"
-  tag = "scan" if storage == "stacked" else "scan_per_layer"
+    return "loop" + end
+  tag = ("scan" if storage == "stacked" else "scan_per_layer") + end
   if scan.unroll:  # the default, 0, unrolls the whole run
     tag += "_rolled" if scan.unroll == 1 else f"_unroll{scan.unroll}"
   return tag + (f"_remat_{scan.remat}" if scan.remat else "")
 
 
-def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
+def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce):
   tx = optim.optimizer(optim.OptimConfig())
   runs = dm.layer_runs(cfg, pl.BF16) if scan and storage == "stacked" else None
   store = (lambda p: layer_stack.stack(p, runs)) if runs else (lambda p: p)
   per_device = route == "per_device"
   step = mesh_lib.shard_step(step_lib.make_train_step(
       cfg, tx, moe_impl=moe_impl, moe_groups=1 if per_device else n, scan_layers=scan,
-      mesh=mesh if per_device else None), mesh)
+      mesh=mesh if per_device else None, reduce_per_layer=reduce == "per_layer"), mesh)
   init = jax.jit(lambda k: step_lib.init_state(store(dm.init(cfg, k)), tx),
                  out_shardings=mesh_lib.replicated(mesh))
   holder = {"state": init(jax.random.key(0))}
@@ -101,21 +105,22 @@ def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
   t_step, ts = median_time(run, [(x,) for x in toks], runs=10)
   tps = batch * n * seq / t_step
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record(f"train_{n}gpu_{_tag(scan, storage)}_{route}", devices=n,
+  record(f"train_{n}gpu_{_tag(scan, storage, reduce)}_{route}", devices=n,
          batch_per_device=batch, seq=seq, trace_s=trace_s, compile_s=compile_s,
          ms=t_step * 1e3, tokens_per_s=tps,
          mfu_per_gpu=flops.mfu(tps, cfg, seq, peak, n) or float("nan"),
          peak_gib=_peaks_gib(mesh.devices.flat), temp_gib=temp, collectives=kinds, times=ts)
 
 
-def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage):
+def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce):
   del route  # the evaluator always runs per device
-  tag = _tag(scan, storage)
+  tag = _tag(scan, storage, reduce)
   last = cfg.num_hidden_layers - 1
   first = 0 if cfg.is_moe_layer(0) else 1
   policies = [pl.parse_policy(p.replace("l0-8", f"l{first}-{last}")) for p in POLICIES]
-  ev = paired.PairedEvaluator(model_api.deepseek(cfg, scan), policies, mesh, moe_impl,
-                              telemetry=False)
+  model = dataclasses.replace(model_api.deepseek(cfg, scan),
+                              param_transform=reduce == "per_layer")
+  ev = paired.PairedEvaluator(model, policies, mesh, moe_impl, telemetry=False)
   params = jax.jit(lambda k: dm.init(cfg, k), out_shardings=mesh_lib.replicated(mesh))(
       jax.random.key(0))
   if storage == "stacked":
@@ -169,6 +174,9 @@ def main():
   ap.add_argument("--scan-remat", default=None, help="with --scan-layers: a "
                   "jax.checkpoint_policies name (what a layer keeps for the backward pass)")
   ap.add_argument("--route", choices=["per_device", "gspmd"], default="per_device")
+  ap.add_argument("--reduce", choices=["at_end", "per_layer"], default="at_end",
+                  help="the replicas' gradients averaged after the backward pass, or per "
+                  "layer in it")
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"])
   ap.add_argument("--model", default="deepseek_moe_2b", help="a models.config name "
                   "(tiny: a CPU smoke run)")
@@ -185,7 +193,8 @@ def main():
   try:
     scan = (layer_scan.ScanOptions(args.scan_unroll, args.scan_remat) if args.scan_layers
             else None)
-    part(cfg, mesh, n, args.batch, args.seq, scan, args.route, args.moe_impl, args.storage)
+    part(cfg, mesh, n, args.batch, args.seq, scan, args.route, args.moe_impl, args.storage,
+         args.reduce)
   except Exception as err:  # pylint: disable=broad-except
     record(f"{args.part}_{n}gpu_failed", error=f"{type(err).__name__}: {str(err)[:400]}")
   record(f"{args.part}_{n}gpu_wall", seconds=time.perf_counter() - t,

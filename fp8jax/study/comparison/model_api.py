@@ -66,6 +66,11 @@ class StudyModel:
     store: params -> the params in the layout the model computes on (DeepSeek-MoE with
       ``scan_layers``: stacked per run of alike layers, :mod:`fp8jax.models.layer_stack`;
       arrays or ``jax.ShapeDtypeStruct``); gradients and metrics stay per layer.
+    param_transform: whether ``apply`` also takes ``param_transform=fn``, applied to each
+      part of the params where it is used (:func:`fp8jax.models.deepseek_moe.apply`): the
+      data-parallel replicas then average each layer's gradients in the backward pass
+      (``dataclasses.replace(model, param_transform=True)``; off in :func:`deepseek`: on
+      4 H200s it was no faster).
   """
   name: str
   abstract_params: Callable[[], Any]
@@ -79,6 +84,7 @@ class StudyModel:
   describe: Callable[[Any], dict] | None = None
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   store: Callable[[Any], Any] = lambda params: params
+  param_transform: bool = False
 
   def policy_meta(self, policy) -> dict:
     """The ``meta.json`` entry of ``policy``."""
@@ -108,11 +114,12 @@ def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
   from fp8jax.study.comparison import policies as policies_lib
 
   def apply(params, tokens, policy, *, delayed=None, moe_groups=1, moe_impl="dispatch",
-            telemetry=False, deterministic=False):
+            telemetry=False, deterministic=False, param_transform=None):
     return deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
                               moe_groups=moe_groups, delayed_state=delayed,
                               gemm_telemetry=telemetry and policy.gemm is not None,
-                              deterministic=deterministic, scan_layers=scan_layers)
+                              deterministic=deterministic, scan_layers=scan_layers,
+                              param_transform=param_transform)
 
   return StudyModel(
       name="deepseek_moe", abstract_params=lambda: deepseek_moe.abstract_params(cfg),

@@ -64,10 +64,11 @@ def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
   """The training objective; its aux: LM loss, balance loss (0 without one), routing
   (``{}`` without) and, with ``telemetry``, the GEMM recipe's operand telemetry sums
   (``{}`` without a recipe)."""
-  def loss_fn(params, tokens, delayed=None):
+  def loss_fn(params, tokens, delayed=None, param_transform=None):
+    more = {} if param_transform is None else {"param_transform": param_transform}
     logits, aux = model.apply(params, tokens, policy, moe_impl=moe_impl,
                               moe_groups=moe_groups, delayed=delayed, telemetry=telemetry,
-                              deterministic=deterministic)
+                              deterministic=deterministic, **more)
     lm = model.loss(logits, tokens)
     if "aux_loss" not in aux:
       return lm, (lm, jnp.zeros((), lm.dtype), aux.get("routing", {}),
@@ -77,19 +78,26 @@ def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
   return loss_fn
 
 
-def _per_device_grads(loss_fn, mesh, replicas, grad_specs=None):
+def _per_device_grads(loss_fn, mesh, replicas, grad_specs=None, in_backward=False):
   """``jax.value_and_grad(loss_fn, has_aux=True)`` for ``loss_fn(params, tokens, delayed)
   -> (loss, (lm, aux_loss, routing, telemetry))`` (:func:`_objective`), each device on its
   own rows and the results combined (:mod:`fp8jax.train.data_parallel`): the program each
   device compiles is the one-device program at its share of the batch. ``grad_specs``:
   the gradients left split over the devices as these ``PartitionSpec``s say (a
-  reduce-scatter), or None: whole on every device."""
+  reduce-scatter), or None: whole on every device; ``in_backward`` (without
+  ``grad_specs``; a model whose ``apply`` takes ``param_transform``): each layer's
+  gradients averaged where the backward pass leaves the layer
+  (:func:`fp8jax.train.data_parallel.mean_in_backward`), not all at its end."""
   def local(params, tokens, delayed):
+    transform = dp.mean_in_backward if in_backward else None
     (loss, (lm, aux, routing, tel)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, tokens, delayed)
+        params, tokens, delayed, transform)
     grads = layer_stack.unstack(grads)  # per layer, whatever the params' layout
     rows, counts = dp.split_routing(routing)
-    grads = dp.mean(grads) if grad_specs is None else dp.mean_scattered(grads, grad_specs)
+    if grad_specs is not None:
+      grads = dp.mean_scattered(grads, grad_specs)
+    elif not in_backward:
+      grads = dp.mean(grads)
     return dp.mean((loss, lm, aux)), rows, counts, dp.operand_telemetry(tel), grads
 
   run = dp.per_device(local, mesh, in_specs=(dp.SAME, dp.ROWS, dp.SAME),
@@ -233,7 +241,8 @@ class PairedEvaluator:
 
   def _variant_fn(self, policy, direct, moe_impl):
     grad_fp8 = _per_device_grads(self.objective(self.model, policy, moe_impl, 1,
-                                                self.telemetry), self.mesh, self.replicas)
+                                                self.telemetry), self.mesh, self.replicas,
+                                 in_backward=self.model.param_transform)
 
     def variant(params, tokens, base: Baseline, delayed):
       (loss, (lm, aux, routing, tel)), grads = grad_fp8(params, tokens, delayed)
@@ -246,7 +255,8 @@ class PairedEvaluator:
 
   def _floor_fn(self, moe_impl):
     grad_bf16 = _per_device_grads(self.objective(self.model, self.model.baseline, moe_impl,
-                                                 1), self.mesh, self.replicas)
+                                                 1), self.mesh, self.replicas,
+                                  in_backward=self.model.param_transform)
 
     def floor(params, tokens, base: Baseline, key):
       moved = noise_floor.perturb(params, key, self.floor_scale)  # the per-layer draws
