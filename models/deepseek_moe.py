@@ -32,6 +32,8 @@ from fp8jax.models.attention import attention_core, cudnn_applies, rope  # noqa:
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.policy_rules import Gemms
 
+LAYER = layer_scan.LAYER  # ``param_transform``'s ``where`` for a decoder layer's params
+
 
 def _normal(cfg: ModelConfig):
   return nnx.initializers.normal(cfg.initializer_range)
@@ -246,7 +248,7 @@ class DeepseekMoE(nnx.Module):
         layer = layer_stack.module(self.layers, group[0], layer_params)
         if param_transform is not None:
           graphdef, state = nnx.split(layer)
-          layer = nnx.merge(graphdef, param_transform(state))
+          layer = nnx.merge(graphdef, param_transform(state, LAYER))
         h, outs[group[0]] = step(layer, h, group[0], delayed_state)
       else:
         stacked = layer_stack.run_state(self.layers, group, layer_params)
@@ -375,12 +377,15 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       their last bit (then, through routing and FP8 rounding, by more). A
       :class:`fp8jax.models.layer_scan.ScanOptions` scans with its unrolling and
       rematerialization.
-    param_transform: a function of a params tree, applied to each decoder layer's params
-      where that layer runs (each layer of the loop, each iteration of a scan) and to each
-      of the other top-level entries (embedding, final norm, head) where the forward pass
-      starts; None: none. Data parallelism passes
-      :func:`fp8jax.train.data_parallel.mean_in_backward`, which averages each part's
-      gradient over the replicas as soon as the backward pass has it.
+    param_transform: ``fn(tree, where) -> tree``, applied to each decoder layer's params
+      where that layer runs (each layer of the loop, each iteration of a scan; ``where``
+      is :data:`LAYER`, the tree one layer's, stacked axis removed) and to each of the
+      other top-level entries where the forward pass starts (``where``: its key,
+      ``"embed_tokens"``, ``"norm"``, ``"lm_head"``); None: none. Data parallelism passes
+      :func:`fp8jax.train.data_parallel.mean_in_backward` (each part's gradient averaged
+      over the replicas as soon as the backward pass has it) or
+      :func:`fp8jax.train.data_parallel.gather_in_forward` (FSDP: each part's weights
+      gathered where they are used, their gradient reduce-scattered).
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -395,7 +400,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
                      f"{cfg.num_hidden_layers}: each layer once, per layer or stacked")
   rest = {k: v for k, v in params.items() if k not in layer_params}
   if param_transform is not None:
-    rest = {k: param_transform(v) for k, v in rest.items()}
+    rest = {k: param_transform(v, k) for k, v in rest.items()}
   model = nnx.merge(graphdef, layer_stack.filled(state, rest))
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
                moe_groups=moe_groups, delayed_state=delayed_state,

@@ -26,6 +26,9 @@ import jax.numpy as jnp
 
 from fp8jax.models import policy as policy_lib
 
+# ``param_transform``'s ``where`` for a decoder layer's params (deepseek_moe.apply)
+LAYER = "layer"
+
 
 def linear_paths(layer: nnx.Module) -> tuple[str, ...]:
   """The module paths (``self_attn/q_proj``, ...) of ``layer``'s linear layers."""
@@ -105,7 +108,8 @@ def scan(step, graphdef, stacked, group: list[int], h, delayed_state,
   param state with a leading axis ``len(group)`` (:func:`stack_states`, or params stored
   stacked: :mod:`fp8jax.models.layer_stack`); ``delayed``: the histories of that layer,
   ``{site: {group[0]: histories}}``; ``opts``: unrolling and rematerialization;
-  ``param_transform``: applied to each layer's params in its iteration (None: none).
+  ``param_transform``: ``fn(params, LAYER)``, applied to each layer's params in its
+  iteration (None: none; see ``deepseek_moe.apply``).
 
   Returns:
     (h after the last layer, ``{index: out}`` per layer of ``group``).
@@ -117,7 +121,7 @@ def scan(step, graphdef, stacked, group: list[int], h, delayed_state,
   def body(h, xs):
     params, histories = xs
     if param_transform is not None:
-      params = param_transform(params)
+      params = param_transform(params, LAYER)
     return step(nnx.merge(graphdef, params), h, first,
                 {site: {first: v} for site, v in histories.items()})
 

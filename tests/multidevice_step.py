@@ -59,6 +59,48 @@ def per_layer_reduction() -> bool:
   return all(jax.tree.leaves(jax.tree.map(np.array_equal, *outs)))
 
 
+def fsdp_split() -> dict:
+  """The train step with the params split over the 4 devices (FSDP in per-device programs:
+  ``make_train_step(param_specs=...)``) against the replicated state, for a model wide
+  enough that ``fsdp_sharding`` splits its weights, the layers scanned over stacked params:
+  losses, gradient norms and params after 2 steps, the split program's collectives and
+  the per-device bytes of each program's arguments."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from fp8jax.train import data_parallel as dp  # pylint: disable=import-outside-toplevel
+
+  cfg = mc.tiny(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                num_hidden_layers=4, dtype="float32")
+  tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
+  mesh = mesh_lib.data_mesh()
+  init = step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16, stacked=True)
+  state0 = jax.device_get(init(0))
+  split = mesh_lib.fsdp_sharding(jax.eval_shape(lambda: init(0)), mesh)
+  specs = jax.tree.map(lambda sh: sh.spec, split.params)
+  batches = [jax.device_put(jax.random.randint(jax.random.key(10 + i), (8, 32), 0,
+                                               cfg.vocab_size), mesh_lib.batch_sharding(mesh))
+             for i in range(2)]
+  out = {}
+  for name, param_specs, sharding in (("replicated", None, mesh_lib.replicated(mesh)),
+                                      ("fsdp", specs, split)):
+    step = mesh_lib.shard_step(step_lib.make_train_step(
+        cfg, tx, mesh=mesh, scan_layers=True, param_specs=param_specs), mesh,
+        None if param_specs is None else sharding)
+    compiled = step.lower(jax.device_put(state0, sharding), batches[0]).compile()
+    out[f"{name}_collectives"] = sorted(dp.collectives(compiled))
+    out[f"{name}_argument_bytes"] = compiled.memory_analysis().argument_size_in_bytes
+    state, rows = jax.device_put(state0, sharding), []
+    for tokens in batches:
+      state, m = step(state, tokens)
+      rows.append([float(m["loss"]), float(m["grad_norm"])])
+    out[f"{name}_rows"] = rows
+    out[f"{name}_params"] = jax.device_get(state.params)
+  diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))),
+                       out.pop("replicated_params"), out.pop("fsdp_params"))
+  out["fsdp_max_param_diff"] = max(jax.tree.leaves(diffs))
+  return out
+
+
 def _config():
   from fp8jax.train import run_config  # pylint: disable=import-outside-toplevel
 
@@ -121,7 +163,7 @@ def run_part(part: str) -> dict:
     one, _ = losses(jax.devices()[:1])
     four, n = losses(jax.devices())
     out = {"one": one, "four": four, "devices": n, **run_loops(tmp),
-           "per_layer_equal": per_layer_reduction()}
+           "per_layer_equal": per_layer_reduction(), **fsdp_split()}
     try:
       mesh_lib.check_global_batch(6, mesh_lib.data_mesh())
     except ValueError as e:

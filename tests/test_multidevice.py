@@ -33,6 +33,13 @@ def test_four_devices_train_as_one():
     np.testing.assert_allclose(result[f"train_{name}"], result["train_one"], rtol=2e-5)
   assert "not divisible by the 4 devices" in result["loop_error"]
   assert result["per_layer_equal"]
+  # FSDP in per-device programs: each device gathers a layer's weights and reduce-scatters
+  # its gradient; the same training as the replicated state, a quarter of the arguments.
+  np.testing.assert_allclose(result["fsdp_rows"], result["replicated_rows"], rtol=1e-6)
+  assert result["fsdp_max_param_diff"] < 1e-6
+  assert {"all-gather", "reduce-scatter"} <= set(result["fsdp_collectives"])
+  assert "all-gather" not in result["replicated_collectives"]
+  assert result["fsdp_argument_bytes"] < 0.35 * result["replicated_argument_bytes"]
 
 
 @pytest.mark.slow

@@ -5,10 +5,12 @@
         --config.data.tokenizer=$DEEPSEEK_16B_DIR/tokenizer.json
 
 16.4B float32 params plus two AdamW moments are ~197 GB: ``train.fsdp`` splits them over
-the ``data`` axis. 4 x H200 do not hold the step at 1 x 4096 per device: each device
-builds the whole float32 gradient (61 GiB) beside its 45.75 GiB of state
-(docs/performance.md); 8 x H200 are not measured. The tokenizer is the public model's
-(vocabulary 102400).
+the ``data`` axis, and each device gathers a layer's weights where it runs and gets its
+part of the gradient by a reduce-scatter (``data_parallel.gather_in_forward``). On 4 x
+H200 the earlier step, one program partitioned by XLA, did not fit at 1 x 4096 per device
+(each device built the whole float32 gradient, 61 GiB, beside its 45.75 GiB of state;
+docs/performance.md); the per-device step is not yet measured there. The tokenizer is the
+public model's (vocabulary 102400).
 
 Beyond one host (README, Several hosts), every process runs the same command with
 ``--distributed``, and the global batch must split over all devices (one sequence per

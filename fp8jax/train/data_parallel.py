@@ -23,6 +23,10 @@ share one device, so that fewer devices compute what more would: ``replicas``):
 * DeepSeek-MoE's balance loss is per sequence (``seq_aux``), hence unchanged; without
   ``seq_aux`` its statistics are per replica.
 
+With FSDP the params come split over the devices instead, and each device gathers a
+part's weights where the model uses it (:func:`gather_in_forward`): its gradient then
+arrives reduce-scattered, the device's part only (:func:`finish_gathered`).
+
 So a result depends on the number of replicas, as a real run's does, and not on the
 devices that carry them. With one replica every reduction is the identity and the
 results are those of the plain program.
@@ -119,14 +123,15 @@ def mean(tree):
   return lax.pmean(tree, _bound_axes())
 
 
-def mean_in_backward(tree):
+def mean_in_backward(tree, where=None):
   """``tree`` unchanged; its cotangent (the gradient with respect to it) averaged over the
   replicas (inside :func:`per_device`). Applied where a part of the params is used (each
   decoder layer's where that layer runs: ``deepseek_moe.apply``'s ``param_transform``),
   each part's gradient is averaged as soon as the backward pass has it, so that its
   all-reduce runs while the backward pass goes on through the layers before it, instead of
   one reduction of the whole gradient at the end. The same values as :func:`mean` of the
-  gradient, element by element."""
+  gradient, element by element. ``where`` (the model's name for the part) is not read."""
+  del where
   return _mean_in_backward(_bound_axes(), tree)
 
 
@@ -150,6 +155,72 @@ def _mean_in_backward_bwd(axes, _, cotangent):
 
 
 _mean_in_backward.defvjp(_mean_in_backward_fwd, _mean_in_backward_bwd)
+
+
+def _key_path(path) -> str:
+  """"self_attn/q_proj/kernel" of a key path (dict keys only: an nnx ``State``'s leaves
+  add ``.value``)."""
+  return "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
+def sharded_parts(specs) -> dict[tuple[str, str], PartitionSpec]:
+  """The ``PartitionSpec`` of every leaf of a params tree split over the devices (``specs``:
+  a tree of them like the params, e.g. of :func:`fp8jax.train.mesh.fsdp_sharding`), keyed
+  as ``deepseek_moe.apply``'s ``param_transform`` sees the leaf: ``(where, path in the
+  part)``, ``where`` a top-level key or ``"layer"`` for every decoder layer (a stacked
+  run's specs without their run axis). Alike layers must be split alike."""
+  table: dict[tuple[str, str], PartitionSpec] = {}
+  for path, spec in jax.tree_util.tree_flatten_with_path(
+      specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]:
+    keys = _key_path(path).split("/")
+    if keys[0] in ("layers", "layer_runs"):
+      where, rest = "layer", "/".join(keys[2:])
+      if keys[0] == "layer_runs":
+        spec = PartitionSpec(*tuple(spec)[1:])
+    else:
+      where, rest = keys[0], "/".join(keys[1:])
+    if table.setdefault((where, rest), spec) != spec:
+      raise ValueError(f"the layers' {rest} are split differently: {table[(where, rest)]} "
+                       f"and {spec}")
+  return table
+
+
+def gather_in_forward(specs):
+  """FSDP in per-device programs: ``fn(tree, where)`` for ``deepseek_moe.apply``'s
+  ``param_transform`` that all-gathers each leaf of the part ``where`` split along
+  ``data`` (``specs``: as :func:`sharded_parts` takes them) where the part is used, so a
+  device holds one layer's whole weights at a time. The gradient with respect to the
+  device's part is then the all-gather's transpose, a reduce-scatter: the sum over the
+  devices, which :func:`finish_gathered` turns into the mean over the replicas."""
+  table = sharded_parts(specs)
+
+  def transform(tree, where):
+    def one(path, leaf):
+      spec = tuple(table[(where, _key_path(path))])
+      if AXIS not in spec:
+        return leaf
+      return lax.all_gather(leaf, AXIS, axis=spec.index(AXIS), tiled=True)
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+  return transform
+
+
+def finish_gathered(grads, specs):
+  """The mean over the replicas of gradients taken through :func:`gather_in_forward`
+  (``specs``: the params' ``PartitionSpec``s): the split leaves' reduce-scattered sums
+  (summed over the replicas of a device, if several) divided by the replicas; the others
+  (small, whole on every device) averaged."""
+  axes = _bound_axes()
+  replicas = lax.psum(1, axes)
+
+  def one(grad, spec):
+    if AXIS not in tuple(spec):
+      return lax.pmean(grad, axes)
+    if axes != AXIS:
+      grad = lax.psum(grad, REPLICA)
+    return grad / replicas
+
+  return jax.tree.map(one, grads, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def total(tree):

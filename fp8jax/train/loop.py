@@ -119,14 +119,15 @@ def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = 
   """The sharded ``step(state, tokens) -> (state, metrics)`` of the run config ``cfg`` under
   ``policy``, every precision option applied as in :func:`train`; the state laid out as
   ``sharding``; ``with_routing``: ``metrics["routing"]`` (see ``step.make_train_step``)."""
-  per_device = not cfg.train.fsdp  # FSDP's sharded state: one program, partitioned by XLA
+  # FSDP: each device gathers a layer's weights where it runs and reduce-scatters its
+  # gradient (data_parallel.gather_in_forward); the state stays split as ``sharding`` says.
+  specs = (jax.tree.map(lambda s: s.spec, sharding.params) if cfg.train.fsdp else None)
   step = step_lib.make_train_step(
       model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
-      moe_groups=1 if per_device else mesh.devices.size,
       loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
       deterministic=cfg.train.deterministic, scan_layers=cfg.train.scan_layers,
-      mesh=mesh if per_device else None, replicas=cfg.train.replicas or None)
+      mesh=mesh, replicas=cfg.train.replicas or None, param_specs=specs)
   return mesh_lib.shard_step(step, mesh, sharding)
 
 

@@ -267,8 +267,8 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
     raise ValueError(f"train.replicas must be 0 (one per device) or a positive divisor of "
                      f"data.global_batch {cfg.data.global_batch}, got {t.replicas}")
   if replicas and t.fsdp:
-    raise ValueError("train.replicas needs the replicated state; with train.fsdp the step "
-                     "is one program over the devices: leave train.replicas at 0")
+    raise ValueError("train.replicas needs the replicated state; with train.fsdp each "
+                     "device is one replica: leave train.replicas at 0")
   if cfg.data.seq_len > model_cfg.max_position_embeddings:
     raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's "
                      f"max_position_embeddings {model_cfg.max_position_embeddings}")

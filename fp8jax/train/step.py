@@ -95,7 +95,8 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                     fp8_param_gather: bool = False, with_routing: bool = False,
                     deterministic: bool = False, scan_layers: bool = False, mesh=None,
-                    replicas: int | None = None, reduce_per_layer: bool = False):
+                    replicas: int | None = None, reduce_per_layer: bool = False,
+                    param_specs=None):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
   ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
   (:mod:`fp8jax.train.data_parallel`; the state replicated; ``replicas``: their number,
@@ -110,10 +111,18 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   (:func:`fp8jax.train.data_parallel.mean_in_backward`), so that XLA may overlap those
   all-reduces with the rest of the backward pass; False (the default): the whole gradient
   averaged at its end, 2.6-3.6% faster on 2 and 4 H200s (XLA did not overlap them;
-  docs/performance.md). The same values either way."""
+  docs/performance.md). The same values either way. ``param_specs`` (with ``mesh``; FSDP):
+  the params (and the optimizer state) split over the devices as these ``PartitionSpec``s
+  say (``mesh.fsdp_sharding``'s specs), each device gathering a part's weights where the
+  model uses it and receiving its part of the gradients by a reduce-scatter in the
+  backward pass (:func:`fp8jax.train.data_parallel.gather_in_forward`): one part's
+  weights whole at a time, and no whole gradient, per device."""
 
   def objective(params, delayed, tokens, scale, param_transform=None):
     used = param_gather.gather(params) if fp8_param_gather else params
+    if fp8_param_gather and param_transform is not None:  # the weights as gathered
+      used, inner = params, param_transform
+      param_transform = lambda tree, where: param_gather.gather(inner(tree, where))  # noqa: E731
     logits, aux = deepseek_moe.apply(used, tokens, cfg, policy, moe_impl=moe_impl,
                                      moe_groups=moe_groups, delayed_state=delayed,
                                      deterministic=deterministic, scan_layers=scan_layers,
@@ -126,7 +135,9 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   if mesh is not None and moe_groups != 1:
     raise ValueError(f"moe_groups is {moe_groups}, but with a mesh each device dispatches "
                      "its own tokens: leave it at 1")
-  gradients = _gradients(objective, mesh, replicas, reduce_per_layer)
+  if param_specs is not None and mesh is None:
+    raise ValueError("param_specs split the params over a mesh's devices: pass the mesh")
+  gradients = _gradients(objective, mesh, replicas, reduce_per_layer, param_specs)
 
   def step(state: TrainState, tokens):
     scale = None if loss_scale is None else state.loss_scale["scale"]
@@ -165,12 +176,12 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   return step
 
 
-def _gradients(objective, mesh, replicas, reduce_per_layer=True):
+def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=None):
   """``(params, delayed, tokens, scale) -> (loss, lm, aux, routing, grads, delayed)``:
   the objective's values and its gradients with respect to the params and the amax
   histories (their update), over the global batch; with ``mesh``, per device and then
   combined (:mod:`fp8jax.train.data_parallel`), the gradients in the backward pass with
-  ``reduce_per_layer``."""
+  ``reduce_per_layer``; ``param_specs``: the params split over the devices (FSDP)."""
   def local(params, delayed, tokens, scale, param_transform=None):
     (_, (loss, lm, aux, routing)), (grads, new_delayed) = jax.value_and_grad(
         objective, argnums=(0, 1), has_aux=True)(params, delayed, tokens, scale,
@@ -181,7 +192,11 @@ def _gradients(objective, mesh, replicas, reduce_per_layer=True):
     return local
 
   def combined(params, delayed, tokens, scale):
-    if reduce_per_layer:
+    if param_specs is not None:
+      loss, lm, aux, routing, grads, new_delayed = local(
+          params, delayed, tokens, scale, dp.gather_in_forward(param_specs))
+      grads = dp.finish_gathered(grads, param_specs)
+    elif reduce_per_layer:
       loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale,
                                                          dp.mean_in_backward)
     else:
@@ -190,8 +205,9 @@ def _gradients(objective, mesh, replicas, reduce_per_layer=True):
     rows, counts = dp.split_routing(routing)
     return (*dp.mean((loss, lm, aux)), rows, counts, grads, dp.maximum(new_delayed))
 
-  run = dp.per_device(combined, mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS, dp.SAME),
-                      out_specs=(dp.SAME,) * 3 + (dp.ROWS,) + (dp.SAME,) * 3,
+  split = dp.SAME if param_specs is None else param_specs
+  run = dp.per_device(combined, mesh, in_specs=(split, dp.SAME, dp.ROWS, dp.SAME),
+                      out_specs=(dp.SAME,) * 3 + (dp.ROWS, dp.SAME, split, dp.SAME),
                       replicas=replicas)
 
   def gradients(params, delayed, tokens, scale):

@@ -3,12 +3,16 @@ the 16B model's step time and peak memory per device at growing batches, until o
 not fit. docs/performance.md has the method.
 
     python scripts/bench/fsdp.py [--model=deepseek_moe_16b] [--batches=1,2,4] [--seq=4096]
-        [--scan-unroll=0] [--scan-remat=POLICY] [--out=$OUT/fsdp.json]
+        [--route=per_device|gspmd] [--moe-impl=pallas] [--scan-unroll=0]
+        [--scan-remat=POLICY] [--out=$OUT/fsdp.json]
 
-The step is the training binary's with ``train.fsdp`` (``fp8jax.train.loop.build_step``'s
-route): one program over the global batch that XLA partitions, the state laid out by
-``mesh.fsdp_sharding``, the layers scanned over params stored stacked, the MoE through
-XLA's dispatch (``moe_groups`` = devices); ``--scan-unroll`` and ``--scan-remat`` set
+The step is the training binary's with ``train.fsdp`` (``fp8jax.train.loop.build_step``):
+the state laid out by ``mesh.fsdp_sharding``, the layers scanned over params stored
+stacked, and per device (``--route=per_device``, the default) each layer's weights
+all-gathered where it runs and its gradient reduce-scattered
+(``data_parallel.gather_in_forward``). ``--route=gspmd`` is the binary's route before
+that: one program over the global batch that XLA partitions, the MoE through XLA's
+dispatch (``moe_groups`` = devices). ``--scan-unroll`` and ``--scan-remat`` set
 ``layer_scan.ScanOptions`` (rolled, ``--scan-unroll=1``, the all-gather of a layer's weights
 stays in its iteration). ``--batches`` are sequences per device, tried
 in order on one state (the first is initialised once); a batch that fails (out of memory)
@@ -43,7 +47,9 @@ def main():
   ap.add_argument("--batches", default="1,2,4", help="sequences per device, in order")
   ap.add_argument("--seq", type=int, default=4096)
   ap.add_argument("--devices", type=int, default=0, help="0: all")
-  ap.add_argument("--moe-impl", default="dispatch", choices=["dispatch", "reference"])
+  ap.add_argument("--route", choices=["per_device", "gspmd"], default="per_device")
+  ap.add_argument("--moe-impl", default="pallas", choices=["pallas", "dispatch"],
+                  help="pallas: per device only (XLA partitions no Pallas kernel)")
   ap.add_argument("--scan-unroll", type=int, default=0, help="layers per loop iteration "
                   "(0: all)")
   ap.add_argument("--scan-remat", default=None, help="a jax.checkpoint_policies name")
@@ -58,10 +64,16 @@ def main():
   init = step_lib.seeded_init(cfg, tx, pl.BF16, stacked=True)
   abstract = jax.eval_shape(lambda: init(0))
   sharding = mesh_lib.fsdp_sharding(abstract, mesh)
+  per_device = args.route == "per_device"
   step = mesh_lib.shard_step(step_lib.make_train_step(
-      cfg, tx, moe_impl=args.moe_impl, moe_groups=n,
-      scan_layers=layer_scan.ScanOptions(args.scan_unroll, args.scan_remat)), mesh, sharding)
-  tag = f"u{args.scan_unroll}" + (f"_{args.scan_remat}" if args.scan_remat else "")
+      cfg, tx, moe_impl=args.moe_impl if per_device else "dispatch",
+      moe_groups=1 if per_device else n,
+      scan_layers=layer_scan.ScanOptions(args.scan_unroll, args.scan_remat),
+      mesh=mesh if per_device else None,
+      param_specs=jax.tree.map(lambda s: s.spec, sharding.params) if per_device else None),
+      mesh, sharding)
+  tag = (f"{args.route}_u{args.scan_unroll}"
+         + (f"_{args.scan_remat}" if args.scan_remat else ""))
   t = time.perf_counter()
   holder = {"state": jax.jit(lambda: init(0), out_shardings=sharding)()}
   jax.block_until_ready(holder["state"])

@@ -5,6 +5,7 @@
 # process per configuration; JSON per run and the logs in OUT_DIR (default $OUT).
 #   STAGE=1 bash scripts/gpu/several_gpus.sh   # 2B: train and paired, per layer / at end
 #   STAGE=2 bash scripts/gpu/several_gpus.sh   # 16B FSDP: batches BATCHES_16B per device
+#                                              # (UNROLL_16B, REMAT_16B: the scan's options)
 # No run starts unless its estimate (EST seconds) fits before DEADLINE (default 480) seconds
 # from the start; each is stopped after LIMIT seconds (default 300).
 set -uo pipefail
@@ -45,10 +46,13 @@ if [[ ${STAGE:-1} == 1 ]]; then
   run 120 "paired_${n}gpu_at_end" data_parallel.py --part=paired "${u[@]}" --reduce=at_end
 fi
 if [[ ${STAGE:-1} == 2 ]]; then
-  # On 4 H200s (2026-11-28) none fit at 1 x 4096: unrolled, XLA asked for 116.0 GiB
-  # beyond the 45.75 GiB of state per device; unrolled with REMAT_16B, 61.0 GiB (the whole
-  # float32 gradient); rolled with it, the compile failed in a custom partitioner.
+  # Partitioned by XLA (the route before data_parallel.gather_in_forward), none fit at
+  # 1 x 4096 on 4 H200s (2026-11-28): unrolled, XLA asked for 116.0 GiB beyond the 45.75
+  # GiB of state per device; unrolled with remat, 61.0 GiB (the whole float32 gradient);
+  # rolled with remat, the compile failed in a custom partitioner. Now per device: each
+  # layer's weights gathered where it runs, its gradient reduce-scattered.
   LIMIT=${LIMIT:-$((deadline - 20))} run 200 "fsdp_16b_${n}gpu" fsdp.py \
-    --batches="${BATCHES_16B:-1,2,4}" --scan-unroll=1 --scan-remat="${REMAT_16B:-nothing_saveable}"
+    --batches="${BATCHES_16B:-1,2,4}" --scan-unroll="${UNROLL_16B:-0}" \
+    ${REMAT_16B:+--scan-remat=$REMAT_16B}
 fi
 for f in "$logs"/*.log; do echo "== $f"; cat "$f"; done >"$out/logs_stage${STAGE:-1}.txt"
