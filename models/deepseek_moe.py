@@ -225,8 +225,7 @@ class DeepseekMoE(nnx.Module):
     """``layer_params``: the decoder layers' params in either layout of
     :mod:`fp8jax.models.layer_stack` (the ``layers`` and ``layer_runs`` entries of a params
     tree), used in place of the layer modules' own (then only their structure is read);
-    ``param_transform``: applied to each decoder layer's params where the layer runs (see
-    :func:`apply`)."""
+    ``param_transform``: see :func:`apply`."""
     cfg = self.cfg
     policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
@@ -245,10 +244,7 @@ class DeepseekMoE(nnx.Module):
     outs = {}
     for group in groups:
       if len(group) == 1:
-        layer = layer_stack.module(self.layers, group[0], layer_params)
-        if param_transform is not None:
-          graphdef, state = nnx.split(layer)
-          layer = nnx.merge(graphdef, param_transform(state, LAYER))
+        layer = layer_stack.module(self.layers, group[0], layer_params, param_transform)
         h, outs[group[0]] = step(layer, h, group[0], delayed_state)
       else:
         stacked = layer_stack.run_state(self.layers, group, layer_params)
@@ -356,36 +352,24 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
     moe_impl: "dispatch" (sorted dropless through XLA, default), "pallas" (sorted
       dropless through the Pallas grouped GEMM: GPU) or "reference" (every expert).
     telemetry: also return per-site quantization telemetry.
-    moe_groups: dispatch the MoE per group of B / moe_groups sequences (set it to the
-      number of data-parallel devices; see :class:`MoE`).
+    moe_groups: dispatch the MoE per group of B / moe_groups sequences (:class:`MoE`).
     delayed_state: the amax histories of the policy's delayed-scaled sites
       (:func:`fp8jax.models.delayed_sites.init`; None or ``{}`` when it has none). Their
       update is the gradient with respect to it (see :mod:`fp8jax.models.delayed_sites`).
     gemm_telemetry: also return the block-scale telemetry sums of the GEMM recipe's forward
       operands (:mod:`fp8jax.gemm.operand_telemetry`), as ``aux["gemm_telemetry"]``:
-      ``{"layers/<i>/<module path>": {"input": sums, "weight": sums}}`` (the routed
-      experts: ``layers/<i>/mlp/experts`` with ``weight_gate``, ``weight_up``,
-      ``weight_down``); empty without a GEMM recipe.
-    deterministic: the same bits on every GPU run (:mod:`fp8jax.train.determinism`): the
-      embedding table's gradient as a one-hot GEMM instead of a scatter-add
-      (:mod:`fp8jax.models.embedding`) and XLA's attention instead of cuDNN's.
+      ``{"layers/<i>/<module path>": {"input": sums, "weight": sums}}`` (routed experts:
+      ``layers/<i>/mlp/experts``, ``weight_gate|up|down``); empty without a GEMM recipe.
+    deterministic: the same bits on every GPU run (:mod:`fp8jax.train.determinism`): a
+      one-hot GEMM for the embedding's gradient, XLA's attention for cuDNN's.
     scan_layers: run each run of consecutive alike layers (same kind, same decisions) as
-      one ``jax.lax.scan`` (:mod:`fp8jax.models.layer_scan`): less to compile, the same
-      params and outputs. Bit for bit the same with XLA's
-      ``--xla_allow_excess_precision=false``; with its default (true) XLA keeps some BF16
-      intermediates in float32 depending on what it fuses, and BF16 values can differ in
-      their last bit (then, through routing and FP8 rounding, by more). A
-      :class:`fp8jax.models.layer_scan.ScanOptions` scans with its unrolling and
-      rematerialization.
-    param_transform: ``fn(tree, where) -> tree``, applied to each decoder layer's params
-      where that layer runs (each layer of the loop, each iteration of a scan; ``where``
-      is :data:`LAYER`, the tree one layer's, stacked axis removed) and to each of the
-      other top-level entries where the forward pass starts (``where``: its key,
-      ``"embed_tokens"``, ``"norm"``, ``"lm_head"``); None: none. Data parallelism passes
-      :func:`fp8jax.train.data_parallel.mean_in_backward` (each part's gradient averaged
-      over the replicas as soon as the backward pass has it) or
-      :func:`fp8jax.train.data_parallel.gather_in_forward` (FSDP: each part's weights
-      gathered where they are used, their gradient reduce-scattered).
+      one ``jax.lax.scan``: less to compile, the same params and outputs (bit for bit
+      with ``--xla_allow_excess_precision=false``; :mod:`fp8jax.models.layer_scan`). A
+      :class:`fp8jax.models.layer_scan.ScanOptions` sets its unrolling and remat.
+    param_transform: ``fn(tree, where) -> tree`` on each decoder layer's params where the
+      layer runs (``where``: :data:`LAYER`; one layer's tree) and on each other top-level
+      entry where the forward starts (``where``: its key); None: none. E.g.
+      :func:`fp8jax.train.data_parallel.gather_in_forward` (FSDP).
 
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
@@ -398,9 +382,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   if sorted(i for unit in stored for i in unit) != list(range(cfg.num_hidden_layers)):
     raise ValueError(f"the params hold layers {stored}, the model has "
                      f"{cfg.num_hidden_layers}: each layer once, per layer or stacked")
-  rest = {k: v for k, v in params.items() if k not in layer_params}
-  if param_transform is not None:
-    rest = {k: param_transform(v, k) for k, v in rest.items()}
+  rest = {k: v if param_transform is None else param_transform(v, k)
+          for k, v in params.items() if k not in layer_params}
   model = nnx.merge(graphdef, layer_stack.filled(state, rest))
   return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
                moe_groups=moe_groups, delayed_state=delayed_state,

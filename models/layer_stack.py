@@ -193,13 +193,17 @@ def filled(state, pure: dict):
   return state
 
 
-def module(layers, i: int, layer_params):
+def module(layers, i: int, layer_params, transform=None):
   """Decoder layer ``i`` of the modules ``layers``, with its params from ``layer_params``
-  (either layout) if given."""
-  if layer_params is None:
+  (either layout) if given, passed through ``transform(state, layer_scan.LAYER)`` if given
+  (``deepseek_moe.apply``'s ``param_transform``)."""
+  if layer_params is None and transform is None:
     return layers[i]
   graphdef, state = nnx.split(layers[i])
-  return nnx.merge(graphdef, filled(state, take(layer_params, [i])))
+  if layer_params is not None:
+    state = filled(state, take(layer_params, [i]))
+  return nnx.merge(graphdef, state if transform is None else transform(state,
+                                                                       layer_scan.LAYER))
 
 
 def run_state(layers, group: list[int], layer_params):
