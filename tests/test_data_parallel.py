@@ -100,6 +100,7 @@ def test_routing_split_and_merge_round_trip():
   np.testing.assert_array_equal(merged[1][dp.COUNTS], [2, 2, 2, 2])
 
 
+@pytest.mark.slow  # an option, off by default; 11-13 s each
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["loop", "scan"])
 def test_gradients_reduced_per_layer_equal_reduced_at_the_end(scan_layers):
   """Each layer's gradients averaged where the backward pass leaves it (the train step's
