@@ -42,6 +42,8 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from fp8jax.models import layer_scan, layer_stack
+
 AXIS = "data"
 REPLICA = "replica"  # the vmapped axis of several replicas on one device
 ROWS = PartitionSpec(AXIS)  # split along the batch: each replica's own rows
@@ -167,15 +169,15 @@ def sharded_parts(specs) -> dict[tuple[str, str], PartitionSpec]:
   """The ``PartitionSpec`` of every leaf of a params tree split over the devices (``specs``:
   a tree of them like the params, e.g. of :func:`fp8jax.train.mesh.fsdp_sharding`), keyed
   as ``deepseek_moe.apply``'s ``param_transform`` sees the leaf: ``(where, path in the
-  part)``, ``where`` a top-level key or ``"layer"`` for every decoder layer (a stacked
+  part)``, ``where`` a top-level key or ``layer_scan.LAYER`` for every decoder layer (a stacked
   run's specs without their run axis). Alike layers must be split alike."""
   table: dict[tuple[str, str], PartitionSpec] = {}
   for path, spec in jax.tree_util.tree_flatten_with_path(
       specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]:
     keys = _key_path(path).split("/")
-    if keys[0] in ("layers", "layer_runs"):
-      where, rest = "layer", "/".join(keys[2:])
-      if keys[0] == "layer_runs":
+    if keys[0] in (layer_stack.LAYERS, layer_stack.RUNS):
+      where, rest = layer_scan.LAYER, "/".join(keys[2:])
+      if keys[0] == layer_stack.RUNS:  # the run axis is never split
         spec = PartitionSpec(*tuple(spec)[1:])
     else:
       where, rest = keys[0], "/".join(keys[1:])

@@ -191,16 +191,17 @@ def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=No
   if mesh is None:
     return local
 
+  if param_specs is not None:
+    transform = dp.gather_in_forward(param_specs)
+  else:
+    transform = dp.mean_in_backward if reduce_per_layer else None
+
   def combined(params, delayed, tokens, scale):
+    loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale,
+                                                       transform)
     if param_specs is not None:
-      loss, lm, aux, routing, grads, new_delayed = local(
-          params, delayed, tokens, scale, dp.gather_in_forward(param_specs))
       grads = dp.finish_gathered(grads, param_specs)
-    elif reduce_per_layer:
-      loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale,
-                                                         dp.mean_in_backward)
-    else:
-      loss, lm, aux, routing, grads, new_delayed = local(params, delayed, tokens, scale)
+    elif not reduce_per_layer:
       grads = dp.mean(grads)
     rows, counts = dp.split_routing(routing)
     return (*dp.mean((loss, lm, aux)), rows, counts, grads, dp.maximum(new_delayed))
