@@ -126,7 +126,7 @@ def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = 
       model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
       loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
-      deterministic=cfg.train.deterministic, scan_layers=cfg.train.scan_layers,
+      deterministic=cfg.train.deterministic, scan_layers=run_config.scan_options(cfg),
       mesh=mesh, replicas=cfg.train.replicas or None, param_specs=specs)
   return mesh_lib.shard_step(step, mesh, sharding)
 

@@ -28,7 +28,7 @@ import pathlib
 import ml_collections
 
 from fp8jax.models import config as model_config_lib
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_moe, layer_scan
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import full_state, optim
 from fp8jax.train import loss_scale as loss_scale_lib
@@ -102,6 +102,12 @@ def defaults() -> ml_collections.ConfigDict:
                                         # unrolled, their params stored stacked: traced
                                         # once, compiled in a fraction of the loop's time
                                         # (fp8jax.models.layer_scan; docs/performance.md)
+      scan_unroll=0,                    # with scan_layers: layers per loop iteration (0:
+                                        # all; 1: rolled, one layer's gathered weights at a
+                                        # time under fsdp)
+      scan_remat="",                    # with scan_layers: a jax.checkpoint_policies name
+                                        # (what a layer keeps for its backward pass; the
+                                        # rest is recomputed), "" for everything
       deterministic=False,              # GPU: bit-identical reruns (XLA's deterministic
                                         # ops; fp8jax.train.determinism), at a cost in speed
       peak_tflops=0.0))                 # per-device bf16 peak for MFU (0: by device kind)
@@ -185,6 +191,18 @@ def optim_config(cfg) -> optim.OptimConfig:
   return optim.OptimConfig(**values)
 
 
+def scan_options(cfg) -> layer_scan.ScanOptions | None:
+  """How the run scans its layers (``train.scan_layers``, ``scan_unroll``,
+  ``scan_remat``), or None for the layer loop."""
+  t = cfg.train
+  if not t.scan_layers:
+    if t.get("scan_unroll", 0) or t.get("scan_remat", ""):
+      raise ValueError(f"train.scan_unroll={t.scan_unroll!r} and train.scan_remat="
+                       f"{t.scan_remat!r} need train.scan_layers=True")
+    return None
+  return layer_scan.ScanOptions(int(t.get("scan_unroll", 0)), t.get("scan_remat", "") or None)
+
+
 def loss_scale_config(cfg) -> loss_scale_lib.DynamicLossScale | None:
   """The run's dynamic loss scaling, or None (``precision.loss_scale="none"``)."""
   p = cfg.precision
@@ -259,6 +277,7 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   if not isinstance(t.checkpoints, bool):
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
   _check_full_state(t)
+  scan_options(cfg)
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:
     raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
                      f"{t.moe_impl!r}")

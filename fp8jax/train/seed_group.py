@@ -98,7 +98,7 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
         model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=1,
         loss_scale=run_config.loss_scale_config(cfg),
         fp8_param_gather=cfg.precision.fp8_param_gather,
-        deterministic=cfg.train.deterministic, scan_layers=cfg.train.scan_layers),
+        deterministic=cfg.train.deterministic, scan_layers=run_config.scan_options(cfg)),
         in_axes=(0, None)))
     every = int(cfg.train.noise_probe_every)
     if every and policy != policy_lib.BF16:

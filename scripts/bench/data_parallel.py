@@ -4,7 +4,7 @@ process (so that each peak memory is its own); docs/performance.md has the metho
     python scripts/bench/data_parallel.py --part=train --devices=2 [--scan-layers]
         [--storage=stacked|per_layer] [--scan-unroll=0] [--scan-remat=POLICY]
         [--route=per_device|gspmd] [--reduce=at_end|per_layer] [--batch=8]
-        [--out=$OUT/dp_train_2.json]
+        [--profile] [--out=$OUT/dp_train_2.json]
 
 ``--scan-layers`` scans the runs of alike layers; ``--storage`` says how their params are
 stored then: stacked per run (``fp8jax.models.layer_stack``, the default: the train state,
@@ -21,7 +21,9 @@ layer's gradients in it (``per_layer``: ``data_parallel.mean_in_backward``).
 Recorded: the tracing (``lower``) and compile times (the paired functions compiled
 side by side in threads, as the sweep compiles them), the median step time after a
 warm-up, tokens/s,
-MFU per GPU (``fp8jax.train.flops``), each device's peak memory and XLA's temp size.
+MFU per GPU (``fp8jax.train.flops``), each device's peak memory and XLA's temp size;
+with ``--profile`` (train), each GPU's collective time hidden behind its other kernels
+and exposed, from 2 traced steps (``comm_overlap.py``), and the trace in $OUT.
 """
 
 import argparse
@@ -30,13 +32,16 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
+import comm_overlap  # noqa: E402
 import jax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
@@ -55,6 +60,13 @@ POLICIES = ("moe_l0-8_e4m3", "gemm:fp32_blockwise")
 def _peaks_gib(devices) -> list[float]:
   return [(d.memory_stats() or {}).get("peak_bytes_in_use", float("nan")) / 2**30
           for d in devices]
+
+
+def model_config(name):
+  """The models.config ``name``; the 2B model's experts zero-padded to width 896 (exact),
+  as ``train_2b_c4.py`` stores them, so that the Mosaic grouped GEMMs take them."""
+  return (mc.deepseek_moe_2b(expert_pad_to=896) if name == "deepseek_moe_2b"
+          else mc.get_config(name))
 
 
 def _compiled(lowered):
@@ -81,7 +93,22 @@ def _tag(scan, storage, reduce="at_end"):
   return tag + (f"_remat_{scan.remat}" if scan.remat else "")
 
 
-def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce):
+def _profile(run, tokens, name, steps=2):
+  """Traces ``steps`` steps; records each GPU's collective time hidden behind compute
+  (comm_overlap.py) and keeps the trace in $OUT."""
+  tmp = pathlib.Path(tempfile.mkdtemp())
+  with jax.profiler.trace(str(tmp), create_perfetto_trace=True):
+    for _ in range(steps):
+      loss = run(tokens)
+    jax.block_until_ready(loss)
+  trace = next(tmp.rglob("perfetto_trace.json.gz"))
+  if os.environ.get("OUT"):
+    shutil.copy(trace, pathlib.Path(os.environ["OUT"]) / f"trace_{name}.json.gz")
+  for gpu, row in comm_overlap.report(trace, steps).items():
+    record(f"{name}_overlap_{gpu.replace(' ', '_').replace('/', '_')}", **row)
+
+
+def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce, profile=False):
   tx = optim.optimizer(optim.OptimConfig())
   runs = dm.layer_runs(cfg, pl.BF16) if scan and storage == "stacked" else None
   store = (lambda p: layer_stack.stack(p, runs)) if runs else (lambda p: p)
@@ -105,15 +132,19 @@ def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce):
   t_step, ts = median_time(run, [(x,) for x in toks], runs=10)
   tps = batch * n * seq / t_step
   peak = flops.peak_flops(jax.devices()[0].device_kind)
-  record(f"train_{n}gpu_{_tag(scan, storage, reduce)}_{route}", devices=n,
+  name = f"train_{n}gpu_{_tag(scan, storage, reduce)}_{route}"
+  if profile:
+    _profile(run, toks[0], name)
+  record(name, devices=n,
          batch_per_device=batch, seq=seq, trace_s=trace_s, compile_s=compile_s,
          ms=t_step * 1e3, tokens_per_s=tps,
          mfu_per_gpu=flops.mfu(tps, cfg, seq, peak, n) or float("nan"),
          peak_gib=_peaks_gib(mesh.devices.flat), temp_gib=temp, collectives=kinds, times=ts)
 
 
-def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce):
-  del route  # the evaluator always runs per device
+def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce,
+                profile=False):
+  del route, profile  # the evaluator always runs per device; --profile: train only
   tag = _tag(scan, storage, reduce)
   last = cfg.num_hidden_layers - 1
   first = 0 if cfg.is_moe_layer(0) else 1
@@ -180,13 +211,14 @@ def main():
   ap.add_argument("--moe-impl", default="pallas", choices=["dispatch", "pallas"])
   ap.add_argument("--model", default="deepseek_moe_2b", help="a models.config name "
                   "(tiny: a CPU smoke run)")
+  ap.add_argument("--profile", action="store_true", help="train: trace 2 steps; each "
+                  "GPU's collective time hidden behind compute (comm_overlap.py)")
   ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "dp.json"))
   args = ap.parse_args()
   devices = jax.devices()[:args.devices or None]
   n = len(devices)
   print(f"devices: {devices} (jax {jax.__version__})", flush=True)
-  cfg = (mc.deepseek_moe_2b(expert_pad_to=896) if args.model == "deepseek_moe_2b"
-         else mc.get_config(args.model))
+  cfg = model_config(args.model)
   mesh = mesh_lib.data_mesh(devices)
   part = {"train": train, "paired": paired_eval}[args.part]
   t = time.perf_counter()
@@ -194,7 +226,7 @@ def main():
     scan = (layer_scan.ScanOptions(args.scan_unroll, args.scan_remat) if args.scan_layers
             else None)
     part(cfg, mesh, n, args.batch, args.seq, scan, args.route, args.moe_impl, args.storage,
-         args.reduce)
+         args.reduce, args.profile)
   except Exception as err:  # pylint: disable=broad-except
     record(f"{args.part}_{n}gpu_failed", error=f"{type(err).__name__}: {str(err)[:400]}")
   record(f"{args.part}_{n}gpu_wall", seconds=time.perf_counter() - t,

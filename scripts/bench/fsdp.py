@@ -4,7 +4,7 @@ not fit. docs/performance.md has the method.
 
     python scripts/bench/fsdp.py [--model=deepseek_moe_16b] [--batches=1,2,4] [--seq=4096]
         [--route=per_device|gspmd] [--moe-impl=pallas] [--scan-unroll=0]
-        [--scan-remat=POLICY] [--out=$OUT/fsdp.json]
+        [--scan-remat=POLICY] [--profile] [--out=$OUT/fsdp.json]
 
 The step is the training binary's with ``train.fsdp`` (``fp8jax.train.loop.build_step``):
 the state laid out by ``mesh.fsdp_sharding``, the layers scanned over params stored
@@ -17,6 +17,10 @@ dispatch (``moe_groups`` = devices). ``--scan-unroll`` and ``--scan-remat`` set
 stays in its iteration). ``--batches`` are sequences per device, tried
 in order on one state (the first is initialised once); a batch that fails (out of memory)
 is recorded with its error and ends the run. The JSON is written after each batch.
+``--model=deepseek_moe_2b`` builds the 2B model as ``data_parallel.py`` and
+``train_2b_c4.py`` do (experts padded to 896, so the Mosaic grouped GEMMs take them).
+``--profile`` traces 2 steps of the first batch: each GPU's collective time, hidden behind
+compute or exposed (``comm_overlap.py``), and the trace in $OUT.
 """
 
 import argparse
@@ -30,10 +34,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _repo  # noqa: E402,F401
 from _results import RESULTS, record  # noqa: E402
 from _timing import median_time  # noqa: E402
-from data_parallel import _compiled, _peaks_gib, _tokens  # noqa: E402
+from data_parallel import _compiled, _peaks_gib, _profile, _tokens, model_config  # noqa: E402,E501
 import jax  # noqa: E402
 
-from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import layer_scan  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
@@ -53,12 +56,14 @@ def main():
   ap.add_argument("--scan-unroll", type=int, default=0, help="layers per loop iteration "
                   "(0: all)")
   ap.add_argument("--scan-remat", default=None, help="a jax.checkpoint_policies name")
+  ap.add_argument("--profile", action="store_true", help="trace 2 steps of the first "
+                  "batch; each GPU's collective time hidden behind compute")
   ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fsdp.json"))
   args = ap.parse_args()
   devices = jax.devices()[:args.devices or None]
   n, out = len(devices), pathlib.Path(args.out)
   print(f"devices: {devices} (jax {jax.__version__})", flush=True)
-  cfg = mc.get_config(args.model)
+  cfg = model_config(args.model)
   mesh = mesh_lib.data_mesh(devices)
   tx = optim.optimizer(optim.OptimConfig())
   init = step_lib.seeded_init(cfg, tx, pl.BF16, stacked=True)
@@ -98,6 +103,8 @@ def main():
 
       t_step, ts = median_time(run, [(x,) for x in toks], runs=5)
       tps = batch * n * args.seq / t_step
+      if args.profile and batch == int(args.batches.split(",")[0]):
+        _profile(run, toks[0], name)
       record(name, devices=n, batch_per_device=batch, seq=args.seq, trace_s=trace_s,
              compile_s=compile_s, ms=t_step * 1e3, tokens_per_s=tps,
              mfu_per_gpu=flops.mfu(tps, cfg, args.seq, peak, n) or float("nan"),
