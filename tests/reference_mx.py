@@ -349,6 +349,8 @@ def ref_quantize(x, fmt, block, *, scale_format="pow2", pow2_rounding="ocp", eps
 
 def ref_for_spec(x, spec, out_dtype=None, flush_subnormals=True) -> RefQuant:
   """``ref_quantize`` driven by an fp8jax ``QuantSpec``'s plain fields."""
+  if spec.four_over_six:
+    raise ValueError("ref_quantize has no Four Over Six: tests/test_four_over_six.py")
   g = spec.granularity
   shape = np.shape(x)
   return ref_quantize(

@@ -63,7 +63,7 @@ def tile_size(spec: spec_lib.QuantSpec) -> int | None:
   g = spec.granularity
   if spec.scaling != "current" or g.kind != "tile" or g.axes != (-1,):
     return None
-  if spec.rounding != "nearest":
+  if spec.rounding != "nearest" or spec.four_over_six:  # 4/6: the XLA route
     return None
   t = g.sizes[0]
   return t if t & (t - 1) == 0 else None

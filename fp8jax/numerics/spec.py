@@ -31,6 +31,8 @@ HISTORY_REDUCTIONS = ("max", "most_recent")
 SCALE_FORMATS = ("fp32", "pow2", "e4m3")
 POW2_ROUNDINGS = ("floor", "ceil", "rceil", "ocp")
 ROUNDINGS = ("nearest", "stochastic")
+FOUR_OVER_SIX_RULES = ("mae", "mse")
+FOUR_OVER_SIX_MAXES = (256, 448)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,12 @@ class QuantSpec:
     margin: extra headroom in [-64, 64]: s is divided by 2**margin.
     backward: spec used to quantize the cotangent in the backward pass of
       ``fake_quant``; None means straight-through (identity).
+    four_over_six: None, or the error ("mae", Transformer Engine's default, or "mse") by
+      which each NVFP4 block picks the scale that maps its maximum to 4 or to 6
+      (Four Over Six, arXiv 2512.02010; ``fp8jax.numerics.four_over_six``). Needs
+      ``scale_format="e4m3"`` and rounding to nearest.
+    four_over_six_max: the E4M3 maximum in the per-tensor scale under Four Over Six: 256
+      (TE's default; the 4-scales never clip) or 448.
     noise_control: the noise-matched control of this quantization instead of the
       quantization itself: every block's rounding error is replaced by unbiased random
       noise of the same energy (see ``fp8jax.quant.noise_control``). Off by default.
@@ -95,6 +103,8 @@ class QuantSpec:
   eps: float = 1e-12
   margin: int = 0
   backward: QuantSpec | None = None
+  four_over_six: str | None = None
+  four_over_six_max: int = 256
   noise_control: bool = False
 
   def __post_init__(self):
@@ -118,6 +128,20 @@ class QuantSpec:
         raise ValueError("two-level E4M3 scales (NVFP4) need current scaling")
       if self.margin != 0:
         raise ValueError(f"two-level E4M3 scales (NVFP4) take no margin, got {self.margin}")
+    if self.four_over_six is not None:
+      _check_choice("four_over_six", self.four_over_six, FOUR_OVER_SIX_RULES)
+      if self.scale_format != "e4m3":
+        raise ValueError("four_over_six picks two-level NVFP4 block scales: it needs "
+                         f"scale_format='e4m3', got {self.scale_format!r}")
+      if self.rounding != "nearest":
+        raise ValueError("four_over_six compares round-to-nearest errors: it needs "
+                         f"rounding='nearest', got {self.rounding!r}")
+    if self.four_over_six_max not in FOUR_OVER_SIX_MAXES or isinstance(
+        self.four_over_six_max, bool):
+      raise ValueError(f"four_over_six_max must be one of {FOUR_OVER_SIX_MAXES}, got "
+                       f"{self.four_over_six_max!r}")
+    if self.four_over_six is None and self.four_over_six_max != 256:
+      raise ValueError("four_over_six_max applies to four_over_six only")
     if self.rounding == "stochastic" and self.scaling != "current":
       raise ValueError("stochastic rounding is available with current scaling only")
     for name in ("store_e8m0", "noise_control"):
@@ -167,6 +191,9 @@ class QuantSpec:
     text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
     if self.rounding == "stochastic":
       text += " sr" if self.sr_bits == 24 else f" sr{self.sr_bits}"
+    if self.four_over_six:
+      text += f" 4/6-{self.four_over_six}" + (
+          f"@{self.four_over_six_max}" if self.four_over_six_max != 256 else "")
     if self.noise_control:
       text += " noise-control"
     if self.backward is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp8jax.numerics import blocks, scales
+from fp8jax.numerics import blocks, four_over_six, scales
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import rounding_bits
 
@@ -64,7 +64,10 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
   xs = xp.reshape(split)
   inner = tuple(range(1, 2 * len(shape), 2))
   amax = jnp.max(blocks.amax_abs(xs), axis=inner, keepdims=True, initial=0.0)
-  s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
+  if spec.four_over_six:  # the scale of each block chosen by its error
+    s, scale_inv, tensor_scale_inv, _ = four_over_six.choose_scales(xs, amax, spec, inner)
+  else:
+    s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
   bits = rounding_bits.rounding_bits(x, spec, key)
   if bits is not None:
     if padded != shape:

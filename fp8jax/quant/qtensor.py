@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fp8jax.numerics import arguments, blocks, formats, scales
+from fp8jax.numerics import arguments, blocks, formats, four_over_six, scales
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import delayed, noise_control, rounding_bits
 from fp8jax.quant import telemetry as telemetry_lib
@@ -86,7 +86,10 @@ def _scales(x, spec, history, amax=None):
   else:
     if history is not None:
       raise ValueError(f"spec {spec.describe()} uses current scaling; it takes no history")
-    s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
+    if spec.four_over_six:  # the scale of each block chosen by its error
+      s, scale_inv, tensor_scale_inv, _ = four_over_six.scales_of(x, block, spec)
+    else:
+      s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
   return block, s, scale_inv, tensor_scale_inv
 
 
