@@ -183,13 +183,34 @@ def record(policy: PrecisionPolicy, expression: str | None = None) -> dict:
   every QuantSpec field), ``gemm`` (every GemmConfig field, or None), ``gemm_layers``,
   ``gemm_bf16_tail``. Two policies that quantize alike and share the expression give
   equal records. The GEMM's ``impl`` and ``fp8_mma`` appear only when they are not the
-  defaults (``"auto"``, False), so records written before those fields existed still match."""
+  defaults (``"auto"``, False), and a spec's ``four_over_six`` and ``four_over_six_max``
+  only when set (not None, 256), so records written before those fields existed still
+  match."""
   fields = dataclasses.asdict(policy)
   for name, default in (("impl", "auto"), ("fp8_mma", False)):
     if fields["gemm"] is not None and fields["gemm"][name] == default:
       del fields["gemm"][name]
+  _drop_spec_defaults(fields)
   out = {"expression": policy.name if expression is None else expression.strip(), **fields}
   return json.loads(json.dumps(out, sort_keys=True))
+
+
+_SPEC_FIELDS_SINCE = (("four_over_six", None), ("four_over_six_max", 256))
+
+
+def _drop_spec_defaults(tree) -> None:
+  """Removes, in place, the QuantSpec fields of :data:`_SPEC_FIELDS_SINCE` that hold their
+  defaults from every spec dict (one with ``format`` and ``granularity``) in ``tree``."""
+  if isinstance(tree, dict):
+    if "format" in tree and "granularity" in tree:
+      for name, default in _SPEC_FIELDS_SINCE:
+        if name in tree and tree[name] == default:
+          del tree[name]
+    for value in tree.values():
+      _drop_spec_defaults(value)
+  elif isinstance(tree, list | tuple):
+    for value in tree:
+      _drop_spec_defaults(value)
 
 
 def site_policy(site: str, layers: str | int, spec: fp8jax.QuantSpec,

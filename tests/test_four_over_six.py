@@ -218,6 +218,22 @@ def test_four_only_where_it_lowers_the_blocks_error():
   assert err.sum() < err6.sum()
 
 
+@pytest.mark.slow
+def test_recipe_fprop_is_the_product_of_its_four_over_six_operands():
+  cfg = fp8jax.recipes.recipe("nvfp4_4over6")
+  assert cfg.wgrad_hadamard == 0 and cfg.roles.grad.four_over_six is None
+  x = jax.random.normal(jax.random.key(0), (32, 64)) * 3
+  w = jax.random.normal(jax.random.key(1), (64, 48)) * 0.1
+  y = fp8jax.fp8_dot_general(x, w, (((1,), (0,)), ((), ())), config=cfg)
+  xq = fp8jax.dequantize(fp8jax.quantize(x, cfg.roles.input), jnp.float32)
+  wq = fp8jax.dequantize(fp8jax.quantize(w.T, cfg.roles.weight), jnp.float32)
+  plain = fp8jax.dequantize(fp8jax.quantize(x, cfg.roles.input.replace(
+      four_over_six=None, four_over_six_max=256)), jnp.float32)
+  assert not np.array_equal(np.asarray(xq), np.asarray(plain))  # 4/6 changed the operand
+  want = np.asarray(xq, np.float64) @ np.asarray(wq, np.float64).T
+  np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(four_over_six="l1"), "unknown four_over_six"),
     (dict(four_over_six="mae", scale_format="fp32"), "scale_format='e4m3'"),

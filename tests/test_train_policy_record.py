@@ -39,6 +39,19 @@ def test_policy_record_is_complete_and_deterministic():
   assert policy_lib.record(eps) != policy_lib.record(same)  # epsilons count
 
 
+def test_spec_fields_added_since_records_began_appear_only_when_set():
+  """Records written before QuantSpec had ``four_over_six`` still match: its default is
+  left out of every spec (site rules, cotangents, a GEMM recipe's roles)."""
+  rec = policy_lib.record(policy_lib.parse_policy("attn@0:nvfp4+gemm:nvfp4_recipe"))
+  text = json.dumps(rec)
+  assert "four_over_six" not in text and '"sr_bits"' in text
+  four = fp8jax.preset("nvfp4").replace(backward=None, four_over_six="mae")
+  rec4 = policy_lib.record(policy_lib.PrecisionPolicy(
+      (policy_lib.SiteRule("attn_out", (0,), four),), name="x"))
+  spec = rec4["rules"][0]["spec"]
+  assert spec["four_over_six"] == "mae" and "four_over_six_max" not in spec
+
+
 @pytest.mark.slow
 def test_resume_under_another_policy_fails_before_compute_unless_allowed(tmp_path):
   c = small_config(3)

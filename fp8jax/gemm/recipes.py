@@ -38,6 +38,13 @@ transform), ``nvfp4_recipe_no_2d`` (1x16 weight blocks, so Fprop and Dgrad quant
 weight along different axes), ``nvfp4_recipe_no_sr`` (dY rounded to nearest) and
 ``nvfp4_recipe_no_tail`` (every layer in NVFP4).
 
+``nvfp4_4over6`` is the recipe with Four Over Six (arXiv 2512.02010) on the activations
+and the weights, each block scaled to map its maximum to 4 or 6 by the smaller mean
+absolute error (``QuantSpec.four_over_six``; the per-tensor scale over an E4M3 maximum of
+256), as Transformer Engine's ``nvfp4_4over6="all"`` runs it: without the Hadamard
+transform, which TE does not combine with 4/6; dY keeps 8-bit stochastic rounding and the
+last layers stay in BF16.
+
 The idealised forms of the recipe's two random elements stay available as fields:
 ``recipe("nvfp4_recipe").replace(rht_signs="random", rht_dtype="float32")`` (signs drawn
 from ``hadamard_seed``, the transform in float32) and a grad spec with ``sr_bits=24``;
@@ -94,8 +101,13 @@ RECIPES["nvfp4_recipe_ideal"] = RECIPES["nvfp4_recipe"].replace(
     roles=dataclasses.replace(RECIPES["nvfp4_recipe"].roles,
                               grad=RECIPES["nvfp4_recipe"].roles.grad.replace(sr_bits=24)))
 
+RECIPES["nvfp4_4over6"] = RECIPES["nvfp4_recipe"].replace(
+    wgrad_hadamard=0, roles=dataclasses.replace(
+        RECIPES["nvfp4_recipe"].roles, input=_NVFP4.replace(four_over_six="mae"),
+        weight=presets.preset("nvfp4_weight").replace(four_over_six="mae")))
+
 BF16_TAIL = {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_rht": 0.16, "nvfp4_recipe_no_2d": 0.16,
-             "nvfp4_recipe_no_sr": 0.16, "nvfp4_recipe_ideal": 0.16}
+             "nvfp4_recipe_no_sr": 0.16, "nvfp4_recipe_ideal": 0.16, "nvfp4_4over6": 0.16}
 """Share of a model's final layers whose linear layers a recipe keeps in BF16 (the NVFP4
 recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
 
