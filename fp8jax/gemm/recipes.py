@@ -38,6 +38,12 @@ transform), ``nvfp4_recipe_no_2d`` (1x16 weight blocks, so Fprop and Dgrad quant
 weight along different axes), ``nvfp4_recipe_no_sr`` (dY rounded to nearest) and
 ``nvfp4_recipe_no_tail`` (every layer in NVFP4).
 
+``mxfp8_oas`` and ``mxfp4_oas`` take the OAS scale rule (arXiv 2603.08713, as google/qwix
+computes it: ``pow2_rounding="oas"``, one binade up where the block maximum would round
+past the format's top). ``mxfp8_2d`` is MXFP8 with 32 x 32 weight blocks, so that Fprop and
+Dgrad read the same quantized weight (Transformer Engine's ``MXFP8BlockScaling(
+enable_2d_quantization=True)``; scales rounded up, as ``mxfp8``).
+
 ``nvfp4_4over6`` is the recipe with Four Over Six (arXiv 2512.02010) on the activations
 and the weights, each block scaled to map its maximum to 4 or 6 by the smaller mean
 absolute error (``QuantSpec.four_over_six``; the per-tensor scale over an E4M3 maximum of
@@ -101,6 +107,13 @@ RECIPES["nvfp4_recipe_ideal"] = RECIPES["nvfp4_recipe"].replace(
     roles=dataclasses.replace(RECIPES["nvfp4_recipe"].roles,
                               grad=RECIPES["nvfp4_recipe"].roles.grad.replace(sr_bits=24)))
 
+RECIPES["mxfp8_oas"] = GemmConfig(roles=_same(presets.preset("mxfp8").replace(
+    pow2_rounding="oas")))
+RECIPES["mxfp4_oas"] = GemmConfig(roles=_same(presets.preset("mxfp4").replace(
+    pow2_rounding="oas")))
+RECIPES["mxfp8_2d"] = RECIPES["mxfp8"].replace(roles=dataclasses.replace(
+    RECIPES["mxfp8"].roles, weight=RECIPES["mxfp8"].roles.weight.replace(
+        granularity=gran.block((32, 32)))))
 RECIPES["nvfp4_4over6"] = RECIPES["nvfp4_recipe"].replace(
     wgrad_hadamard=0, roles=dataclasses.replace(
         RECIPES["nvfp4_recipe"].roles, input=_NVFP4.replace(four_over_six="mae"),

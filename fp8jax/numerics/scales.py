@@ -83,6 +83,28 @@ def _rceil_scale_inv(amax: jnp.ndarray, elem_max: float, margin: int) -> jnp.nda
   return _exponent_pow2(biased + ((bits >> 23) & 0xFF) - 127 + margin)
 
 
+OAS_CONSTANTS = {"e2m1": 12.0 / 7.0, "e4m3": 60.0 / 31.0}
+"""The constant ``C`` of the OAS scale rule per element format (qwix, commit 901efed:
+MXFP4 ``2**(0.5 - log2(7/6) + 0.5) = 12/7``, MXFP8 ``2**(0.5 - log2(31/30) + 0.5) =
+60/31``)."""
+
+
+def _oas_scale_inv(amax: jnp.ndarray, fmt: formats.FloatFormat, margin: int) -> jnp.ndarray:
+  """OAS, overflow-aware power-of-two scales (arXiv 2603.08713; google/qwix commit
+  901efed, ``qarray.compute_scale_zero_point``): ``2**floor(log2(bf16(amax / max * C)))``,
+  the product rounded to bfloat16 (nearest even) before its exponent is kept, for normal
+  float32 ``amax`` > 0. With ``amax = m * 2**e``, ``m / max * C`` is computed and ``e`` added
+  as an exponent, which equals qwix's float32 ``amax / max * C`` wherever that is normal
+  (see :func:`_rceil_scale_inv`)."""
+  bits = lax.bitcast_convert_type(amax, jnp.int32)
+  mantissa = lax.bitcast_convert_type((bits & _MANTISSA_MASK) | (127 << 23), jnp.float32)
+  p = (mantissa / jnp.float32(fmt.max)) * jnp.float32(OAS_CONSTANTS[fmt.name])
+  pb = lax.bitcast_convert_type(p, jnp.int32)
+  rounded = pb + 0x7FFF + ((pb >> 16) & 1)  # to bfloat16, ties to even; carries to 2**k
+  biased = (rounded >> 23) & 0xFF
+  return _exponent_pow2(biased + ((bits >> 23) & 0xFF) - 127 + margin)
+
+
 def mark_nonfinite(s: jnp.ndarray, scale_inv: jnp.ndarray,
                    amax: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
   """``(s, scale_inv)`` with ``s = 1`` and ``scale_inv = NaN`` where ``amax`` is not
@@ -118,6 +140,9 @@ def compute_scale(amax: jnp.ndarray,
   target = jnp.float32(spec.fmt.max * 2.0**-spec.margin)
   if spec.scale_format == "pow2" and spec.pow2_rounding == "rceil":
     scale_inv = _rceil_scale_inv(amax, spec.fmt.max, spec.margin)
+    s = 1.0 / scale_inv
+  elif spec.scale_format == "pow2" and spec.pow2_rounding == "oas":
+    scale_inv = _oas_scale_inv(amax, spec.fmt, spec.margin)
     s = 1.0 / scale_inv
   elif spec.scale_format == "pow2" and spec.pow2_rounding == "ocp":
     biased = (lax.bitcast_convert_type(amax, jnp.int32) >> 23) & 0xFF

@@ -29,7 +29,8 @@ from fp8jax.numerics import granularity as gran
 SCALINGS = ("current", "delayed")
 HISTORY_REDUCTIONS = ("max", "most_recent")
 SCALE_FORMATS = ("fp32", "pow2", "e4m3")
-POW2_ROUNDINGS = ("floor", "ceil", "rceil", "ocp")
+POW2_ROUNDINGS = ("floor", "ceil", "rceil", "ocp", "oas")
+OAS_FORMATS = ("e4m3", "e2m1")
 ROUNDINGS = ("nearest", "stochastic")
 FOUR_OVER_SIX_RULES = ("mae", "mse")
 FOUR_OVER_SIX_MAXES = (256, 448)
@@ -62,6 +63,11 @@ class QuantSpec:
       "ocp": the OCP MX v1.0 rule (section 6.3): scale_inv =
         2**(floor(log2 amax) - emax of the element format); up to one binade of a
         block may saturate.
+      "oas": overflow-aware scaling (arXiv 2603.08713, as google/qwix computes it):
+        scale_inv = 2**floor(log2(bf16(amax / fp8_max * C))), C = 12/7 for E2M1 and
+        60/31 for E4M3 (``scales.OAS_CONSTANTS``): the OCP exponent, one higher where the
+        block maximum's mantissa would round past the format's top (amax / scale_inv in
+        [3.5, 7) for E2M1, [231.47, 462.93) for E4M3).
       Every rule clamps the biased exponent to [1, 253], so s and scale_inv are
       normal powers of two in [2**-126, 2**126].
     store_e8m0: store ``scale_inv`` as ``float8_e8m0fnu`` (requires "pow2").
@@ -120,6 +126,9 @@ class QuantSpec:
     if self.scale_format == "pow2":
       object.__setattr__(self, "pow2_rounding", self.pow2_rounding or "floor")
       _check_choice("pow2_rounding", self.pow2_rounding, POW2_ROUNDINGS)
+      if self.pow2_rounding == "oas" and self.format not in OAS_FORMATS:
+        raise ValueError(f"pow2_rounding='oas' has constants for {OAS_FORMATS} only, got "
+                         f"format {self.format!r}")
     _check_choice("rounding", self.rounding, ROUNDINGS)
     if type(self.sr_bits) is not int or self.sr_bits not in formats.SR_BITS:
       raise ValueError(f"sr_bits must be one of {formats.SR_BITS}, got {self.sr_bits!r}")
