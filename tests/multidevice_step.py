@@ -101,6 +101,42 @@ def fsdp_split() -> dict:
   return out
 
 
+def fsdp_gather_in_bf16() -> dict:
+  """FSDP with the split weights gathered in bfloat16 (``gather_dtype``) against gathered
+  in float32, for a bfloat16-compute model (which casts every split weight to bfloat16
+  before use): params after 2 steps, and the lowered all-gathers' element types."""
+  import re  # pylint: disable=import-outside-toplevel
+
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  cfg = mc.tiny(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                num_hidden_layers=2, dtype="bfloat16")
+  tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
+  mesh = mesh_lib.data_mesh()
+  init = step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16, stacked=True)
+  split = mesh_lib.fsdp_sharding(jax.eval_shape(lambda: init(0)), mesh)
+  specs = jax.tree.map(lambda sh: sh.spec, split.params)
+  tokens = jax.device_put(jax.random.randint(jax.random.key(3), (8, 32), 0, cfg.vocab_size),
+                          mesh_lib.batch_sharding(mesh))
+  out, params = {}, {}
+  for name, dtype in (("f32", None), ("bf16", "bfloat16")):
+    step = mesh_lib.shard_step(step_lib.make_train_step(
+        cfg, tx, mesh=mesh, scan_layers=True, param_specs=specs, gather_dtype=dtype), mesh,
+        split)
+    state = jax.device_put(jax.device_get(init(0)), split)
+    # The program as lowered (XLA:CPU then gathers bfloat16 as float32, the same values;
+    # GPUs' NCCL gathers bfloat16).
+    text = step.lower(state, tokens).as_text()
+    out[f"gather_{name}_types"] = sorted(set(re.findall(
+        r"stablehlo\.all_gather.*-> tensor<[0-9x]*x(\w+)>", text)))
+    for _ in range(2):
+      state, _ = step(state, tokens)
+    params[name] = jax.device_get(state.params)
+  same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), params["f32"], params["bf16"])
+  out["gather_bf16_params_equal"] = all(jax.tree.leaves(same))
+  return out
+
+
 def _config():
   from fp8jax.train import run_config  # pylint: disable=import-outside-toplevel
 
@@ -163,7 +199,7 @@ def run_part(part: str) -> dict:
     one, _ = losses(jax.devices()[:1])
     four, n = losses(jax.devices())
     out = {"one": one, "four": four, "devices": n, **run_loops(tmp),
-           "per_layer_equal": per_layer_reduction(), **fsdp_split()}
+           "per_layer_equal": per_layer_reduction(), **fsdp_split(), **fsdp_gather_in_bf16()}
     try:
       mesh_lib.check_global_batch(6, mesh_lib.data_mesh())
     except ValueError as e:

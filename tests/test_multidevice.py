@@ -40,6 +40,9 @@ def test_four_devices_train_as_one():
   assert {"all-gather", "reduce-scatter"} <= set(result["fsdp_collectives"])
   assert "all-gather" not in result["replicated_collectives"]
   assert result["fsdp_argument_bytes"] < 0.35 * result["replicated_argument_bytes"]
+  # gathered in bfloat16: half the bytes, the same training (the model casts them anyway)
+  assert result["gather_bf16_params_equal"]
+  assert "bf16" in result["gather_bf16_types"] and "bf16" not in result["gather_f32_types"]
 
 
 @pytest.mark.slow

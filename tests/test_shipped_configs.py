@@ -70,3 +70,13 @@ def test_scan_options_come_from_the_run_config():
 def test_scan_options_refused_by_name(train, match):
   with pytest.raises(ValueError, match=match):
     run_config.validate(_train_config(**train))
+
+
+@pytest.mark.parametrize("train, match", [
+    ({"fsdp_gather_dtype": "bfloat16"}, "with train.fsdp=True"),
+    ({"fsdp": True, "fsdp_gather_dtype": "float16"}, "must be '' or one of")])
+def test_fsdp_gather_dtype_refused_by_name(train, match):
+  with pytest.raises(ValueError, match=match):
+    run_config.validate(_train_config(**train))
+  ok = _train_config(fsdp=True, fsdp_gather_dtype="bfloat16")
+  run_config.validate(ok)

@@ -40,6 +40,7 @@ import re
 
 import jax
 from jax import lax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from fp8jax.models import layer_scan, layer_stack
@@ -187,13 +188,39 @@ def sharded_parts(specs) -> dict[tuple[str, str], PartitionSpec]:
   return table
 
 
-def gather_in_forward(specs):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gather_as(leaf, axis: int, dtype):
+  """``leaf`` cast to ``dtype`` and all-gathered along ``axis``; its transpose
+  reduce-scatters the cotangent in ``leaf``'s own dtype (not in ``dtype``)."""
+  return lax.all_gather(leaf.astype(dtype), AXIS, axis=axis, tiled=True)
+
+
+def _gather_as_fwd(leaf, axis, dtype):
+  return _gather_as(leaf, axis, dtype), jnp.zeros((), leaf.dtype)
+
+
+def _gather_as_bwd(axis, dtype, like, ct):
+  del dtype
+  return (lax.psum_scatter(ct.astype(like.dtype), AXIS, scatter_dimension=axis,
+                           tiled=True),)
+
+
+_gather_as.defvjp(_gather_as_fwd, _gather_as_bwd)
+
+
+def gather_in_forward(specs, dtype=None):
   """FSDP in per-device programs: ``fn(tree, where)`` for ``deepseek_moe.apply``'s
   ``param_transform`` that all-gathers each leaf of the part ``where`` split along
   ``data`` (``specs``: as :func:`sharded_parts` takes them) where the part is used, so a
   device holds one layer's whole weights at a time. The gradient with respect to the
   device's part is then the all-gather's transpose, a reduce-scatter: the sum over the
-  devices, which :func:`finish_gathered` turns into the mean over the replicas."""
+  devices, which :func:`finish_gathered` turns into the mean over the replicas.
+
+  ``dtype``: the split leaves are cast to it before the gather (half the bytes for
+  float32 params gathered in bfloat16) and their cotangents reduce-scattered in the
+  leaves' own dtype. Where the model casts the weight to ``dtype`` before any use, as it
+  casts every split weight to its compute dtype, the values are the same as gathering
+  the leaf itself."""
   table = sharded_parts(specs)
 
   def transform(tree, where):
@@ -201,6 +228,8 @@ def gather_in_forward(specs):
       spec = tuple(table[(where, _key_path(path))])
       if AXIS not in spec:
         return leaf
+      if dtype is not None and jnp.dtype(dtype) != leaf.dtype:
+        return _gather_as(leaf, spec.index(AXIS), jnp.dtype(dtype))
       return lax.all_gather(leaf, AXIS, axis=spec.index(AXIS), tiled=True)
     return jax.tree_util.tree_map_with_path(one, tree)
 

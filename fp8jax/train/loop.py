@@ -127,7 +127,8 @@ def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = 
       loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
       deterministic=cfg.train.deterministic, scan_layers=run_config.scan_options(cfg),
-      mesh=mesh, replicas=cfg.train.replicas or None, param_specs=specs)
+      mesh=mesh, replicas=cfg.train.replicas or None, param_specs=specs,
+      gather_dtype=(cfg.train.get("fsdp_gather_dtype", "") or None) if specs else None)
   return mesh_lib.shard_step(step, mesh, sharding)
 
 

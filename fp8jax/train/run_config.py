@@ -102,6 +102,10 @@ def defaults() -> ml_collections.ConfigDict:
                                         # unrolled, their params stored stacked: traced
                                         # once, compiled in a fraction of the loop's time
                                         # (fp8jax.models.layer_scan; docs/performance.md)
+      fsdp_gather_dtype="",             # with fsdp: the split weights cast to this dtype
+                                        # before their gather ("bfloat16": half the bytes;
+                                        # the same values when it is the model's compute
+                                        # dtype), "" to gather them as stored
       scan_unroll=0,                    # with scan_layers: layers per loop iteration (0:
                                         # all; 1: rolled, one layer's gathered weights at a
                                         # time under fsdp)
@@ -278,6 +282,10 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
   _check_full_state(t)
   scan_options(cfg)
+  gather = t.get("fsdp_gather_dtype", "")
+  if gather and (gather not in FLOAT_DTYPES or not t.fsdp or cfg.precision.fp8_param_gather):
+    raise ValueError(f"train.fsdp_gather_dtype must be '' or one of {FLOAT_DTYPES}, with "
+                     f"train.fsdp=True and without precision.fp8_param_gather; got {gather!r}")
   if t.moe_impl not in deepseek_moe.MOE_IMPLS:
     raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
                      f"{t.moe_impl!r}")

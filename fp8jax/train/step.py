@@ -96,7 +96,7 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                     fp8_param_gather: bool = False, with_routing: bool = False,
                     deterministic: bool = False, scan_layers: bool = False, mesh=None,
                     replicas: int | None = None, reduce_per_layer: bool = False,
-                    param_specs=None):
+                    param_specs=None, gather_dtype=None):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
   ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
   (:mod:`fp8jax.train.data_parallel`; the state replicated; ``replicas``: their number,
@@ -117,7 +117,10 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   say (``mesh.fsdp_sharding``'s specs), each device gathering a part's weights where the
   model uses it and receiving its part of the gradients by a reduce-scatter in the
   backward pass (:func:`fp8jax.train.data_parallel.gather_in_forward`): one part's
-  weights whole at a time, and no whole gradient, per device."""
+  weights whole at a time, and no whole gradient, per device; ``gather_dtype`` (with
+  ``param_specs``): the split weights cast to it before they are gathered, their gradient
+  reduce-scattered in the params' dtype (:func:`fp8jax.train.data_parallel.gather_in_forward`;
+  the same values when it is ``cfg.dtype``, to which the model casts every split weight)."""
 
   def objective(params, delayed, tokens, scale, param_transform=None):
     used = param_gather.gather(params) if fp8_param_gather else params
@@ -138,7 +141,11 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
                      "its own tokens: leave it at 1")
   if param_specs is not None and mesh is None:
     raise ValueError("param_specs split the params over a mesh's devices: pass the mesh")
-  gradients = _gradients(objective, mesh, replicas, reduce_per_layer, param_specs)
+  if gather_dtype is not None and (param_specs is None or fp8_param_gather):
+    raise ValueError("gather_dtype applies to FSDP's gathers (param_specs), and not with "
+                     "fp8_param_gather, which quantizes the gathered float32 weights")
+  gradients = _gradients(objective, mesh, replicas, reduce_per_layer, param_specs,
+                         gather_dtype)
 
   def step(state: TrainState, tokens):
     scale = None if loss_scale is None else state.loss_scale["scale"]
@@ -177,7 +184,8 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   return step
 
 
-def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=None):
+def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=None,
+               gather_dtype=None):
   """``(params, delayed, tokens, scale) -> (loss, lm, aux, routing, grads, delayed)``:
   the objective's values and its gradients with respect to the params and the amax
   histories (their update), over the global batch; with ``mesh``, per device and then
@@ -193,7 +201,7 @@ def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=No
     return local
 
   if param_specs is not None:
-    transform = dp.gather_in_forward(param_specs)
+    transform = dp.gather_in_forward(param_specs, gather_dtype)
   else:
     transform = dp.mean_in_backward if reduce_per_layer else None
 

@@ -56,6 +56,8 @@ def main():
   ap.add_argument("--scan-unroll", type=int, default=0, help="layers per loop iteration "
                   "(0: all)")
   ap.add_argument("--scan-remat", default=None, help="a jax.checkpoint_policies name")
+  ap.add_argument("--gather-dtype", default=None, help="per_device: the split weights "
+                  "cast to this dtype before their gather (bfloat16: half the bytes)")
   ap.add_argument("--profile", action="store_true", help="trace 2 steps of the first "
                   "batch; each GPU's collective time hidden behind compute")
   ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "fsdp.json"))
@@ -75,9 +77,11 @@ def main():
       moe_groups=1 if per_device else n,
       scan_layers=layer_scan.ScanOptions(args.scan_unroll, args.scan_remat),
       mesh=mesh if per_device else None,
-      param_specs=jax.tree.map(lambda s: s.spec, sharding.params) if per_device else None),
+      param_specs=jax.tree.map(lambda s: s.spec, sharding.params) if per_device else None,
+      gather_dtype=args.gather_dtype if per_device else None),
       mesh, sharding)
-  tag = (f"{args.route}_u{args.scan_unroll}"
+  tag = (f"{args.route}_u{args.scan_unroll}" + (f"_{args.gather_dtype}" if args.gather_dtype
+                                                else "")
          + (f"_{args.scan_remat}" if args.scan_remat else ""))
   t = time.perf_counter()
   holder = {"state": jax.jit(lambda: init(0), out_shardings=sharding)()}
