@@ -9,7 +9,8 @@
 #   STAGE=2 bash scripts/gpu/several_gpus.sh   # 16B FSDP: batches BATCHES_16B per device
 #                                              # (UNROLL_16B, REMAT_16B: the scan's options)
 #   STAGE=3 bash scripts/gpu/several_gpus.sh   # 16B FSDP on 2 GPUs beside 2B on 1 GPU, then
-#                                              # 2B replicated against FSDP on N GPUs
+#                                              # 2B replicated against FSDP on N GPUs (its
+#                                              # weights gathered in float32, then BF16)
 # No run starts unless its estimate (EST seconds) fits before DEADLINE (default 480) seconds
 # from the start; each is stopped after LIMIT seconds (default 300). The 2026-11-28 runs
 # (docs/performance/archive/2026-11-28_fsdp_per_device_profiles.md): STAGE=2 fits 4 H200s
@@ -70,5 +71,7 @@ if [[ ${STAGE:-1} == 3 ]]; then
   run 90 "train_${n}gpu_at_end" data_parallel.py --part=train "${u[@]}"
   run 90 "fsdp_2b_${n}gpu" fsdp.py --model=deepseek_moe_2b --seq=2048 --batches=8 \
     --scan-unroll=0
+  run 90 "fsdp_2b_${n}gpu_bf16_gather" fsdp.py --model=deepseek_moe_2b --seq=2048 \
+    --batches=8 --scan-unroll=0 --gather-dtype=bfloat16 --profile
 fi
 for f in "$logs"/*.log; do echo "== $f"; cat "$f"; done >"$out/logs_stage${STAGE:-1}.txt"
