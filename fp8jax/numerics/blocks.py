@@ -50,6 +50,18 @@ def amax_abs(x: jnp.ndarray) -> jnp.ndarray:
   return jnp.where(jnp.isfinite(a), jnp.where(small, 0.0, a), np.float32(np.inf))
 
 
+def split_blocks(x: jnp.ndarray, block: tuple[int, ...]):
+  """``x`` zero-padded to whole blocks and reshaped ``[n0, b0, n1, b1, ...]``: (that
+  array, the block axes ``(1, 3, ...)``, the padded shape)."""
+  shape = tuple(x.shape)
+  counts = num_blocks(shape, block)
+  padded = tuple(n * b for n, b in zip(counts, block))
+  if padded != shape:
+    x = jnp.pad(x, [(0, p - d) for d, p in zip(shape, padded)])
+  split = [v for n, b in zip(counts, block) for v in (n, b)]
+  return x.reshape(split), tuple(range(1, 2 * len(shape), 2)), padded
+
+
 def block_amax(x: jnp.ndarray, block: tuple[int, ...]) -> jnp.ndarray:
   """Largest |x| of every block (:func:`amax_abs`: +inf for a block holding NaN or ±inf).
 

@@ -118,26 +118,14 @@ def choose_scales(xs: jax.Array, amax: jax.Array, spec, inner: tuple[int, ...]):
   return s, scale_inv, d, four & jnp.isfinite(raw)
 
 
-def blocked(x: jax.Array, block: tuple[int, ...]):
-  """``x`` zero-padded to whole blocks and split as ``[n0, b0, n1, b1, ...]``: (the split
-  array, the block axes, the padded shape). Zero padding adds exact zeros to the errors."""
-  shape = tuple(x.shape)
-  counts = blocks.num_blocks(shape, block)
-  padded = tuple(n * b for n, b in zip(counts, block))
-  if padded != shape:
-    x = jnp.pad(x, [(0, p - s) for s, p in zip(shape, padded)])
-  split = [v for n, b in zip(counts, block) for v in (n, b)]
-  return x.reshape(split), tuple(range(1, 2 * len(shape), 2)), padded
-
-
 def scales_of(x: jax.Array, block: tuple[int, ...], spec):
   """:func:`choose_scales` for unblocked ``x``: ``(s, scale_inv, tensor_scale_inv,
   chose_four)``, the per-block arrays shaped ``blocks.num_blocks(x.shape, block)``."""
-  xs, inner, _ = blocked(x, block)
+  xs, inner, _ = blocks.split_blocks(x, block)
   amax = jnp.max(blocks.amax_abs(xs), axis=inner, keepdims=True, initial=0.0)
   s, scale_inv, d, four = choose_scales(xs, amax, spec, inner)
   squeeze = lambda v: jnp.squeeze(v, inner)  # noqa: E731
   return squeeze(s), squeeze(scale_inv), d, squeeze(four)
 
 
-__all__ = ["block_error", "candidates", "blocked", "choose_scales", "scales_of"]
+__all__ = ["block_error", "candidates", "choose_scales", "scales_of"]

@@ -55,14 +55,7 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
     raise TypeError(f"quantize needs a 16- or 32-bit float input, got dtype {x.dtype}")
   shape = tuple(x.shape)
   block = spec.granularity.block_shape(shape)
-  counts = blocks.num_blocks(shape, block)
-  padded = tuple(n * b for n, b in zip(counts, block))
-  xp = x
-  if padded != shape:
-    xp = jnp.pad(x, [(0, p - d) for d, p in zip(shape, padded)])
-  split = [v for n, b in zip(counts, block) for v in (n, b)]
-  xs = xp.reshape(split)
-  inner = tuple(range(1, 2 * len(shape), 2))
+  xs, inner, padded = blocks.split_blocks(x, block)
   amax = jnp.max(blocks.amax_abs(xs), axis=inner, keepdims=True, initial=0.0)
   if spec.four_over_six:  # the scale of each block chosen by its error
     s, scale_inv, tensor_scale_inv, _ = four_over_six.choose_scales(xs, amax, spec, inner)
@@ -70,9 +63,7 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
     s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
   bits = rounding_bits.rounding_bits(x, spec, key)
   if bits is not None:
-    if padded != shape:
-      bits = jnp.pad(bits, [(0, p - d) for d, p in zip(shape, padded)])
-    bits = bits.reshape(split)
+    bits = blocks.split_blocks(bits, block)[0]
   out = scales.apply_scales(xs, s, scale_inv, spec.fmt, x.dtype, tensor_scale_inv,
                             bits, spec.sr_bits).reshape(padded)
   if padded != shape:
