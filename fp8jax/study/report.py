@@ -34,13 +34,14 @@ from typing import Any
 
 from fp8jax.data import folder_lock
 from fp8jax.study.branches import trajectory, trajectory_figures
+from fp8jax.study.common import metric_registry
 from fp8jax.study.common.results import Results, load, parse_seed_name
 from fp8jax.study.common.stats import fmt_stat, overall, stat, table
 from fp8jax.study.comparison import conditioning, figures, floor, questions
 from fp8jax.study.runs import one_step_ranking
 
-SUMMARY_METRICS = ("rel_err", "diff_norm", "cosine", "loss_rel_err", "share_direct")
-"""Metrics of the per-policy summary table."""
+SUMMARY_METRICS = metric_registry.summary_names()
+"""Metrics of the per-policy summary table (those registered with ``summary``)."""
 
 
 def _direct_text(pairs: list[tuple[str, int | None]]) -> str:
@@ -96,11 +97,13 @@ def grid_markdown(res: Results) -> list[str]:
 def summary_markdown(res: Results) -> list[str]:
   """Per-policy medians over the checkpoints, and rel_err per checkpoint (the floor and
   the controls in their own rows)."""
+  positive = [m for m in SUMMARY_METRICS if metric_registry.is_positive(m)]
+  signed = [m for m in SUMMARY_METRICS if m not in positive]
   lines = ["## Summary per policy", "",
            "Median over the checkpoints of each checkpoint's center [95% bootstrap interval, "
            "resampling the batches within each checkpoint]; the center is the geometric mean "
-           "over the batches for positive metrics (rel_err, diff_norm, loss_rel_err), the "
-           "arithmetic mean for signed ones (cosine, share_direct).", ""]
+           f"over the batches for positive metrics ({', '.join(positive)}), the "
+           f"arithmetic mean for signed ones ({', '.join(signed)}).", ""]
   rows = []
   names = res.policies + ([res.floor] if res.floor else []) + list(res.controls)
   for p in names:

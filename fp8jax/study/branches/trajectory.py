@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.study.common import results, results_io, stats
+from fp8jax.study.common import metric_registry, results, results_io, stats
 from fp8jax.study.common.correlation import adjust, correlate, fmt_p, related
 from fp8jax.study.common.results import Results
 from fp8jax.study.common.stats import fmt, table
@@ -52,21 +52,14 @@ __all__ = ["Branches", "EXTRA_PREDICTORS", "OUTCOMES", "PREDICTORS", "TITLE", "a
 
 TITLE = "Does the one-step perturbation predict the trajectory?"
 KINDS = ("reference", "noise", "policy")
-OUTCOMES = {"param_div": "K-step parameter divergence", "loss_gap": "K-step relative loss gap",
-            "update_cos": "mean update cosine", "routing_div": "routing divergence at K",
-            "growth_rate": "divergence growth rate (per step)"}
+OUTCOMES = metric_registry.outcomes()
 """Outcome name -> description (all dimensionless; growth_rate in 1/step)."""
 FLOOR_SIGN = {"param_div": 1, "loss_gap": 1, "routing_div": 1, "update_cos": -1}
 """Outcomes with a noise floor: +1 larger is further from BF16 (loss_gap by |value|), -1
 smaller is."""
-PREDICTORS = {"rel_err": "one-step relative gradient error",
-              "share_direct": "direct share of the perturbation",
-              "routing": "one-step routing divergence"}
+PREDICTORS = metric_registry.predictors()
 """Predictor name -> description (dimensionless); always tested."""
-EXTRA_PREDICTORS = {
-    "floor_multiple": "one-step rel_err / noise floor",
-    **{k: f"{v} (checkpoint)" for k, v in conditioning.SIGNALS.items()},
-    **{f"tel/{k}": f"telemetry: {v}" for k, v in conditioning.TELEMETRY.items()}}
+EXTRA_PREDICTORS = metric_registry.predictors(extra=True)
 """Predictors tested when the sweep has them (conditioning signals are per checkpoint)."""
 _NEED = ("from_step", "branch", "kind", "steps", "finite")
 _SERIES = ("loss_rel_gap", "param_div", "update_cos", "routing_diff", "finite")

@@ -77,9 +77,17 @@ def read_jsonl(path: str | pathlib.Path) -> list[dict]:
   return [obj for _, obj in numbered_jsonl(path)]
 
 
+ROW_KEYS = ("step", "offset", "batch", "policy")
+"""The columns that identify a row or details line (:func:`row_key`); a ``baseline.jsonl``
+line has the first three."""
+STATUS_KEYS = ("finite", "nonfinite")
+"""The columns of a row or baseline line that say whether it is finite, and where not."""
+
+
 def row_key(row: dict) -> tuple:
   """``(step, offset, batch, policy)``: what identifies a row or details line."""
-  return (int(row["step"]), int(row["offset"]), int(row["batch"]), row["policy"])
+  step, offset, batch, policy = (row[k] for k in ROW_KEYS)
+  return (int(step), int(offset), int(batch), policy)
 
 
 @dataclasses.dataclass

@@ -3,7 +3,8 @@
 Per checkpoint (:func:`stat`, :class:`~fp8jax.study.common.intervals.Stat`): the center of a metric
 over the evaluation batches with its 95% interval; positive metrics (:func:`is_positive`:
 norms, relative errors, their ratios) on the log scale (geometric mean, t-interval of the
-logs), signed ones (cosines, shares, fractions) as arithmetic means with t-intervals.
+logs), signed ones (cosines, shares, fractions) as arithmetic means with t-intervals; each
+metric's scale is registered in :mod:`fp8jax.study.common.metric_registry`.
 Across checkpoints (:func:`overall`, :class:`~fp8jax.study.common.intervals.Summary`): the median
 of the per-checkpoint centers with a 95% bootstrap interval that resamples the batches
 within each checkpoint (fixed seed). Paired comparisons of two policies (:func:`paired`,
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from fp8jax.study.common import metric_registry
 from fp8jax.study.common.intervals import (
   Stat,
   Summary,
@@ -40,9 +42,7 @@ __all__ = ["Stat", "Summary", "ci", "compare", "fmt", "fmt_stat", "is_positive",
            "mean_ci", "mean_details", "overall", "paired", "paired_values", "stat", "summary",
            "t_quantile", "table", "trajectory", "values"]
 
-POSITIVE = frozenset({"rel_err", "diff_norm", "norm_bf16", "norm_fp8", "loss_rel_err",
-                      "loss_abs_err", "rel_err_intersection", "diff_norm_intersection",
-                      "grad_norm", "curvature", "perturbation_norm"})
+POSITIVE = metric_registry.positive_names()
 """Metric names (the last ``/`` component) that are positive: summarized on the log scale."""
 N_BOOT = 2000
 """Bootstrap resamples of the summaries across checkpoints (seed 0)."""
@@ -50,8 +50,12 @@ N_BOOT = 2000
 
 def is_positive(metric: str) -> bool:
   """Whether a metric is a positive quantity (``module/attn_o/rel_err`` is, like
-  ``rel_err``; ``cosine``, ``share_direct`` and routing fractions are not)."""
-  return metric.rsplit("/", 1)[-1] in POSITIVE
+  ``rel_err``; ``cosine``, ``share_direct`` and routing fractions are not).
+
+  Raises:
+    KeyError: the metric is not registered (:mod:`fp8jax.study.common.metric_registry`).
+  """
+  return metric_registry.is_positive(metric)
 
 
 def values(res: Results, metric: str, policy: str, step: int) -> tuple[np.ndarray, int]:

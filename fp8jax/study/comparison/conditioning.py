@@ -25,22 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from fp8jax.study.common import stats
+from fp8jax.study.common import metric_registry, stats
 from fp8jax.study.common.results import Results
 from fp8jax.study.common.stats import Stat, ci, fmt, fmt_stat, table
 
 SPIKE_FACTOR = 3.0
 """A checkpoint whose flag signal exceeds this multiple of the signal's median is flagged."""
-SIGNALS = {"loss": "BF16 loss", "grad_norm": "BF16 gradient norm",
-           "floor_rel_err": "floor rel_err", "curvature": "floor curvature"}
-"""Conditioning signal -> description."""
-FLAG_SIGNALS = ("grad_norm", "floor_rel_err", "curvature")
+SIGNALS = metric_registry.signals()
+"""Conditioning signal -> description (:mod:`fp8jax.study.common.metric_registry`)."""
+FLAG_SIGNALS = metric_registry.flag_signals()
 """The signals that flag a checkpoint."""
-TELEMETRY = {"saturated_frac": "blocks saturating", "underflow_frac": "blocks underflowing",
-             "zero_block_frac": "all-zero blocks", "kurtosis": "kurtosis of the quantized "
-             "activations", "scale_log2_p05": "log2 block scale, 5th percentile",
-             "scale_log2_p50": "log2 block scale, median",
-             "scale_log2_p95": "log2 block scale, 95th percentile"}
+TELEMETRY = metric_registry.telemetry()
 """Telemetry field (``tel/<name>``) -> description (fractions of blocks, kurtosis, log2)."""
 
 

@@ -25,7 +25,8 @@ from fp8jax.study.comparison import format_width as width_lib
 
 NAMES = ("loss_curves", "grad_error", "loss_vs_grad", "weight_norms", "heatmaps",
          "migration", "routing", "format_width", "noise_floor")
-"""The figures of :func:`write_all`, in report order (file ``<name>.png``)."""
+"""The figures of :func:`write_all`, in report order (file ``<name>.png``); the metrics each
+plots are registered in :mod:`fp8jax.study.common.metric_registry` (``Metric.figures``)."""
 
 _ROUTING = re.compile(r"^routing/(\d+)/topk_set_diff_frac$")
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8jax.study.common import stats
+from fp8jax.study.common import metric_registry, stats
 from fp8jax.study.common.results import Results
 from fp8jax.study.common.stats import fmt, fmt_stat, table
 
 FLOOR_MULTIPLE = 3.0
 """A policy is distinguishable from the floor when its multiple's lower bound exceeds this."""
-FLOOR_METRICS = ("rel_err", "loss_rel_err")
-"""Metrics reported as multiples of the floor's."""
+FLOOR_METRICS = metric_registry.floor_names()
+"""Metrics reported as multiples of the floor's (those registered with ``floor``)."""
 CANNOT_TELL = "cannot tell from the checkpoint's own sensitivity"
 
 
