@@ -149,3 +149,43 @@ def test_a_weight_on_the_left_gets_the_weight_role():
 def test_bad_qwix_rules_are_refused(make, error, message):
   with pytest.raises(error, match=message):
     make()
+
+
+class OwnMatmul(nnx.Module):
+  """GEMMs through jitted jax.numpy functions, whose traces JAX caches."""
+
+  def __init__(self, rngs):
+    self.w = nnx.Param(jax.random.normal(rngs.params(), (D, 16)))
+
+  def __call__(self, x):
+    return x @ self.w + jnp.matmul(x, self.w[...]) + jnp.dot(x, self.w[...])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantized_first", [False, True])
+def test_matmul_is_reached_and_nothing_leaks_in_either_order(quantized_first):
+  """With JIT disabled in matched modules (the provider's default), ``@``, ``jnp.matmul``
+  and ``jnp.dot`` are quantized whichever model ran first, with the bits of the jaxpr
+  route, and an unquantized model run after a quantized one keeps its own bits."""
+  x = _x()[0]
+  rules = Rules([Rule(".*", TENSOR)])
+
+  def plain():
+    return OwnMatmul(nnx.Rngs(0))(x)
+
+  def quantized():
+    return qwix.quantize_model(OwnMatmul(nnx.Rngs(0)), qp.provider(rules), x)(x)
+
+  jax.clear_caches()
+  if quantized_first:
+    got_q, got = quantized(), plain()
+    jax.clear_caches()
+    want = plain()
+  else:
+    want = plain()
+    got_q, got = quantized(), plain()
+  np.testing.assert_array_equal(got, want)
+  graphdef, params, rest = nnx.split(OwnMatmul(nnx.Rngs(0)), nnx.Param, ...)
+  route = rules_lib.quantize_gemms(lambda p, x: nnx.merge(graphdef, p, rest)(x), rules)
+  np.testing.assert_array_equal(got_q, route(params, x))
+  assert not np.array_equal(got_q, want)

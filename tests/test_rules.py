@@ -123,7 +123,8 @@ def test_describe_lists_paths_actions_and_unmatched_rules():
   assert "blocks/1  output: e4m3 1x128@-1 current fp32 | bwd e4m3 1x128@-1" in text
   assert any(ln.startswith("blocks/1/fc2  gemm[dot_general]: fp8/fp8/fp8") for ln in lines)
   assert "mix  gemm[einsum]: recipe fp32_blockwise  (rules 4)" in lines
-  assert lines[-1] == "unmatched: rules[5] rule 'nothing/here', role gemm"
+  assert lines[-2] == "unmatched: rules[5] rule 'nothing/here', role gemm"
+  assert lines[-1].startswith("(the hooks set, not traced: describe(model, rules, *example")
   assert not any(ln.startswith("head") for ln in lines)
   undone = rules_lib.describe(model, [Rule(".*", BLOCKWISE), Rule("head", None, role="gemm")])
   assert "head  unquantized  (rules 0, 1)" in undone.splitlines()
@@ -181,9 +182,21 @@ def test_delayed_scaling_on_a_module_output_is_refused_naming_the_rule():
 
 def test_rules_that_cannot_apply_are_refused():
   model = Net(nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"rule 'blocks/2/fc1', role gemm \(rules\[1\]\) "
-                                       r"matches no module of the Net model"):
+  with pytest.raises(ValueError, match=r"^rule 'blocks/2/fc1', role gemm \(rules\[1\]\) "
+                                       r"matches no module of the Net model that has a matmul "
+                                       r"hook; closest: 'blocks/1/fc1', 'blocks/0/fc1', .* "
+                                       r"\(module_path must match a whole '/'-joined path: "
+                                       r"re.fullmatch\)$"):
     rules_lib.quantize_model(model, [Rule("head", BLOCKWISE), Rule("blocks/2/fc1", BLOCKWISE)])
+  with pytest.raises(ValueError, match=r"closest: 'blocks/0/fc2', 'blocks/1/fc2'"):
+    rules_lib.quantize_model(model, [Rule("fc2", BLOCKWISE)])  # re.search would find them
+  with pytest.raises(ValueError, match=r"rule 'blocks/1', role gemm \(rules\[0\]\) matches "
+                                       r"no module .*: it matches 'blocks/1', which has no "
+                                       r"matmul hook .*fp8jax.rules.quantize_gemms"):
+    rules_lib.quantize_model(model, [Rule("blocks/1", BLOCKWISE)])
+  with pytest.raises(ValueError, match=r"no module .* that has a einsum hook: it matches "
+                                       r"'head', which has no einsum hook"):
+    rules_lib.quantize_model(model, [Rule("head", BLOCKWISE, op="einsum")])
   with pytest.raises(ValueError, match=r"rule 'head', role weight sets the weight spec of "
                                        r"dot_general at 'head', but no earlier rule"):
     rules_lib.quantize_model(model, [Rule("head", W_SPEC, role="weight")])
@@ -278,10 +291,32 @@ def test_linen_unmatched_paths_and_no_rules_stay_bit_identical():
   assert not np.array_equal(got["fc1_out"]["__call__"][0], want["fc1_out"]["__call__"][0])
   assert [p for p, plan in seen.plans.items() if not plan.empty] == ["fc1_out"]
   text = rules_lib.describe(model, Rules((*LINEN_RULES, Rule("fc2_in", TENSOR))), x)
-  assert "fc0_in  gemm[dot_general]: recipe fp32_blockwise  (rules 0, 1)" in text
-  assert text.splitlines()[-1] == "unmatched: rules[3] rule 'fc2_in', role gemm"
+  lines = text.splitlines()
+  assert "fc0_in/kernel  dot_general [2,8,32]x[32,64]  recipe fp32_blockwise  (rules 0, 1)" in lines
+  assert "head/kernel  dot_general [2,8,32]x[32,8]  not quantized: no rule" in lines
+  assert lines[-3].startswith("head  output [2,8,8]  e4m3 1x128@-1 current fp32 | bwd e4m3")
+  assert lines[-1] == "unmatched: rules[3] rule 'fc2_in', role gemm"
   with pytest.raises(ValueError, match=r"rule 'fc2_in', role gemm \(rules\[3\]\) matches no"):
     rules_lib.check_linen(model, Rules((*LINEN_RULES, Rule("fc2_in", TENSOR))), x)
+
+
+def test_intercept_refuses_a_rule_that_matched_no_module_called_in_the_block():
+  """A typo raises at the end of the block, naming the rule and the closest paths; so does
+  a block in which no module ran (a jitted function replaying its cached trace)."""
+  x = _x()
+  model = LinenMLP()
+  params = model.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"^rule 'fc0_inn', role gemm \(rules\[1\]\) matches "
+                                       r"no module of the intercept block that has a matmul "
+                                       r"hook; closest: 'fc0_in', "):
+    with rules_lib.intercept([Rule("fc0_in", TENSOR), Rule("fc0_inn", TENSOR)]):
+      model.apply(params, x)
+  with pytest.raises(ValueError, match=r"intercept: no Linen module ran inside the block"):
+    with rules_lib.intercept([Rule("fc0_in", TENSOR)]):
+      pass
+  with rules_lib.intercept([Rule("fc0_inn", TENSOR)], strict=False) as seen:
+    model.apply(params, x)  # strict=False: a block that runs part of a model
+  assert "fc0_in" in seen.plans
 
 
 class Experts(nnx.Module):

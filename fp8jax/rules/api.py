@@ -5,7 +5,8 @@
     qmodel = quantize_model(model, rules)            # NNX: a quantized copy
     with intercept(rules):                           # Linen: interception while applied
       y = linen_model.apply(variables, x)
-    print(describe(model, rules))                    # path -> action, unmatched rules
+    print(describe(model, rules, x))                 # the GEMMs that run, and their actions
+    qloss = quantize_gemms(loss, rules)              # any function: every GEMM on a param
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 from flax import linen as nn
 from flax import nnx
 
-from fp8jax.gemm import recipes
-from fp8jax.rules import linen_apply, nnx_apply
+from fp8jax.rules import gemms, linen_apply, nnx_apply, report
 from fp8jax.rules import rule as rule_lib
 
 
@@ -40,23 +40,34 @@ def plans(model, rules, *args, **kwargs) -> dict[str, rule_lib.Plan]:
   raise TypeError(f"expected a Flax NNX or Linen module, got {type(model).__name__}")
 
 
-def _config_name(config) -> str:
-  name = next((n for n, c in recipes.RECIPES.items() if c == config), None)
-  return f"recipe {name}" if name else config.describe()
-
-
 def describe(model, rules, *args, **kwargs) -> str:
-  """A report of what ``rules`` do to ``model``: one line per quantized module
-  (``path  gemm[op]: recipe fp32_blockwise | output: e4m3 1x128@-1 ... (rules 0, 2)``;
-  ``unquantized`` where None actions undo the rest), then each rule that matches no
-  module. Linen models need example inputs."""
+  """A report of what ``rules`` do to ``model``.
+
+  With example inputs (arrays or ``jax.ShapeDtypeStruct``), from an abstract trace (no
+  FLOPs) of what runs: one line per GEMM (parameter path, op, operand shapes, action:
+  the recipe and its rules, or ``not quantized`` and why), the outputs quantized, the
+  modules whose parameter GEMMs stay unquantized, hooks set that never ran, and the rules
+  that match nothing. ``model`` an NNX or Linen module (the hook route: ``model(*args)``,
+  ``model.apply(variables, *args)``), or any function ``fn(params, *inputs)`` (the jaxpr
+  route, :func:`fp8jax.rules.quantize_gemms`).
+
+  Without inputs (NNX only), the static plan: one line per module a rule matched
+  (``path  gemm[op]: recipe fp32_blockwise | output: ... (rules 0, 2)``; ``unquantized``
+  where None actions undo the rest), then each rule that matches no module. It lists the
+  hooks set, not the GEMMs that run: a GEMM in the model's own code is not seen.
+  """
   rules = rule_lib.as_rules(rules)
+  if isinstance(model, (nnx.Module, nn.Module)) and (args or kwargs):
+    return report.hook_report(model, rules, *args, **kwargs)
+  if not isinstance(model, (nnx.Module, nn.Module)) and callable(model):
+    return report.jaxpr_report(gemms.QuantizedGemms(model, rules, strict=False), *args,
+                               **kwargs)
   found = plans(model, rules, *args, **kwargs)
   lines = []
   for path, plan in sorted(found.items()):
     if not plan.matched:
       continue
-    parts = [f"gemm[{op}]: {_config_name(c)}" for op, c in plan.gemm]
+    parts = [f"gemm[{op}]: {report.config_name(c)}" for op, c in plan.gemm]
     if plan.output is not None:
       parts.append(f"output: {plan.output.describe()}")
     parts = parts or ["unquantized"]
@@ -64,4 +75,6 @@ def describe(model, rules, *args, **kwargs) -> str:
     lines.append(f"{path or '<root>'}  {' | '.join(parts)}  (rules {used})")
   used = {i for p in found.values() for i in p.matched}
   lines += [f"unmatched: rules[{i}] {r.label()}" for i, r in enumerate(rules) if i not in used]
-  return "\n".join(lines) or "no module is quantized"
+  lines.append("(the hooks set, not traced: describe(model, rules, *example_inputs) shows the "
+               "GEMMs that run)")
+  return "\n".join(lines)

@@ -15,7 +15,9 @@ Every method call of a bound module passes the interceptor, which knows the modu
 
 Nothing is changed outside the ``with`` block and no parameter moves. The interception
 happens at trace time, so a jitted function must call ``model.apply`` inside the block
-(and takes the rules as a static argument to be retraced when they change).
+(and takes the rules as a static argument to be retraced when they change). At the end
+of the block every rule must have matched a module called in it (``strict``), as
+:func:`fp8jax.rules.quantize_model` checks for NNX.
 """
 
 from __future__ import annotations
@@ -77,12 +79,24 @@ class _Interceptor:
 
 
 @contextlib.contextmanager
-def intercept(rules):
+def intercept(rules, *, strict: bool = True):
   """Applies ``rules`` to every Linen module called inside the block; yields the
-  interceptor, whose ``plans`` maps each path seen to its :class:`~fp8jax.rules.rule.Plan`."""
-  interceptor = _Interceptor(rule_lib.as_rules(rules))
+  interceptor, whose ``plans`` maps each path seen to its :class:`~fp8jax.rules.rule.Plan`.
+
+  ``strict``: when the block ends without an exception, a ValueError names the first rule
+  that matched no module called in it (with the closest paths), or says that no module
+  ran at all (a function jitted outside the block replays its cached trace without the
+  interception); ``False`` skips the check (a block that runs part of a model)."""
+  rules = rule_lib.as_rules(rules)
+  interceptor = _Interceptor(rules)
   with nn.intercept_methods(interceptor):
     yield interceptor
+  if strict and len(rules):
+    if not interceptor.plans:
+      raise ValueError(f"intercept: no Linen module ran inside the block, so its {len(rules)} "
+                       "rules applied to nothing (a function jitted outside the block replays "
+                       "its cached trace: call model.apply inside it, within the block)")
+    rule_lib.check_all_matched(rules, interceptor.plans, "the intercept block")
 
 
 def linen_plans(model: nn.Module, rules, *args, method=None, **kwargs) -> dict:
@@ -91,7 +105,7 @@ def linen_plans(model: nn.Module, rules, *args, method=None, **kwargs) -> dict:
   rules = rule_lib.as_rules(rules)
 
   def run():
-    with intercept(rules) as icpt:
+    with intercept(rules, strict=False) as icpt:
       model.init(jax.random.key(0), *args, method=method, **kwargs)
     return icpt.plans
 

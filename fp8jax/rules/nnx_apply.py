@@ -23,6 +23,7 @@ give equal graph definitions, so a jitted function does not trace again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from flax import nnx
@@ -59,7 +60,7 @@ def plans(model: nnx.Module, rules) -> dict[str, rule_lib.Plan]:
     ops = module_ops(module)
     plan = rule_lib.resolve(rules, path, ops)
     if plan.output is not None and not callable(module):
-      plan = rule_lib.Plan(plan.gemm, None, tuple(
+      plan = dataclasses.replace(plan, output=None, matched=tuple(
           i for i in plan.matched if rules[i].role != "output"))
     out[path] = plan
   return out

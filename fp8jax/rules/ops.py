@@ -2,15 +2,18 @@
 
 They are frozen dataclasses, so equal configs give equal (hashable) callables: a model
 quantized twice by equal rules has an equal static structure and ``jax.jit`` does not
-trace it again.
+trace it again. Inside :func:`recording` each call is recorded, and runs under a name
+scope that marks the jaxpr equations it makes (what ``describe`` reports as having run).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +21,62 @@ import jax.numpy as jnp
 from fp8jax.gemm import dense, grouped
 from fp8jax.numerics.spec import QuantSpec
 from fp8jax.quant.fake_quant import fake_quant
+
+MARK = "fp8jax_hook_"
+"""Name-scope prefix of a recorded call: ``fp8jax_hook_<index into the record>``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HookCall:
+  """One call of a rule's callable: ``kind`` an op of :data:`fp8jax.rules.OPS` or
+  ``"output"``; ``action`` its GemmConfig or QuantSpec; ``shapes`` its operands'."""
+
+  kind: str
+  path: str
+  action: Any
+  shapes: tuple[tuple[int, ...], ...]
+
+
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "fp8jax_rules_record", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+  """Yields the list of :class:`HookCall` made inside the block; call ``i`` runs under the
+  name scope ``fp8jax_hook_<i>``, so a jaxpr traced inside the block shows its equations."""
+  calls: list[HookCall] = []
+  token = _RECORD.set(calls)
+  try:
+    yield calls
+  finally:
+    _RECORD.reset(token)
+
+
+def _recorded(kind: str, path: str, action, *arrays):
+  calls = _RECORD.get()
+  if calls is None:
+    return contextlib.nullcontext()
+  calls.append(HookCall(kind, path, action, tuple(tuple(jnp.shape(a)) for a in arrays)))
+  return jax.named_scope(f"{MARK}{len(calls) - 1}")
+
+
+def swap_back(out, dimension_numbers, lhs_ndim: int, rhs_ndim: int):
+  """The result of ``dot_general(rhs, lhs, swapped dims)`` in the order of
+  ``dot_general(lhs, rhs, dims)``: batch, lhs free, rhs free."""
+  (lc, rc), (lb, _) = dimension_numbers
+  nb, n_l, n_r = len(lb), lhs_ndim - len(lc) - len(lb), rhs_ndim - len(rc) - len(lb)
+  perm = [*range(nb), *range(nb + n_r, nb + n_r + n_l), *range(nb, nb + n_r)]
+  return jnp.transpose(out, perm)
+
+
+def weight_left(dot, lhs, rhs, dimension_numbers, precision=None,
+                preferred_element_type=None):
+  """``dot(rhs, lhs, ...)`` with the operands swapped, so that the weight ``lhs`` takes
+  the rhs (weight) role, returned in the layout of ``dot_general(lhs, rhs, ...)``."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  out = dot(rhs, lhs, ((rc, lc), (rb, lb)), precision, preferred_element_type)
+  return swap_back(out, dimension_numbers, lhs.ndim, rhs.ndim)
 
 
 @contextlib.contextmanager
@@ -57,7 +116,8 @@ class QuantDotGeneral:
 
   def __call__(self, lhs, rhs, dimension_numbers, precision=None,
                preferred_element_type=None, **kwargs):
-    with _at("dot_general", self.path):
+    with _at("dot_general", self.path), _recorded("dot_general", self.path, self.config,
+                                                   lhs, rhs):
       return _dot(self.config, lhs, rhs, dimension_numbers, precision, preferred_element_type,
                   **kwargs)
 
@@ -73,7 +133,7 @@ class QuantEinsum:
   def __call__(self, subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
                out_sharding=None):
     del out_sharding  # the simulated GEMM is not sharding-aware
-    with _at("einsum", self.path):
+    with _at("einsum", self.path), _recorded("einsum", self.path, self.config, lhs, rhs):
       return jnp.einsum(subscripts, lhs, rhs, precision=precision,
                         preferred_element_type=preferred_element_type,
                         _dot_general=functools.partial(_dot, self.config))
@@ -89,7 +149,8 @@ class QuantRaggedDot:
 
   def __call__(self, lhs, rhs, group_sizes, **kwargs):
     del kwargs  # precision / preferred_element_type: the simulated GEMM sets its own
-    with _at("ragged_dot", self.path):
+    with _at("ragged_dot", self.path), _recorded("ragged_dot", self.path, self.config, lhs,
+                                                  rhs):
       return grouped.fp8_ragged_dot(lhs, rhs, group_sizes, config=self.config)
 
 
@@ -105,6 +166,8 @@ def quantize_output(out, spec: QuantSpec, path: str):
       return fake_quant(x, spec)
     return x
   try:
-    return jax.tree.map(one, out)
+    with _recorded("output", path, spec, *(x for x in jax.tree.leaves(out)
+                                           if isinstance(x, jax.Array))):
+      return jax.tree.map(one, out)
   except ValueError as e:
     raise ValueError(f"output rule at {path!r}: {e}") from None

@@ -8,8 +8,10 @@
     qmodel = qwix.quantize_model(model, provider, x)         # NNX (example input)
     qmodel = qwix.quantize_model(linen_model, provider)      # Linen
 
-While a matched module runs, qwix intercepts ``jax.lax.dot_general``, ``jax.numpy.einsum``
-and ``jax.lax.ragged_dot``; the provider routes them through the same callables as
+While a matched module runs (with JIT disabled, so that no cached trace of ``jnp.matmul``
+skips the interception or carries it into another model), qwix intercepts
+``jax.lax.dot_general``, ``jax.numpy.einsum`` and ``jax.lax.ragged_dot``; the provider
+routes them through the same callables as
 :mod:`fp8jax.rules` (:mod:`fp8jax.rules.ops`: :func:`fp8jax.fp8_dot_general`,
 :func:`fp8jax.gemm.grouped.fp8_ragged_dot`), so one recipe gives the same bits by either
 route. qwix's precedence holds here: the **first** matching rule wins (fp8jax's
@@ -87,15 +89,6 @@ def from_rules(rules) -> list:
   return out[::-1]
 
 
-def _swap_back(out, dimension_numbers, lhs_ndim: int, rhs_ndim: int):
-  """The result of ``dot_general(rhs, lhs, swapped dims)`` in the order of
-  ``dot_general(lhs, rhs, dims)``: batch, lhs free, rhs free."""
-  (lc, rc), (lb, _) = dimension_numbers
-  nb, n_l, n_r = len(lb), lhs_ndim - len(lc) - len(lb), rhs_ndim - len(rc) - len(lb)
-  perm = [*range(nb), *range(nb + n_r, nb + n_r + n_l), *range(nb, nb + n_r)]
-  return jnp.transpose(out, perm)
-
-
 @functools.cache
 def provider_class() -> type:
   """``Fp8jaxProvider``: a ``qwix.QuantizationProvider`` whose rules are
@@ -128,9 +121,8 @@ def provider_class() -> type:
                                    out_sharding=out_sharding)
       fn = ops_lib.QuantDotGeneral(config, self._path())
       if flax_util.find_param(lhs) is not None and flax_util.find_param(rhs) is None:
-        (lc, rc), (lb, rb) = dimension_numbers
-        out = fn(rhs, lhs, ((rc, lc), (rb, lb)), precision, preferred_element_type)
-        return _swap_back(out, dimension_numbers, lhs.ndim, rhs.ndim)
+        return ops_lib.weight_left(fn, lhs, rhs, dimension_numbers, precision,
+                                   preferred_element_type)
       return fn(lhs, rhs, dimension_numbers, precision, preferred_element_type)
 
     def einsum(self, subscripts, *operands, precision=None, preferred_element_type=None,
@@ -165,14 +157,21 @@ def provider_class() -> type:
   return Fp8jaxProvider
 
 
-def provider(rules):
+def provider(rules, *, disable_jit: bool = True):
   """An ``Fp8jaxProvider`` for ``qwix.quantize_model``: ``rules`` a sequence of
   :func:`rule` (qwix order: the first match wins), or fp8jax
   :class:`~fp8jax.rules.Rules` / :class:`~fp8jax.rules.Rule` s (translated by
-  :func:`from_rules`)."""
+  :func:`from_rules`).
+
+  ``disable_jit`` (qwix's option, on here): a matched module's methods run under
+  ``jax.disable_jit()``, so ``@``, ``jnp.matmul`` and ``jnp.dot`` (jitted functions whose
+  traces JAX caches) reach the intercepted ``lax.dot_general`` every time. Off, the result
+  depends on which model traced them first in the process: one traced earlier without
+  interception leaves them unquantized, and one traced under it leaks the quantized
+  product into later unquantized models."""
   if isinstance(rules, rule_lib.Rule):
     rules = (rules,)
   rules = list(rules)
   if isinstance(rules, rule_lib.Rules) or any(isinstance(r, rule_lib.Rule) for r in rules):
     rules = from_rules(rules)
-  return provider_class()(rules)
+  return provider_class()(rules, disable_jit=disable_jit)

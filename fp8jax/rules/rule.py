@@ -33,6 +33,7 @@ module into a :class:`Plan`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 from typing import Any
@@ -143,11 +144,12 @@ def as_rules(rules) -> Rules:
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """What the rules do to one module: a GEMM config per op it exposes, an output spec,
-  and the indices of the rules that matched it (for reports)."""
+  the indices of the rules that matched it (for reports) and the matmul ops it exposes."""
 
   gemm: tuple[tuple[str, GemmConfig], ...] = ()
   output: QuantSpec | None = None
   matched: tuple[int, ...] = ()
+  ops: tuple[str, ...] = ()
 
   def config(self, op: str) -> GemmConfig | None:
     return dict(self.gemm).get(op)
@@ -157,11 +159,13 @@ class Plan:
     return not self.gemm and self.output is None
 
 
-def resolve(rules: Rules, path: str, ops: tuple[str, ...]) -> Plan:
+def resolve(rules: Rules, path: str, ops: tuple[str, ...], aliases: tuple[str, ...] = ()
+            ) -> Plan:
   """The :class:`Plan` of the module at ``path`` exposing the matmul ``ops``.
 
   A GEMM rule counts as matching only where the module exposes its op (a container module
-  whose path also fits the regex is skipped); an output rule matches any module.
+  whose path also fits the regex is skipped); an output rule matches any module. A rule
+  whose regex fits one of ``aliases`` (e.g. a GEMM's full parameter path) matches too.
 
   Raises:
     ValueError: an operand-role rule matches a GEMM that no earlier rule gave a config.
@@ -169,7 +173,7 @@ def resolve(rules: Rules, path: str, ops: tuple[str, ...]) -> Plan:
   gemm: dict[str, GemmConfig | None] = {}
   output, matched = None, []
   for i, rule in enumerate(rules):
-    if not rule.matches(path):
+    if not any(rule.matches(p) for p in (path, *aliases)):
       continue
     if rule.role == "output":
       output = rule.action
@@ -194,7 +198,7 @@ def resolve(rules: Rules, path: str, ops: tuple[str, ...]) -> Plan:
       except (TypeError, ValueError) as e:
         raise ValueError(f"{rule.label()} at {path!r}: {e}") from None
   configs = tuple((op, c) for op, c in gemm.items() if c is not None)
-  return Plan(configs, output, tuple(matched))
+  return Plan(configs, output, tuple(matched), tuple(ops))
 
 
 def _delayed(spec: QuantSpec) -> bool:
@@ -214,12 +218,58 @@ def check_stateless(rules: Rules, path: str, plan: Plan) -> None:
                    "current scaling")
 
 
+def closest_paths(pattern: str, paths, n: int = 5) -> list[str]:
+  """Up to ``n`` of ``paths`` nearest the regex ``pattern``: those it finds with
+  ``re.search`` (a match that is not the whole path), then the nearest by
+  ``difflib.get_close_matches`` of the regex text (raw, and with ``\\d+``, ``.*`` and
+  anchors simplified)."""
+  paths = sorted(set(paths))
+  rx = _compile(pattern)
+  found = [p for p in paths if rx.search(p)]
+  plain = re.sub(r"\\d[+*]?|\[[^\]]*\][+*]?", "0", pattern)
+  plain = re.sub(r"\.[*+]|[\\^$()?]", "", plain)
+  for text in (pattern, plain):
+    found += difflib.get_close_matches(text, paths, n=n, cutoff=0.4)
+  return list(dict.fromkeys(found))[:n]
+
+
+def no_match_error(rule: Rule, i: int, need: str, reachable, present=(), lacking: str = ""
+                   ) -> ValueError:
+  """The one-line error of ``rules[i]``, which acts on none of ``reachable`` (the paths fit
+  for it, ``need`` saying which): names a path of ``present`` (the other paths) that it
+  does match and what that path is ``lacking``, else the closest paths."""
+  text = f"{rule.label()} (rules[{i}]) matches no {need}"
+  hits = sorted(p for p in set(present) if rule.matches(p))
+  if hits:
+    shown = ", ".join(repr(p) for p in hits[:3]) + (f" (+{len(hits) - 3} more)"
+                                                    if len(hits) > 3 else "")
+    return ValueError(f"{text}: it matches {shown}, which {lacking}")
+  close = closest_paths(rule.module_path, reachable)
+  every = sorted(set(reachable))
+  if close:
+    near = f"; closest: {', '.join(map(repr, close))}"
+  elif every:
+    more = f" (+{len(every) - 3} more)" if len(every) > 3 else ""
+    near = f"; none is close among {', '.join(map(repr, every[:3]))}{more}"
+  else:
+    near = "; there is none"
+  return ValueError(f"{text}{near} (module_path must match a whole '/'-joined path: "
+                    "re.fullmatch)")
+
+
 def check_all_matched(rules: Rules, plans: dict[str, Plan], where: str) -> None:
-  """ValueError naming the first rule that matched no module of ``where``."""
+  """ValueError naming the first rule that matched no module of ``where``, with the
+  closest paths it could act on, or the path it matches and why it cannot act there."""
   used = {i for p in plans.values() for i in p.matched}
   for i, rule in enumerate(rules):
-    if i not in used:
-      shown = sorted(plans)[:12]
-      more = f" (+{len(plans) - 12} more)" if len(plans) > 12 else ""
-      raise ValueError(f"{rule.label()} (rules[{i}]) matches no module of {where} that has "
-                       f"its role; module paths: {shown}{more}")
+    if i in used:
+      continue
+    if rule.role == "output":
+      raise no_match_error(rule, i, f"module of {where} that is called", list(plans),
+                           list(plans), "has no __call__ output to quantize")
+    op = rule.op or "matmul"
+    hooked = [p for p, plan in plans.items() if (rule.op in plan.ops if rule.op else plan.ops)]
+    raise no_match_error(rule, i, f"module of {where} that has a {op} hook", hooked,
+                         list(plans), f"has no {op} hook (dot_general, einsum_op or ragged_dot "
+                         "attribute): fp8jax.rules.quantize_gemms reaches the GEMMs of a "
+                         "model's own code")
