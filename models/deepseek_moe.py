@@ -30,6 +30,7 @@ from fp8jax.models import delayed_sites, embedding, layer_scan, layer_stack, moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.attention import attention_core, cudnn_applies, rope  # noqa: F401
 from fp8jax.models.config import ModelConfig
+from fp8jax.models.norm import RMSNorm
 from fp8jax.models.policy_rules import Gemms
 
 LAYER = layer_scan.LAYER  # ``param_transform``'s ``where`` for a decoder layer's params
@@ -37,17 +38,6 @@ LAYER = layer_scan.LAYER  # ``param_transform``'s ``where`` for a decoder layer'
 
 def _normal(cfg: ModelConfig):
   return nnx.initializers.normal(cfg.initializer_range)
-
-
-class RMSNorm(nnx.Module):
-  def __init__(self, cfg: ModelConfig):
-    self.eps = cfg.rms_norm_eps
-    self.weight = nnx.Param(jnp.ones((cfg.hidden_size,), jnp.dtype(cfg.param_dtype)))
-
-  def __call__(self, x):
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
 
 
 def _linear(cfg, d_in, d_out, rngs):

@@ -68,4 +68,9 @@ def test_a_scanned_run_logs_the_loops_losses(tmp_path):
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     losses[scan] = [(r["step"], r["loss"], r["grad_norm"]) for r in rows]
     assert json.loads((work / "config.json").read_text())["train"]["scan_layers"] is scan
-  assert len(losses[False]) == 3 and losses[True] == losses[False]
+  assert len(losses[False]) == 3
+  # The losses bit for bit; the logged gradient norm to float32 rounding: XLA may reduce a
+  # layer's slice of a stacked gradient in another order than the separate array.
+  assert [(s, loss) for s, loss, _ in losses[True]] == [(s, loss) for s, loss, _ in losses[False]]
+  for (_, _, scanned), (_, _, looped) in zip(losses[True], losses[False], strict=True):
+    assert abs(scanned - looped) <= 1e-6 * looped

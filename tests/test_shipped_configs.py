@@ -28,8 +28,9 @@ def _load(path):
 def test_config_validates(path):
   module = _module(path)
   cfg = module.get_config()
-  model_cfg, _ = run_config.validate(cfg)
-  assert model_cfg.num_hidden_layers >= 1
+  model, policy = run_config.check(cfg)
+  assert model.vocab_size >= 1 and model.abstract_params()
+  model.check(policy)
   assert "python -m fp8jax.experiments." in (module.__doc__ or ""), "each config names its command"
 
 

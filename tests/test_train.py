@@ -148,7 +148,7 @@ def test_fp8_policy_trains_and_differs_from_bf16(tmp_path):
 
 @pytest.mark.parametrize("change, error", [
     (lambda c: c.train.update(stepz=3), "unknown config keys \\['train.stepz'\\]"),
-    (lambda c: setattr(c, "model", "gpt5"), "unknown model config 'gpt5'"),
+    (lambda c: setattr(c, "model", "gpt5"), "unknown model 'gpt5'"),
     (lambda c: c.model_overrides.update(vocab=3), "unknown model_overrides keys"),
     (lambda c: setattr(c, "policy", "attn@7:e4m3"), "names layer 7"),
     (lambda c: setattr(c, "policy", "moe@0:e4m3"), "layer 0, which is a dense layer"),

@@ -53,7 +53,6 @@ at once naming the holder. ``train.noise_probe_every``: :mod:`fp8jax.train.noise
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import pathlib
 import sys
@@ -63,8 +62,8 @@ import jax
 
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
-from fp8jax.models import layer_stack, param_paths
-from fp8jax.models import policy as policy_lib
+from fp8jax.models import layer_stack
+from fp8jax.models.config import ModelConfig
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
   determinism,
@@ -115,32 +114,38 @@ def optimizer_for(cfg):
   return optim.optimizer(run_config.optim_config(cfg), moments_dtype=moments)
 
 
-def build_step(cfg, model_cfg, tx, policy, mesh, sharding, with_routing: bool = False):
-  """The sharded ``step(state, tokens) -> (state, metrics)`` of the run config ``cfg`` under
-  ``policy``, every precision option applied as in :func:`train`; the state laid out as
-  ``sharding``; ``with_routing``: ``metrics["routing"]`` (see ``step.make_train_step``)."""
+def build_step(cfg, model, tx, policy, mesh, sharding, with_routing: bool = False):
+  """The sharded ``step(state, tokens) -> (state, metrics)`` of the run config ``cfg``'s
+  ``model`` (:func:`fp8jax.train.run_config.model`; a DeepSeek-MoE ``ModelConfig`` is taken
+  with the run's options) under ``policy``, every precision option applied as in
+  :func:`train`; the state laid out as ``sharding``; ``with_routing``:
+  ``metrics["routing"]`` (see ``step.make_train_step``)."""
   # FSDP: each device gathers a layer's weights where it runs and reduce-scatters its
   # gradient (data_parallel.gather_in_forward); the state stays split as ``sharding`` says.
   specs = (jax.tree.map(lambda s: s.spec, sharding.params) if cfg.train.fsdp else None)
   step = step_lib.make_train_step(
-      model_cfg, tx, policy, moe_impl=cfg.train.moe_impl,
-      loss_scale=run_config.loss_scale_config(cfg),
+      _model(cfg, model), tx, policy, loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
-      deterministic=cfg.train.deterministic, scan_layers=run_config.scan_options(cfg),
       mesh=mesh, replicas=cfg.train.replicas or None, param_specs=specs,
       gather_dtype=(cfg.train.get("fsdp_gather_dtype", "") or None) if specs else None)
   return mesh_lib.shard_step(step, mesh, sharding)
 
 
-def state_layout(cfg, model_cfg, tx, mesh, policy=None):
+def _model(cfg, model):
+  """``model``, or the run's model where it is a DeepSeek-MoE config."""
+  return run_config.model(cfg) if isinstance(model, ModelConfig) else model
+
+
+def state_layout(cfg, model, tx, mesh, policy=None):
   """(init function, abstract train state, its shardings) of a run: replicated, or
   split over the devices with ``train.fsdp``; with the amax histories of the policy's
   delayed-scaled sites, if any, params in ``precision.master_weights`` and the dynamic
   loss-scaling state, if on. ``policy``: the run's parsed policy (None: parse
   ``cfg.policy``)."""
+  model = _model(cfg, model)
   if policy is None:
-    policy = policy_lib.parse_policy(cfg.policy)
-  init_seeded = step_lib.seeded_init(model_cfg, tx, policy, cfg.precision.master_weights,
+    policy = model.policy(cfg.policy)
+  init_seeded = step_lib.seeded_init(model, tx, policy, cfg.precision.master_weights,
                                      run_config.loss_scale_config(cfg),
                                      stacked=cfg.train.scan_layers)
 
@@ -196,12 +201,13 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
   determinism.record(cfg.train.deterministic)  # its XLA flag, before any computation
   workdir = pathlib.Path(workdir)
   main, stream = multihost.is_main(), multihost.main_stream(stream or sys.stderr)
-  model_cfg, policy = run_config.validate(cfg)
+  model, policy = run_config.check(cfg)
   opt_cfg = run_config.optim_config(cfg)
   mesh = mesh_lib.data_mesh(devices)
-  data = make_data(cfg, mesh, model_cfg.vocab_size)
+  data = make_data(cfg, mesh, model.vocab_size)
   with multihost.lock_folder(workdir):  # one writer per workdir: a second run stops here
-    has_run = workdir_checks.check(workdir, cfg, resume, policy, allow_policy_change, stream)
+    has_run = workdir_checks.check(workdir, cfg, resume, policy, allow_policy_change, stream,
+                                   model.record)
     if main:
       workdir.mkdir(parents=True, exist_ok=True)
       tmp = workdir / "config.json.tmp"  # the other processes may be reading config.json
@@ -213,8 +219,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
       run_identity.create(workdir, cfg, getattr(data, "data", None))
     multihost.barrier("fp8jax_run_identity")
     tx = optimizer_for(cfg)
-    init, abstract, sharding = state_layout(cfg, model_cfg, tx, mesh, policy)
-    step_fn = build_step(cfg, model_cfg, tx, policy, mesh, sharding)
+    init, abstract, sharding = state_layout(cfg, model, tx, mesh, policy)
+    step_fn = build_step(cfg, model, tx, policy, mesh, sharding)
     if cfg.precision.fp8_param_gather:
       print(f"[train] {param_gather.describe(abstract.params)}", file=stream, flush=True)
     ckpt = (ckpt_lib.Checkpointer(workdir / "checkpoints", cfg.train.save_every,
@@ -224,8 +230,8 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
             if cfg.train.checkpoints else ckpt_lib.NoCheckpointer(workdir / "checkpoints"))
     writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
               else metrics_log.NoWriter())
-    meta = {"config": json.loads(cfg.to_json()), "model": dataclasses.asdict(model_cfg),
-            "policy": policy.name, ckpt_lib.POLICY: policy_lib.record(policy, cfg.policy)}
+    meta = {"config": json.loads(cfg.to_json()), "model": dict(model.meta),
+            "policy": policy.name, ckpt_lib.POLICY: model.record(policy, cfg.policy)}
     try:
       if has_run:
         start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
@@ -242,7 +248,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
         ckpt.save(0, state, data.get_state(), meta, force=True)
       with (preemption.Watch(ckpt.manager) if cfg.train.checkpoints
             else contextlib.nullcontext()) as watch:  # None: no checkpoint to stop at
-        return _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
+        return _run(cfg, model, policy, opt_cfg, state, start, step_fn, data, ckpt, writer, meta,
                     mesh, stream, watch)
     finally:
       ckpt.wait()
@@ -250,7 +256,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
       writer.close()
 
 
-def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, meta, mesh,
+def _run(cfg, model, policy, opt_cfg, state, start, step_fn, data, ckpt, writer, meta, mesh,
          stream, watch) -> dict:
   total, log_every = cfg.train.steps, cfg.train.log_every
   lr_at = optim.schedule(opt_cfg)
@@ -258,10 +264,9 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
   peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
   progress = metrics_log.Progress(total, start, stream)
   step_fn = metrics_log.FirstCalls("train", stream).wrap(noise_probe.wrap(
-      step_fn, cfg, model_cfg, policy_lib.parse_policy(cfg.policy), mesh, start),
-      "step", "the step")
+      step_fn, cfg, model, policy, mesh, start), "step", "the step")
   weight_norms = jax.jit(lambda p: weights.norms_by_module(layer_stack.unstack(p),
-                                                           param_paths.DEEPSEEK))
+                                                           model.classifier))
   batch = next(data) if start < total else None
   t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False
   for step in range(start, total):
@@ -285,7 +290,7 @@ def _run(cfg, model_cfg, opt_cfg, state, start, step_fn, data, ckpt, writer, met
     skipped = int(m["skipped_steps"]) if "skipped_steps" in m else 0
     row = {"step": done, **{k: float(v) for k, v in scalars.items()},
            "lr": float(lr_at(step - skipped)), "tokens_per_s": tps,  # at the updates applied
-           "mfu": flops.mfu(tps, model_cfg, cfg.data.seq_len, peak, mesh.devices.size),
+           "mfu": flops.mfu(tps, model, cfg.data.seq_len, peak, mesh.devices.size),
            **{f"weight_norm/{k}": float(v)
               for k, v in jax.device_get(weight_norms(state.params)).items()}}
     row.update({k: float(v) for k, v in jax.device_get(

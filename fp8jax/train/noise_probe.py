@@ -23,32 +23,35 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8jax.models import deepseek_moe, layer_stack
-from fp8jax.models import policy as policy_lib
+from fp8jax.models import layer_stack
 from fp8jax.train import data_parallel as dp
+from fp8jax.train import step as step_lib
 
 SQRT3 = math.sqrt(3.0)
 """The ratio below which FP4 training stopped improving (arXiv 2505.19115)."""
 
 
-def make_probe(model_cfg, policy, moe_impl: str = "dispatch", moe_groups: int = 1,
-               deterministic: bool = False, scan_layers: bool = False, mesh=None,
+def make_probe(model, policy, moe_impl: str = "dispatch", moe_groups: int = 1,
+               deterministic: bool = False, scan_layers=False, mesh=None,
                replicas: int | None = None):
-  """Returns ``probe(params, delayed, tokens int [B, S]) -> {"probe/grad_norm",
+  """``model``: a :class:`fp8jax.models.api.Model`, or DeepSeek-MoE of a config with these
+  options (:func:`fp8jax.train.step.as_model`; ``moe_groups`` goes to DeepSeek-MoE's
+  ``apply`` either way). Returns ``probe(params, delayed, tokens int [B, S]) -> {"probe/grad_norm",
   "probe/noise_norm", "probe/ratio"}`` (float32 scalars; jit it); ``mesh``: each device
   takes the gradients of its own rows (:mod:`fp8jax.train.data_parallel`; then
   ``moe_groups`` is 1; ``replicas``: their number, default one per device), or None."""
 
+  model = step_lib.as_model(model, moe_impl, 1, deterministic, scan_layers)
+  groups = {} if moe_groups == 1 else {"moe_groups": moe_groups}
+
   def grads(params, delayed, tokens, pol):
     def objective(p):
-      logits, aux = deepseek_moe.apply(p, tokens, model_cfg, pol, moe_impl=moe_impl,
-                                       moe_groups=moe_groups, delayed_state=delayed,
-                                       deterministic=deterministic, scan_layers=scan_layers)
-      return deepseek_moe.lm_loss(logits, tokens) + aux["aux_loss"]
+      logits, aux = model.apply(p, tokens, pol, delayed=delayed, **groups)
+      return model.loss(logits, tokens) + aux.get("aux_loss", 0.0)
     return jax.tree.map(lambda g: g.astype(jnp.float32), jax.grad(objective)(params))
 
   def local(params, delayed, tokens):
-    return grads(params, {}, tokens, policy_lib.BF16), grads(params, delayed, tokens, policy)
+    return grads(params, {}, tokens, model.baseline), grads(params, delayed, tokens, policy)
 
   both = local if mesh is None else dp.per_device(
       lambda *args: dp.mean(local(*args)), mesh, in_specs=(dp.SAME, dp.SAME, dp.ROWS),
@@ -95,16 +98,14 @@ class Probed:
     return state, {**metrics, **extra}
 
 
-def wrap(step_fn, cfg, model_cfg, policy, mesh, start: int):
+def wrap(step_fn, cfg, model, policy, mesh, start: int):
   """``step_fn`` probed as the run config ``cfg`` asks (``train.noise_probe_every``), on
   the devices of ``mesh`` as the step runs (per device, or partitioned by XLA with
   ``train.fsdp``); a BF16 run has no quantization noise and is not probed."""
   every = int(cfg.train.noise_probe_every)
-  if not every or policy == policy_lib.BF16:
+  if not every or policy == model.baseline:
     return step_fn
   per_device = not cfg.train.fsdp
-  probe = make_probe(model_cfg, policy, cfg.train.moe_impl,
-                     1 if per_device else mesh.devices.size, cfg.train.deterministic,
-                     cfg.train.scan_layers, mesh if per_device else None,
-                     cfg.train.replicas or None)
+  probe = make_probe(model, policy, moe_groups=1 if per_device else mesh.devices.size,
+                     mesh=mesh if per_device else None, replicas=cfg.train.replicas or None)
   return Probed(step_fn, probe, every, start)

@@ -27,9 +27,8 @@ import pathlib
 
 import ml_collections
 
+from fp8jax.models import api, layer_scan, registry
 from fp8jax.models import config as model_config_lib
-from fp8jax.models import deepseek_moe, layer_scan
-from fp8jax.models import policy as policy_lib
 from fp8jax.train import full_state, optim
 from fp8jax.train import loss_scale as loss_scale_lib
 
@@ -49,9 +48,12 @@ LOSS_SCALES = ("none", "dynamic")
 def defaults() -> ml_collections.ConfigDict:
   """Every key a run config may set, with its default."""
   c = ml_collections.ConfigDict()
-  c.model = "tiny"                      # fp8jax.models.config.CONFIGS
-  c.model_overrides = ml_collections.ConfigDict()  # ModelConfig fields, e.g. dtype
-  c.policy = "bf16"                     # fp8jax.models.policy.parse_policy expression
+  c.model = "tiny"                      # fp8jax.models.registry name: "llama:tiny",
+                                        # "deepseek_moe:2b", or a DeepSeek-MoE config name
+  c.model_overrides = ml_collections.ConfigDict()  # the model config's fields, e.g. dtype
+  c.policy = "bf16"                     # the model's policy text (DeepSeek-MoE:
+                                        # fp8jax.models.policy.parse_policy; models by
+                                        # rules: fp8jax.models.rules_policy)
   c.seed = 0                            # parameter init
   c.data = ml_collections.ConfigDict(dict(
       source="embedded",                # "embedded", "files", "prepared" or "tfds:<name>"
@@ -180,12 +182,33 @@ def read_saved(path) -> dict:
   return saved
 
 
+def model(cfg, *, moe_impl: str | None = None, deterministic: bool | None = None,
+          scan=None) -> api.Model:
+  """The run's model (:func:`fp8jax.models.registry.get` of ``cfg.model`` with
+  ``cfg.model_overrides``), computing as the ``train`` group says, or as the keywords
+  given say (a command that evaluates the run's checkpoints its own way): DeepSeek-MoE's
+  ``moe_impl``, ``deterministic`` and layer ``scan`` (options, or True; False: the loop).
+  A model without such options refuses them when they are not at their defaults."""
+  t, options = cfg.train, {}
+  moe_impl = t.moe_impl if moe_impl is None else moe_impl
+  deterministic = t.deterministic if deterministic is None else deterministic
+  scan = scan_options(cfg) if scan is None else scan
+  if moe_impl != "dispatch":
+    options["moe_impl"] = moe_impl
+  if deterministic:
+    options["deterministic"] = True
+  if scan:
+    options["scan"] = scan
+  return registry.get(cfg.model, dict(cfg.model_overrides), options)
+
+
 def model_config(cfg) -> model_config_lib.ModelConfig:
-  fields = {f.name for f in dataclasses.fields(model_config_lib.ModelConfig)}
-  bad = sorted(set(cfg.model_overrides.keys()) - fields)
-  if bad:
-    raise ValueError(f"unknown model_overrides keys {bad}; ModelConfig fields: {sorted(fields)}")
-  return model_config_lib.get_config(cfg.model, **dict(cfg.model_overrides))
+  """The DeepSeek-MoE config of the run (ValueError for a run of another model)."""
+  config = model(cfg).config
+  if not isinstance(config, model_config_lib.ModelConfig):
+    raise ValueError(f"the run's model {cfg.model!r} is not DeepSeek-MoE, which this "
+                     "takes")
+  return config
 
 
 def optim_config(cfg) -> optim.OptimConfig:
@@ -257,8 +280,17 @@ def _check_full_state(t) -> None:
                        "every checkpoint keeps its full state, in the params' own dtype)")
 
 
-def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPolicy]:
-  """Checks everything that needs no data or devices; returns (model config, policy)."""
+def validate(cfg) -> tuple[model_config_lib.ModelConfig, object]:
+  """:func:`check` for a DeepSeek-MoE run: (model config, policy)."""
+  m, policy = check(cfg)
+  if not isinstance(m.config, model_config_lib.ModelConfig):
+    raise ValueError(f"the run's model {cfg.model!r} is not DeepSeek-MoE, which this "
+                     "takes")
+  return m.config, policy
+
+
+def check(cfg) -> tuple[api.Model, object]:
+  """Checks everything that needs no data or devices; returns (model, policy)."""
   bad = _unknown_keys(cfg, defaults())
   if bad:
     raise ValueError(f"unknown config keys {bad}; see fp8jax.train.run_config.defaults()")
@@ -269,9 +301,9 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   for key, least in (("global_batch", 1), ("seq_len", 2)):
     if int(cfg.data[key]) < least:
       raise ValueError(f"data.{key} must be >= {least}, got {cfg.data[key]}")
-  model_cfg = model_config(cfg)
-  policy = policy_lib.parse_policy(cfg.policy)
-  policy.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
+  scan_options(cfg)
+  the_model = model(cfg)
+  policy = the_model.policy(cfg.policy)
   optim_config(cfg)
   _check_precision(cfg.precision)
   probe = int(t.noise_probe_every)
@@ -281,14 +313,10 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   if not isinstance(t.checkpoints, bool):
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
   _check_full_state(t)
-  scan_options(cfg)
   gather = t.get("fsdp_gather_dtype", "")
   if gather and (gather not in FLOAT_DTYPES or not t.fsdp or cfg.precision.fp8_param_gather):
     raise ValueError(f"train.fsdp_gather_dtype must be '' or one of {FLOAT_DTYPES}, with "
                      f"train.fsdp=True and without precision.fp8_param_gather; got {gather!r}")
-  if t.moe_impl not in deepseek_moe.MOE_IMPLS:
-    raise ValueError(f"train.moe_impl must be one of {deepseek_moe.MOE_IMPLS}, got "
-                     f"{t.moe_impl!r}")
   replicas = int(t.get("replicas", 0))
   if replicas < 0 or (replicas and int(cfg.data.global_batch) % replicas):
     raise ValueError(f"train.replicas must be 0 (one per device) or a positive divisor of "
@@ -296,7 +324,7 @@ def validate(cfg) -> tuple[model_config_lib.ModelConfig, policy_lib.PrecisionPol
   if replicas and t.fsdp:
     raise ValueError("train.replicas needs the replicated state; with train.fsdp each "
                      "device is one replica: leave train.replicas at 0")
-  if cfg.data.seq_len > model_cfg.max_position_embeddings:
+  if the_model.max_len and cfg.data.seq_len > the_model.max_len:
     raise ValueError(f"data.seq_len {cfg.data.seq_len} exceeds the model's "
-                     f"max_position_embeddings {model_cfg.max_position_embeddings}")
-  return model_cfg, policy
+                     f"max_position_embeddings {the_model.max_len}")
+  return the_model, policy

@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.metrics import weights
-from fp8jax.models import layer_stack, param_paths
-from fp8jax.models import policy as policy_lib
+from fp8jax.models import layer_stack
 from fp8jax.train import (
   determinism,
   flops,
@@ -46,9 +45,9 @@ from fp8jax.train import step as step_lib
 
 
 def check(cfg):
-  """``run_config.validate(cfg)`` (model config, policy); raises ValueError when ``cfg`` is
-  not a valid run config or cannot be trained as a seed group (see the limits)."""
-  validated = run_config.validate(cfg)
+  """``run_config.check(cfg)`` (model, policy); raises ValueError when ``cfg`` is not a
+  valid run config or cannot be trained as a seed group (see the limits)."""
+  validated = run_config.check(cfg)
   if cfg.train.checkpoints:
     raise ValueError("a seed group trains runs without checkpoints only "
                      "(train.checkpoints=False)")
@@ -70,7 +69,7 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
     ValueError: ``cfg`` does not suit a seed group (:func:`check`), or no seeds.
     fp8jax.train.loop.NonFiniteError: a step of some seed was not finite (named).
   """
-  model_cfg, policy = check(cfg)
+  model, policy = check(cfg)
   if not workdirs:
     raise ValueError("train_seeds: no seeds")
   determinism.record(cfg.train.deterministic)
@@ -78,7 +77,7 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
   seeds = sorted(int(s) for s in workdirs)
   dirs = {s: pathlib.Path(workdirs[s]) for s in seeds}
   mesh = mesh_lib.data_mesh(jax.devices()[:1])
-  data = loop.make_data(cfg, mesh, model_cfg.vocab_size)
+  data = loop.make_data(cfg, mesh, model.vocab_size)
   tx = loop.optimizer_for(cfg)
   with contextlib.ExitStack() as stack:
     for s in seeds:
@@ -90,34 +89,31 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
       (dirs[s] / "config.json").write_text(one.to_json(indent=2))
       writers[s] = stack.enter_context(contextlib.closing(metrics_log.MetricsWriter(dirs[s])))
       writers[s].truncate_after(0)
-    init = step_lib.seeded_init(model_cfg, tx, policy, cfg.precision.master_weights,
+    init = step_lib.seeded_init(model, tx, policy, cfg.precision.master_weights,
                                 run_config.loss_scale_config(cfg),
                                 stacked=cfg.train.scan_layers)
     state = jax.jit(jax.vmap(init))(jnp.asarray(seeds))
     step = jax.jit(jax.vmap(step_lib.make_train_step(
-        model_cfg, tx, policy, moe_impl=cfg.train.moe_impl, moe_groups=1,
-        loss_scale=run_config.loss_scale_config(cfg),
-        fp8_param_gather=cfg.precision.fp8_param_gather,
-        deterministic=cfg.train.deterministic, scan_layers=run_config.scan_options(cfg)),
+        model, tx, policy, loss_scale=run_config.loss_scale_config(cfg),
+        fp8_param_gather=cfg.precision.fp8_param_gather),
         in_axes=(0, None)))
     every = int(cfg.train.noise_probe_every)
-    if every and policy != policy_lib.BF16:
-      probe = noise_probe.make_probe(model_cfg, policy, cfg.train.moe_impl, 1,
-                                     cfg.train.deterministic, cfg.train.scan_layers)
+    if every and policy != model.baseline:
+      probe = noise_probe.make_probe(model, policy)
       step = noise_probe.Probed(step, jax.vmap(probe, in_axes=(0, 0, None)), every, 0)
     label = f"train seeds {','.join(map(str, seeds))}"
     step = metrics_log.FirstCalls(label, stream).wrap(step, "step", "the step")
-    return _run(cfg, model_cfg, state, step, data, mesh, seeds, writers, dirs,
+    return _run(cfg, model, state, step, data, mesh, seeds, writers, dirs,
                 metrics_log.Progress(cfg.train.steps, 0, stream, label))
 
 
-def _run(cfg, model_cfg, state, step_fn, data, mesh, seeds, writers, dirs, progress) -> dict:
+def _run(cfg, model, state, step_fn, data, mesh, seeds, writers, dirs, progress) -> dict:
   total, log_every = cfg.train.steps, cfg.train.log_every
   lr_at = optim.schedule(run_config.optim_config(cfg))
   tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
   peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
   norms = jax.jit(jax.vmap(lambda p: weights.norms_by_module(layer_stack.unstack(p),
-                                                            param_paths.DEEPSEEK)))
+                                                            model.classifier)))
   batch = next(data)
   t_last, since, rows = time.perf_counter(), 0, {}
   for i in range(total):
@@ -136,7 +132,7 @@ def _run(cfg, model_cfg, state, step_fn, data, mesh, seeds, writers, dirs, progr
     got = jax.device_get({**{k: m[k] for k in keys}, "norms": norms(state.params),
                           **{k: v for k, v in m.items() if k.startswith("probe/")}})
     common = {"lr": float(lr_at(i)), "tokens_per_s": tps,
-              "mfu": flops.mfu(tps * len(seeds), model_cfg, cfg.data.seq_len, peak, 1)}
+              "mfu": flops.mfu(tps * len(seeds), model, cfg.data.seq_len, peak, 1)}
     for j, s in enumerate(seeds):
       row = {"step": done, **{k: float(got[k][j]) for k in keys}, **common,
              **{f"weight_norm/{k}": float(v[j]) for k, v in got["norms"].items()},

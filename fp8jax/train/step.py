@@ -1,6 +1,9 @@
-"""The jitted training step over the functional DeepSeek-MoE facade.
+"""The jitted training step of any model (:class:`fp8jax.models.api.Model`).
 
-The objective is LM loss + balance loss; both are reported separately. A step whose loss,
+The objective is the model's loss plus its ``aux_loss``, if it has one (DeepSeek-MoE's
+balance loss); both are reported separately. A :class:`~fp8jax.models.config.ModelConfig`
+in place of a model means DeepSeek-MoE, with its options (``moe_impl``, ``moe_groups``,
+``deterministic``, ``scan_layers``) given here (:func:`as_model`). A step whose loss,
 gradients, gradient norm or updated parameters are not finite leaves params and optimizer
 state unchanged and reports which parameters are non-finite themselves, then which have
 non-finite gradients, then an overflowing gradient norm, then which parameters the update
@@ -28,7 +31,8 @@ Precision options (``make_train_step`` keywords; the run config's ``precision`` 
 * ``fp8_param_gather``: the forward uses the weights after a simulated FP8 gather
   (:mod:`fp8jax.train.param_gather`), straight-through to the master weights.
 * ``with_routing``: ``metrics["routing"]`` holds the forward's routing (per MoE layer
-  ``topk_ids``, ``topk_weights``, ``expert_counts``, as ``deepseek_moe.apply`` returns it).
+  ``topk_ids``, ``topk_weights``, ``expert_counts``, as ``deepseek_moe.apply`` returns it;
+  ``{}`` for a model without a router).
 """
 
 from __future__ import annotations
@@ -39,8 +43,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8jax.models import deepseek_moe, delayed_sites, layer_stack
-from fp8jax.models import policy as policy_lib
+from fp8jax.models import api, deepseek_model, layer_stack
 from fp8jax.models.config import ModelConfig
 from fp8jax.train import data_parallel as dp
 from fp8jax.train import loss_scale as loss_scale_lib
@@ -63,20 +66,41 @@ def init_state(params, tx: optax.GradientTransformation, delayed=None,
                     loss_scale or {})
 
 
-def seeded_init(cfg: ModelConfig, tx: optax.GradientTransformation,
-                policy: policy_lib.PrecisionPolicy, master_weights: str = "float32",
+def as_model(model: api.Model | ModelConfig, moe_impl: str = "dispatch",
+             moe_groups: int = 1, deterministic: bool = False, scan_layers=False
+             ) -> api.Model:
+  """``model`` itself, or DeepSeek-MoE of the config ``model`` with these options
+  (:class:`fp8jax.models.deepseek_model.Options`). A model carries its own options:
+  giving others with it is refused."""
+  options = deepseek_model.Options(moe_impl, moe_groups, deterministic, scan_layers or None)
+  if isinstance(model, ModelConfig):
+    return deepseek_model.model(model, options)
+  if options != deepseek_model.Options():
+    raise ValueError(f"moe_impl, moe_groups, deterministic and scan_layers are "
+                     f"DeepSeek-MoE's options: the model {model.name!r} carries its own "
+                     "(fp8jax.models.registry.get(..., options=...))")
+  return model
+
+
+def seeded_init(model: api.Model | ModelConfig, tx: optax.GradientTransformation,
+                policy=None, master_weights: str = "float32",
                 loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                 stacked: bool = False):
   """``init(seed) -> TrainState`` at step 0: params of init seed ``seed`` (an int, or an
   int32 scalar under ``jax.vmap``) in ``master_weights`` (rounded to nearest even), the
-  optimizer state, the policy's empty amax histories and ``loss_scale``'s state, if on;
-  ``stacked``: the params (and so the optimizer state) stored stacked per run of alike
-  layers under ``policy`` (:mod:`fp8jax.models.layer_stack`)."""
-  delayed = delayed_sites.init(cfg, policy)
-  groups = deepseek_moe.layer_runs(cfg, policy) if stacked else None
+  optimizer state, the policy's (default: the baseline's) empty amax histories and
+  ``loss_scale``'s state, if on; ``stacked``: the params (and so the optimizer state)
+  stored stacked per run of alike layers under ``policy``
+  (:mod:`fp8jax.models.layer_stack`; a model whose ``layer_runs`` is None refuses)."""
+  model = as_model(model)
+  policy = model.baseline if policy is None else policy
+  delayed = model.delayed_init(policy)
+  if stacked and model.layer_runs is None:
+    raise ValueError(f"the model {model.name!r} does not store its layers stacked")
+  groups = model.layer_runs(policy) if stacked else None
 
   def init(seed):
-    params = deepseek_moe.init(cfg, jax.random.key(seed))
+    params = model.init(jax.random.key(seed))
     if master_weights != "float32":
       params = jax.tree.map(lambda x: x.astype(jnp.dtype(master_weights)), params)
     if groups is not None:
@@ -89,16 +113,17 @@ def _float32(tree):
   return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
 
-def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
-                    policy: policy_lib.PrecisionPolicy = policy_lib.BF16,
-                    moe_impl: str = "dispatch", moe_groups: int = 1, *,
+def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransformation,
+                    policy=None, moe_impl: str = "dispatch", moe_groups: int = 1, *,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                     fp8_param_gather: bool = False, with_routing: bool = False,
                     deterministic: bool = False, scan_layers: bool = False, mesh=None,
                     replicas: int | None = None, reduce_per_layer: bool = False,
                     param_specs=None, gather_dtype=None):
-  """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it);
-  ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
+  """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it) of
+  ``model`` (or DeepSeek-MoE of a config, with ``moe_impl``, ``moe_groups``,
+  ``deterministic`` and ``scan_layers``: :func:`as_model`) under ``policy`` (default: its
+  baseline); ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
   (:mod:`fp8jax.train.data_parallel`; the state replicated; ``replicas``: their number,
   default one per device), or None: one program over
   the global batch, partitioned by XLA, with ``moe_groups`` the number of data-parallel
@@ -122,19 +147,21 @@ def make_train_step(cfg: ModelConfig, tx: optax.GradientTransformation,
   reduce-scattered in the params' dtype (:func:`fp8jax.train.data_parallel.gather_in_forward`;
   the same values when it is ``cfg.dtype``, to which the model casts every split weight)."""
 
+  model = as_model(model, moe_impl, moe_groups, deterministic, scan_layers)
+  policy = model.baseline if policy is None else policy
+
   def objective(params, delayed, tokens, scale, param_transform=None):
     used = param_gather.gather(params) if fp8_param_gather else params
     if fp8_param_gather and param_transform is not None:  # the weights as gathered
       used, inner = params, param_transform
       param_transform = lambda tree, where: param_gather.gather(inner(tree, where))  # noqa: E731
-    logits, aux = deepseek_moe.apply(used, tokens, cfg, policy, moe_impl=moe_impl,
-                                     moe_groups=moe_groups, delayed_state=delayed,
-                                     deterministic=deterministic, scan_layers=scan_layers,
-                                     param_transform=param_transform)
-    lm = deepseek_moe.lm_loss(logits, tokens)
-    loss = lm + aux["aux_loss"]
-    routing = aux["routing"] if with_routing else {}
-    return loss if scale is None else loss * scale, (loss, lm, aux["aux_loss"], routing)
+    logits, aux = model.apply(used, tokens, policy, delayed=delayed,
+                              param_transform=param_transform)
+    lm = model.loss(logits, tokens)
+    extra = aux.get("aux_loss", jnp.zeros((), lm.dtype))
+    loss = lm + extra
+    routing = aux.get("routing", {}) if with_routing else {}
+    return loss if scale is None else loss * scale, (loss, lm, extra, routing)
 
   if mesh is not None and moe_groups != 1:
     raise ValueError(f"moe_groups is {moe_groups}, but with a mesh each device dispatches "

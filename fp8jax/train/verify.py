@@ -29,9 +29,9 @@ def verify_run(workdir, devices=None) -> list[tuple[int, checkpoint_digest.Statu
   """
   workdir = pathlib.Path(workdir)
   cfg = run_config.load_saved(workdir)
-  model_cfg = run_config.model_config(cfg)
   tx = optim.optimizer(run_config.optim_config(cfg))
-  _, abstract, sharding = loop.state_layout(cfg, model_cfg, tx, mesh_lib.data_mesh(devices))
+  _, abstract, sharding = loop.state_layout(cfg, run_config.model(cfg), tx,
+                                            mesh_lib.data_mesh(devices))
   target = loop.restore_target(abstract, sharding)
   ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", save_every=1)
   try:

@@ -33,7 +33,7 @@ def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 
 def check(workdir: pathlib.Path, cfg, resume: bool, policy,
-                   allow_policy_change: bool = False, stream=None) -> bool:
+                   allow_policy_change: bool = False, stream=None, record=None) -> bool:
   """Returns whether there is a run to resume; refuses to overwrite one, or to resume it
   with another config (or, unless allowed, another policy: :func:`_check_policy`)."""
   saved = workdir / "config.json"
@@ -61,7 +61,7 @@ def check(workdir: pathlib.Path, cfg, resume: bool, policy,
     old = run_config.with_defaults(run_config.read_saved(saved))  # keys added since
   if has_run:
     _check_policy(ckpts, old and old["policy"], cfg.policy, policy, allow_policy_change,
-                  stream)
+                  record or policy_lib.record, stream)
   if old is not None:
     # train.steps may grow, unless the LR schedule follows it (optim.total_steps = 0).
     allowed = {"policy", *run_config.RESUME_MAY_CHANGE}
@@ -100,12 +100,12 @@ def _latest_policy(ckpts: pathlib.Path):
   return None, None
 
 
-def _check_policy(ckpts, old_expr, expr: str, policy, allow: bool, stream) -> None:
+def _check_policy(ckpts, old_expr, expr: str, policy, allow: bool, record, stream) -> None:
   """Raises :class:`PolicyMismatchError` (or, if ``allow``, warns) when the policy record
   of the newest checkpoint (else ``config.json``'s expression ``old_expr``) is not
   ``policy``'s."""
   step, saved = _latest_policy(ckpts)
-  current = policy_lib.record(policy, expr)
+  current = record(policy, expr)
   if saved is not None:
     diff, old_expr = ckpt_lib.policy_difference(saved, current), saved.get("expression")
   else:

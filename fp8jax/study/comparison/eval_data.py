@@ -82,8 +82,8 @@ def eval_batches(train_cfg, windows: Windows, data: dict | None = None,
     ValueError: ``windows.seq_len`` exceeds the model's positions (as ``train`` refuses).
   """
   d = data_config(train_cfg, data)
-  positions = run_config.model_config(train_cfg).max_position_embeddings
-  if (windows.seq_len or d["seq_len"]) > positions:
+  positions = run_config.model(train_cfg).max_len
+  if positions and (windows.seq_len or d["seq_len"]) > positions:
     raise ValueError(f"seq_len (--seq_len) {windows.seq_len} exceeds the model's "
                      f"max_position_embeddings {positions}")
   tok = tokenizers.get_tokenizer(d["tokenizer"])

@@ -6,11 +6,12 @@
     model = model_api.nnx_model(my_nnx_model, classifier)   # any Flax NNX model
     ev = paired.PairedEvaluator(model, [Variant("fc_fp8", rules)], mesh)
 
-A :class:`StudyModel` says how to run the model under a policy (``apply``), its loss,
-its reference policy (BF16), and how its parameter paths group into modules, layers and
-experts (a :class:`fp8jax.metrics.paths.Classifier`). Routing divergence and per-expert
-metrics appear when ``apply``'s aux carries a ``routing`` entry and the classifier marks
-expert stacks; a dense model has neither, and its rows have no routing columns.
+A :class:`StudyModel` (:class:`fp8jax.models.api.Model`) says how to run the model under
+a policy (``apply``), its loss, its reference policy (BF16), and how its parameter paths
+group into modules, layers and experts (a :class:`fp8jax.metrics.paths.Classifier`).
+Routing divergence and per-expert metrics appear when ``apply``'s aux carries a
+``routing`` entry and the classifier marks expert stacks; a dense model has neither, and
+its rows have no routing columns.
 
 The branch-off runs (:mod:`fp8jax.study.branches.branch`) train DeepSeek-MoE only.
 """
@@ -18,7 +19,6 @@ The branch-off runs (:mod:`fp8jax.study.branches.branch`) train DeepSeek-MoE onl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-import dataclasses
 import functools
 from typing import Any
 
@@ -26,120 +26,22 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.metrics import paths as paths_lib
+from fp8jax.models import api
+
+StudyModel = api.Model
+"""The study's name for :class:`fp8jax.models.api.Model`."""
+Variant = api.Variant
 
 
-def _no_direct(policy) -> frozenset:
-  del policy
-  return frozenset()
+def deepseek(cfg, scan_layers=False) -> api.Model:
+  """DeepSeek-MoE (:mod:`fp8jax.models.deepseek_model`) of config ``cfg``; ``scan_layers``:
+  alike consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`), the
+  params stored stacked per run of the BF16 baseline's alike layers (``store``)."""
+  from fp8jax.models import deepseek_model
+  return deepseek_model.model(cfg, deepseek_model.Options(scan=scan_layers or None))
 
 
-def _no_check(policy) -> None:
-  del policy
-
-
-def _no_state(policy) -> dict:
-  del policy
-  return {}
-
-
-@dataclasses.dataclass(frozen=True)
-class StudyModel:
-  """What the study needs of a model.
-
-  Attributes:
-    name: a short name (recorded in ``meta.json``).
-    abstract_params: () -> the params pytree of ``jax.ShapeDtypeStruct``.
-    apply: ``(params, tokens, policy, *, delayed, moe_groups, telemetry, deterministic)
-      -> (logits, aux)``; ``tokens`` int32 [B, S]. ``aux`` may hold ``aux_loss`` (a scalar
-      added to the objective), ``routing`` (``{layer: {"topk_ids", "expert_counts",
-      ...}}``: the MoE metrics) and ``gemm_telemetry``. Only DeepSeek-MoE uses the keyword
-      options; others take and ignore them.
-    loss: ``(logits, tokens) -> scalar`` (e.g. next-token cross-entropy).
-    baseline: the reference policy (BF16, no quantization).
-    classifier: the grouping of the parameter paths.
-    direct: policy -> ``(module, layer)`` pairs it quantizes directly (the ``direct``
-      metrics; empty: none).
-    check: policy -> None; raises on a policy that does not fit the model.
-    delayed_init: policy -> its empty amax histories (``{}``: no delayed scaling).
-    describe: policy -> its ``meta.json`` entry (``expr``, ``direct``, ``kind``).
-    meta: the model's description for ``meta.json`` (JSON values).
-    store: params -> the params in the layout the model computes on (DeepSeek-MoE with
-      ``scan_layers``: stacked per run of alike layers, :mod:`fp8jax.models.layer_stack`;
-      arrays or ``jax.ShapeDtypeStruct``); gradients and metrics stay per layer.
-    param_transform: whether ``apply`` also takes ``param_transform=fn``, applied to each
-      part of the params where it is used (:func:`fp8jax.models.deepseek_moe.apply`): the
-      data-parallel replicas then average each layer's gradients in the backward pass
-      (``dataclasses.replace(model, param_transform=True)``; off in :func:`deepseek`: on
-      4 H200s it was no faster).
-  """
-  name: str
-  abstract_params: Callable[[], Any]
-  apply: Callable[..., tuple[jax.Array, Mapping[str, Any]]]
-  loss: Callable[[jax.Array, jax.Array], jax.Array]
-  baseline: Any
-  classifier: paths_lib.Classifier
-  direct: Callable[[Any], frozenset] = _no_direct
-  check: Callable[[Any], None] = _no_check
-  delayed_init: Callable[[Any], Any] = _no_state
-  describe: Callable[[Any], dict] | None = None
-  meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  store: Callable[[Any], Any] = lambda params: params
-  param_transform: bool = False
-
-  def policy_meta(self, policy) -> dict:
-    """The ``meta.json`` entry of ``policy``."""
-    if self.describe is not None:
-      return self.describe(policy)
-    return {"expr": str(getattr(policy, "expr", policy)),
-            "direct": sorted(self.direct(policy)), "kind": "policy"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-  """A named precision variant of a model that is quantized by rules: ``rules`` is an
-  :class:`fp8jax.rules.Rules` (static, hashable); ``expr`` its text for the report."""
-  name: str
-  rules: Any
-  expr: str = ""
-
-
-def deepseek(cfg, scan_layers: bool = False) -> StudyModel:
-  """DeepSeek-MoE (:mod:`fp8jax.models.deepseek_moe`) under a
-  :class:`~fp8jax.models.policy.PrecisionPolicy`: its LM + balance loss, routing and
-  expert grouping (:data:`fp8jax.models.param_paths.DEEPSEEK`). ``scan_layers``: alike
-  consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`), the params
-  stored stacked per run of the BF16 baseline's alike layers (``store``)."""
-  from fp8jax.models import deepseek_moe, delayed_sites, layer_stack, param_paths
-  from fp8jax.models import policy as policy_lib
-  from fp8jax.study.comparison import policies as policies_lib
-
-  def apply(params, tokens, policy, *, delayed=None, moe_groups=1, moe_impl="dispatch",
-            telemetry=False, deterministic=False, param_transform=None):
-    return deepseek_moe.apply(params, tokens, cfg, policy, moe_impl=moe_impl,
-                              moe_groups=moe_groups, delayed_state=delayed,
-                              gemm_telemetry=telemetry and policy.gemm is not None,
-                              deterministic=deterministic, scan_layers=scan_layers,
-                              param_transform=param_transform)
-
-  return StudyModel(
-      name="deepseek_moe", abstract_params=lambda: deepseek_moe.abstract_params(cfg),
-      apply=apply, loss=deepseek_moe.lm_loss, baseline=policy_lib.BF16,
-      classifier=param_paths.DEEPSEEK,
-      direct=lambda p: param_paths.direct_modules(p, cfg.num_hidden_layers),
-      check=lambda p: p.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer),
-      delayed_init=lambda p: delayed_sites.init(cfg, p),
-      describe=lambda p: policies_lib.policy_meta(p, cfg.num_hidden_layers),
-      meta=dataclasses.asdict(cfg),
-      store=(lambda p: layer_stack.stack(p, deepseek_moe.layer_runs(cfg, policy_lib.BF16)))
-      if scan_layers else (lambda p: p))
-
-
-def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-  """Mean cross-entropy of ``logits`` [B, S, V] predicting ``tokens`` [B, S] shifted by
-  one (float32 scalar)."""
-  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-  target = tokens[:, 1:]
-  return -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
+next_token_loss = api.next_token_loss
 
 
 def label_loss(logits: jax.Array, batch: Mapping[str, Any]) -> jax.Array:
@@ -189,13 +91,12 @@ def nnx_model(model, classifier: paths_lib.Classifier, name: str = "",
   def check(variant):
     graph(variant.rules)  # quantize_model raises on a rule that matches nothing
 
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
-                          params)
+  abstract = api.abstract_of(params)
   study = StudyModel(
       name=name or type(model).__name__, abstract_params=lambda: abstract, apply=apply,
       loss=loss, baseline=Variant("bf16", rules_lib.Rules([])), classifier=classifier,
       check=check,
-      describe=lambda v: {"expr": v.expr or repr(v.rules), "direct": [], "kind": "policy"},
+      describe=api.variant_meta,
       meta=dict(meta or {"model": name or type(model).__name__}))
   return study, params
 
@@ -230,12 +131,11 @@ def linen_model(module, variables: Mapping[str, Any], classifier: paths_lib.Clas
       rules_lib.check_linen(module, variant.rules, example)
 
   params = variables["params"]
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
-                          params)
+  abstract = api.abstract_of(params)
   label = name or type(module).__name__
   study = StudyModel(
       name=label, abstract_params=lambda: abstract, apply=apply, loss=loss,
       baseline=Variant("bf16", rules_lib.Rules([])), classifier=classifier, check=check,
-      describe=lambda v: {"expr": v.expr or repr(v.rules), "direct": [], "kind": "policy"},
+      describe=api.variant_meta,
       meta=dict(meta or {"model": label}))
   return study, params

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp8jax.models import param_paths, policy_expression
+from fp8jax.models import api, deepseek_model, policy_expression
+from fp8jax.models import config as config_lib
 from fp8jax.models import policy as policy_lib
 
 
@@ -51,11 +52,30 @@ GRIDS = {"seed": seed_grid, "formats": formats_grid, "delayed": delayed_grid}
 ``--policies=NAME`` expands to the grid of the model's depth."""
 
 
-def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
+def expand_policies(specs, num_layers) -> list:
   """Policies from names/expressions; a grid name of :data:`GRIDS`
   (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth, and
   ``noise(GRID)`` to the noise-matched control of each of its policies
-  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`)."""
+  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`).
+
+  ``num_layers``: DeepSeek-MoE's depth, or a :class:`fp8jax.models.api.Model`: a
+  DeepSeek-MoE model's grids expand at its depth; another model parses each spec itself
+  (``model.policy``), and has no grids (they name DeepSeek-MoE's sites)."""
+  if isinstance(num_layers, api.Model):
+    model = num_layers
+    if isinstance(model.config, config_lib.ModelConfig):
+      num_layers = model.config.num_hidden_layers
+    else:
+      for spec in specs:
+        name = spec.strip().removeprefix("noise(").removesuffix(")")
+        if name in GRIDS:
+          raise ValueError(f"the policy grid {name!r} names DeepSeek-MoE's sites; the model "
+                           f"{model.name!r} takes policies as its own text, e.g. "
+                           "gemm:fp32_blockwise")
+      out = [model.policy(spec) for spec in specs]
+      if not out:
+        raise ValueError("no policies to compare")
+      return out
   out = []
   for spec in specs:
     spec = spec.strip()
@@ -73,13 +93,8 @@ def expand_policies(specs, num_layers: int) -> list[policy_lib.PrecisionPolicy]:
 
 
 def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
-  """A policy's ``meta.json`` entry: its expression, directly quantized modules and kind
-  (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it controls)."""
-  entry = {"expr": expression(policy),
-           "direct": sorted(param_paths.direct_modules(policy, num_layers)), "kind": "policy"}
-  if policy_lib.is_noise_control(policy):
-    entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
-  return entry
+  """A policy's ``meta.json`` entry (:func:`fp8jax.models.deepseek_model.policy_meta`)."""
+  return deepseek_model.policy_meta(policy, num_layers)
 
 
 def expression(policy: policy_lib.PrecisionPolicy) -> str:

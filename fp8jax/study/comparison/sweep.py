@@ -45,9 +45,8 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
-from fp8jax.models import deepseek_moe, delayed_sites
 from fp8jax.study.common import noise_floor, results_io
-from fp8jax.study.comparison import model_api, paired
+from fp8jax.study.comparison import paired
 from fp8jax.study.comparison.eval_data import (  # noqa: F401  (also this module's API)
   Windows,
   check_data,
@@ -160,8 +159,9 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
   windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
   train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
-  cfg = run_config.model_config(train_cfg)
-  pols = expand_policies(policies, cfg.num_hidden_layers)
+  model = run_config.model(train_cfg, moe_impl=moe_impl, deterministic=deterministic,
+                           scan=scan_layers)
+  pols = expand_policies(policies, model)
   if delayed_warmup < 0:
     raise ValueError(f"delayed_warmup must be >= 0, got {delayed_warmup}")
   mesh = mesh_lib.data_mesh(devices)
@@ -180,19 +180,19 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                               d["field"])
   check_data(ckpt, steps, data_id, allow_other_data)
   batches = eval_batches(train_cfg, windows, data, stream)
-  meta = {"train_workdir": str(train_workdir.resolve()), "model": dataclasses.asdict(cfg),
-          "policies": {p.name: {**policy_meta(p, cfg.num_hidden_layers),
+  meta = {"train_workdir": str(train_workdir.resolve()), "model": dict(model.meta),
+          "policies": {p.name: {**model.policy_meta(p),
                                 **({"delayed_warmup": delayed_warmup}
-                                   if delayed_sites.sites(cfg, p) else {})} for p in pols},
+                                   if model.delayed_init(p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
           "replicas": replicas, "code_version": ckpt_lib.code_version(), **mode}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
-  evaluator = paired.PairedEvaluator(model_api.deepseek(cfg, scan_layers), pols, mesh,
-                                     moe_impl, telemetry=telemetry,  # checks the policies
-                                     deterministic=deterministic, replicas=replicas)
+  evaluator = paired.PairedEvaluator(model, pols, mesh, moe_impl, telemetry=telemetry,
+                                     deterministic=deterministic,  # checks the policies
+                                     replicas=replicas)
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   with multihost.lock_folder(out):  # one writer per results folder
     try:
@@ -203,7 +203,7 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
       raise refused or ValueError(f"process 0 refused the results folder {out} (its error)")
     abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=mesh_lib.replicated(mesh)),
-        deepseek_moe.abstract_params(cfg))
+        model.abstract_params())
     weight_norms = jax.jit(
         lambda p: metrics.weights.norms_by_module(p, evaluator.model.classifier))
     # Process 0's view of the missing rows, so that every process runs the same computations.

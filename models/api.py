@@ -1,0 +1,191 @@
+"""The model interface: what training, the comparison sweep, the branch-offs and the
+report need of a model, whatever its architecture.
+
+    model = fp8jax.models.registry.get("deepseek_moe:tiny")     # or "llama:tiny", ...
+    params = model.init(jax.random.key(0))
+    logits, aux = model.apply(params, tokens, model.baseline)
+    loss = model.loss(logits, tokens) + aux.get("aux_loss", 0.0)
+
+A :class:`Model` is a frozen record of functions over plain params pytrees (jit and grad
+them directly). A policy is whatever the model's ``apply`` takes: DeepSeek-MoE takes a
+:class:`fp8jax.models.policy.PrecisionPolicy`, a model quantized by rules takes a
+:class:`Variant` (a name and :class:`fp8jax.rules.Rules`). Each model parses its own
+``--policy`` text (``parse_policy``) and records a policy as JSON (``record``), which
+checkpoints and ``meta.json`` keep.
+
+Optional parts have defaults that mean "the model has none": no delayed-scaling state,
+no layers stored stacked (``layer_runs`` None), no directly quantized modules, no routing
+(``apply``'s aux carries a ``routing`` entry when the model has a router; the classifier
+marks expert stacks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax.metrics import paths as paths_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A named precision variant of a model quantized by rules: ``rules`` is an
+  :class:`fp8jax.rules.Rules` (static, hashable); ``expr`` its text for the report."""
+  name: str
+  rules: Any
+  expr: str = ""
+
+
+def _no_direct(policy) -> frozenset:
+  del policy
+  return frozenset()
+
+
+def _no_check(policy) -> None:
+  del policy
+
+
+def _no_state(policy) -> dict:
+  del policy
+  return {}
+
+
+def _same(params):
+  return params
+
+
+def _no_init(rng):
+  raise ValueError("this model was built from params in memory and has no random init; "
+                   "pass its params")
+
+
+def _no_flops(seq_len: int) -> float:
+  del seq_len
+  return 0.0
+
+
+def _rules_record(policy, expression: str | None = None) -> dict:
+  """The JSON record of a :class:`Variant` (its rules as text: the rules engine has no
+  JSON form yet)."""
+  expr = getattr(policy, "expr", "") or ""
+  return {"expression": (expression or expr or policy.name).strip(), "name": policy.name,
+          "kind": "rules", "rules": [repr(r) for r in getattr(policy, "rules", ())]}
+
+
+def variant_meta(variant) -> dict:
+  """The ``meta.json`` entry of a :class:`Variant`: its expression, else a rule count
+  (never a long ``repr``)."""
+  rules = getattr(variant, "rules", ())
+  expr = variant.expr or (f"{len(rules)} rule(s)" if len(rules) else "bf16 (no rules)")
+  return {"expr": expr, "direct": [], "kind": "policy"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """What the library needs of a model.
+
+  Attributes:
+    name: its name (registry name where it has one, e.g. ``"deepseek_moe:2b"``).
+    abstract_params: () -> the params pytree of ``jax.ShapeDtypeStruct`` (per layer).
+    apply: ``(params, tokens, policy, *, delayed=None, telemetry=False,
+      param_transform=None, **options) -> (logits, aux)``; ``tokens`` int32 [B, S] (or a
+      batch pytree, for a model with its own ``loss``). ``aux`` may hold ``aux_loss`` (a
+      scalar added to the objective), ``routing`` (``{layer: {"topk_ids",
+      "expert_counts", ...}}``: the MoE metrics) and ``gemm_telemetry``.
+      ``param_transform(tree, where)`` is applied to each part of the params where it is
+      used (data-parallel gradient averaging, FSDP gathers;
+      :mod:`fp8jax.train.data_parallel`); a model without layers of its own applies it to
+      each top-level entry of the params where its forward starts
+      (:func:`transform_top_level`). Other keywords are the model's own options (e.g.
+      DeepSeek-MoE's ``moe_impl``); a model ignores those it does not have.
+    loss: ``(logits, tokens) -> scalar`` (e.g. next-token cross-entropy).
+    baseline: the reference policy (no quantization: the model computes in its own
+      precision, e.g. BF16).
+    classifier: the grouping of the parameter paths (module, layer, experts).
+    init: ``rng -> params`` (per layer), random (a model built around params in memory
+      raises).
+    vocab_size: the token ids it reads are below this (0: it reads no token ids).
+    max_len: the longest sequence (0: any).
+    flops_per_token: ``seq_len -> training model FLOPs per token`` (forward + backward;
+      0.0: unknown, then no MFU is reported).
+    parse_policy: the ``--policy`` text -> a policy (ValueError on an unknown one).
+    record: ``(policy, text) -> dict``: the policy as JSON, kept by checkpoints.
+    direct: policy -> ``(module, layer)`` pairs it quantizes directly (the ``direct``
+      metrics; empty: none).
+    check: policy -> None; raises on a policy that does not fit the model.
+    delayed_init: policy -> its empty amax histories (``{}``: no delayed scaling).
+    describe: policy -> its ``meta.json`` entry (``expr``, ``direct``, ``kind``).
+    meta: the model's description (JSON values), for ``meta.json`` and ``run.json``.
+    layer_runs: policy -> the runs of alike layers its params may be stored stacked in
+      (:mod:`fp8jax.models.layer_stack`), or None: the model stores no layers stacked.
+    store: params -> the params in the layout ``apply`` computes on (stacked per run
+      where the model scans its layers); gradients and metrics stay per layer.
+    param_transform: whether ``apply`` applies ``param_transform`` per layer (so the
+      data-parallel replicas may average each layer's gradients in the backward pass).
+    config: the model's own configuration (hashable; e.g. DeepSeek-MoE's
+      :class:`~fp8jax.models.config.ModelConfig`), or None.
+  """
+  name: str
+  abstract_params: Callable[[], Any]
+  apply: Callable[..., tuple[jax.Array, Mapping[str, Any]]]
+  loss: Callable[[jax.Array, jax.Array], jax.Array]
+  baseline: Any
+  classifier: paths_lib.Classifier
+  init: Callable[[jax.Array], Any] = _no_init
+  vocab_size: int = 0
+  max_len: int = 0
+  flops_per_token: Callable[[int], float] = _no_flops
+  parse_policy: Callable[[str], Any] | None = None
+  record: Callable[..., dict] = _rules_record
+  direct: Callable[[Any], frozenset] = _no_direct
+  check: Callable[[Any], None] = _no_check
+  delayed_init: Callable[[Any], Any] = _no_state
+  describe: Callable[[Any], dict] | None = None
+  meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  layer_runs: Callable[[Any], list[list[int]]] | None = None
+  store: Callable[[Any], Any] = _same
+  param_transform: bool = False
+  config: Any = None
+
+  def policy_meta(self, policy) -> dict:
+    """The ``meta.json`` entry of ``policy``."""
+    if self.describe is not None:
+      return self.describe(policy)
+    return variant_meta(policy) if isinstance(policy, Variant) else {
+        "expr": str(getattr(policy, "expr", policy)), "direct": sorted(self.direct(policy)),
+        "kind": "policy"}
+
+  def policy(self, text: str):
+    """The policy of the ``--policy`` text ``text`` (checked against the model)."""
+    if self.parse_policy is None:
+      raise ValueError(f"the model {self.name!r} takes its policies as objects, not text")
+    policy = self.parse_policy(text)
+    self.check(policy)
+    return policy
+
+
+def transform_top_level(params, param_transform):
+  """``params`` with ``param_transform(entry, key)`` applied to each top-level entry (the
+  identity for None): how a model without layers of its own applies
+  :class:`Model`'s ``param_transform``."""
+  if param_transform is None:
+    return params
+  return {k: param_transform(v, k) for k, v in params.items()}
+
+
+def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """Mean cross-entropy of ``logits`` [B, S, V] predicting ``tokens`` [B, S] shifted by
+  one (float32 scalar)."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  target = tokens[:, 1:]
+  return -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
+
+
+def abstract_of(params):
+  """The ``jax.ShapeDtypeStruct`` tree of ``params``."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
+                      params)

@@ -1,0 +1,124 @@
+"""DeepSeek-MoE (:mod:`fp8jax.models.deepseek_moe`) as a :class:`fp8jax.models.api.Model`.
+
+    model = deepseek_model.model(config.deepseek_moe_2b(), Options(scan=ScanOptions()))
+
+Its own options (the MoE kernel, MoE dispatch groups, the deterministic mode, the layer
+scan) are bound here, in :class:`Options`, so that training and the study call
+``model.apply(params, tokens, policy, delayed=..., param_transform=...)`` alike for every
+model. Its policies are :class:`fp8jax.models.policy.PrecisionPolicy` (``--policy`` text
+as :func:`fp8jax.models.policy.parse_policy` reads it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fp8jax.models import (
+  api,
+  deepseek_moe,
+  delayed_sites,
+  layer_scan,
+  layer_stack,
+  param_paths,
+  policy_expression,
+)
+from fp8jax.models import config as config_lib
+from fp8jax.models import policy as policy_lib
+
+NAME = "deepseek_moe"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """How DeepSeek-MoE computes (not what): the same function either way.
+
+  Attributes:
+    moe_impl: the routed experts' kernel (:data:`fp8jax.models.deepseek_moe.MOE_IMPLS`).
+    moe_groups: dispatch the MoE per group of B / moe_groups sequences (one per device of
+      a program that XLA partitions).
+    deterministic: the same bits on every GPU run (:mod:`fp8jax.train.determinism`).
+    scan: alike consecutive layers as one ``lax.scan``, their params stored stacked
+      (:class:`fp8jax.models.layer_scan.ScanOptions`, or True for its defaults); None or
+      False: the layer loop.
+  """
+  moe_impl: str = "dispatch"
+  moe_groups: int = 1
+  deterministic: bool = False
+  scan: layer_scan.ScanOptions | bool | None = None
+
+  def __post_init__(self):
+    if self.moe_impl not in deepseek_moe.MOE_IMPLS:
+      raise ValueError(f"unknown MoE implementation {self.moe_impl!r}; use one of "
+                       f"{deepseek_moe.MOE_IMPLS}")
+    if int(self.moe_groups) < 1:
+      raise ValueError(f"moe_groups must be >= 1, got {self.moe_groups}")
+
+
+def matmul_params(cfg: config_lib.ModelConfig) -> int:
+  """Weights multiplied per token (activated params minus embedding and norms)."""
+  norms = cfg.hidden_size * (2 * cfg.num_hidden_layers + 1)
+  return config_lib.param_counts(cfg)["activated"] - cfg.vocab_size * cfg.hidden_size - norms
+
+
+def flops_per_token(cfg: config_lib.ModelConfig, seq_len: int) -> float:
+  """Training model FLOPs per token at ``seq_len`` (PaLM's: 3 x forward):
+  ``6 * N_matmul + 12 * L * d * S``; ``N_matmul`` counts the weights every token
+  multiplies (attention, router, shared experts, ``num_experts_per_tok`` routed experts
+  at their unpadded width, dense MLPs, head), ``12 L d S`` the attention core (causal
+  masking not discounted)."""
+  attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
+  return 6.0 * matmul_params(cfg) + attention
+
+
+def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
+  """A policy's ``meta.json`` entry: its canonical expression, directly quantized modules
+  and kind (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it
+  controls)."""
+  entry = {"expr": policy_expression.to_expression(policy),
+           "direct": sorted(param_paths.direct_modules(policy, num_layers)), "kind": "policy"}
+  if policy_lib.is_noise_control(policy):
+    entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
+  return entry
+
+
+def model(cfg: config_lib.ModelConfig, options: Options = Options(),
+          name: str = NAME) -> api.Model:
+  """DeepSeek-MoE of config ``cfg`` computing as ``options`` say: its LM + balance loss,
+  routing and expert grouping (:data:`fp8jax.models.param_paths.DEEPSEEK`)."""
+  scan = options.scan
+
+  def apply(params, tokens, policy, *, delayed=None, telemetry=False, param_transform=None,
+            moe_impl=None, moe_groups=None, deterministic=None, train=True):
+    """``moe_impl``, ``moe_groups``, ``deterministic``: override the bound options."""
+    return deepseek_moe.apply(
+        params, tokens, cfg, policy, train=train,
+        moe_impl=options.moe_impl if moe_impl is None else moe_impl,
+        moe_groups=options.moe_groups if moe_groups is None else moe_groups,
+        delayed_state=delayed, gemm_telemetry=telemetry and policy.gemm is not None,
+        deterministic=options.deterministic if deterministic is None else deterministic,
+        scan_layers=scan, param_transform=param_transform)
+
+  def layer_runs(policy):
+    return deepseek_moe.layer_runs(cfg, policy)
+
+  def store(params):
+    return layer_stack.stack(params, layer_runs(policy_lib.BF16)) if scan else params
+
+  def check(policy):
+    if not isinstance(policy, policy_lib.PrecisionPolicy):
+      raise TypeError(f"DeepSeek-MoE takes a PrecisionPolicy, got {type(policy).__name__}")
+    policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
+
+  return api.Model(
+      name=name, abstract_params=lambda: deepseek_moe.abstract_params(cfg), apply=apply,
+      loss=deepseek_moe.lm_loss, baseline=policy_lib.BF16, classifier=param_paths.DEEPSEEK,
+      init=lambda rng: deepseek_moe.init(cfg, rng), vocab_size=cfg.vocab_size,
+      max_len=cfg.max_position_embeddings,
+      flops_per_token=lambda seq_len: flops_per_token(cfg, seq_len),
+      parse_policy=policy_lib.parse_policy, record=policy_lib.record,
+      direct=lambda p: param_paths.direct_modules(p, cfg.num_hidden_layers), check=check,
+      delayed_init=lambda p: delayed_sites.init(cfg, p),
+      describe=lambda p: policy_meta(p, cfg.num_hidden_layers),
+      meta=dataclasses.asdict(cfg), layer_runs=layer_runs, store=store,
+      param_transform=False, config=cfg)
+
