@@ -21,7 +21,7 @@ marks expert stacks).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 import dataclasses
 from typing import Any
 
@@ -166,6 +166,15 @@ class Model:
     policy = self.parse_policy(text)
     self.check(policy)
     return policy
+
+
+def direct_pairs(quantized: Iterable[str], param_paths: Iterable[str],
+                 classifier: paths_lib.Classifier) -> frozenset:
+  """The ``(module, layer)`` pairs (as ``classifier`` names them) of the parameters under
+  the module paths ``quantized``: what a policy quantizes directly."""
+  prefixes = tuple(q + "/" for q in quantized)
+  return frozenset((classifier.module_of(p), classifier.layer_of(p))
+                   for p in param_paths if p.startswith(prefixes))
 
 
 def transform_top_level(params, param_transform):

@@ -177,9 +177,21 @@ def model(cfg: Config, name: str = NAME) -> api.Model:
       raise TypeError(f"llama takes a Variant (rules), got {type(policy).__name__}")
     graph(policy.rules)  # quantize_model raises on a rule that matches no module
 
+  param_paths = tuple(paths_lib.flatten(nnx.to_pure_dict(abstract_state)))
+
+  @functools.cache
+  def direct(policy):
+    plans = rules_lib.plans(skeleton, policy.rules) if len(policy.rules) else {}
+    return api.direct_pairs((p for p, plan in plans.items() if not plan.empty),
+                            param_paths, CLASSIFIER)
+
+  def describe(policy):
+    return {**api.variant_meta(policy), "direct": sorted(direct(policy), key=str)}
+
   return api.Model(
       name=name, abstract_params=lambda: nnx.to_pure_dict(abstract_state), apply=apply,
       loss=api.next_token_loss, baseline=baseline, classifier=CLASSIFIER, init=init,
       vocab_size=cfg.vocab_size, max_len=cfg.max_len,
       flops_per_token=lambda seq_len: flops_per_token(cfg, seq_len), parse_policy=parse,
-      check=check, describe=api.variant_meta, meta=dataclasses.asdict(cfg), config=cfg)
+      direct=direct, check=check, describe=describe, meta=dataclasses.asdict(cfg),
+      config=cfg)

@@ -3,6 +3,7 @@ training any registered model through it."""
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -190,3 +191,53 @@ def test_the_train_binary_trains_resumes_and_records_a_llama(tmp_path):
   assert ckpt_lib.saved_policy(work / "checkpoints", 4)["expression"] == "bf16"
   saved = ckpt_lib.saved_policy(work / "checkpoints", 6)
   assert saved["expression"] == "gemm:fp32_blockwise" and saved["kind"] == "rules"
+
+  # compare, branch and report on the run's BF16 checkpoints, through the binaries
+  def run(module, *flags):
+    out = subprocess.run([sys.executable, "-m", f"fp8jax.experiments.{module}", *flags],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+  compare, branch = tmp_path / "compare", tmp_path / "branch"
+  policies = r"--policies=gemm:mxfp8,gemm:fp32_blockwise@layers/\d+/mlp/.*"
+  run("compare", f"--train_workdir={work}", f"--out={compare}", policies, "--steps=0,4",
+      "--batches=1", "--batch_size=4")
+  run("branch", f"--train_workdir={work}", f"--out={branch}", policies, "--from_steps=2",
+      "--k=2")
+  run("report", f"--results={compare}", f"--branch={branch}")
+  rows = [json.loads(line) for line in (compare / "rows.jsonl").read_text().splitlines()]
+  assert {r["policy"] for r in rows} == {"gemm:mxfp8", r"gemm:fp32_blockwise@layers/\d+/mlp/.*",
+                                         "floor"} and len(rows) == 6
+  mlp_only = [r for r in rows if r["policy"].endswith("mlp/.*")]
+  assert all(0 < r["share_direct"] < 1 for r in mlp_only)  # the MLPs' share, from the rules
+  report = (compare / "report.md").read_text()
+  # the top-10 modules named by llama's classifier, not DeepSeek-MoE's ("other", "router")
+  assert re.search(r"\bmlp \d", report) and "router" not in report
+  assert "routing.png" not in report  # no router, no routing figure
+  lines = [json.loads(line) for line in (branch / "branches.jsonl").read_text().splitlines()]
+  assert {b["branch"] for b in lines} == {"bf16", "noise", "gemm:mxfp8",
+                                          r"gemm:fp32_blockwise@layers/\d+/mlp/.*"}
+
+
+def test_the_validation_matrix_reads_recipes_as_the_runs_model_does(tmp_path):
+  """A rules recipe is a recipe of the matrix; the run config's model reads every recipe
+  before any run: DeepSeek-MoE's site grammar is refused for a Llama, with no run started."""
+  from fp8jax.study.runs import matrix as matrix_lib
+  cfg = run_config.defaults()
+  cfg.model, cfg.optim.warmup_steps = "llama:tiny", 1
+  trained = []
+
+  def fake_train(cfg, workdir, resume, stream):
+    del resume, stream
+    trained.append((cfg.policy, workdir.name))
+    return {"final_step": cfg.train.steps}
+
+  ok = matrix_lib.Matrix(("bf16", r"gemm:mxfp8@layers/\d+/mlp/.*"), (0,))
+  matrix_lib.run_matrix(cfg, tmp_path / "ok", ok, train_fn=fake_train)
+  assert [p for p, _ in trained] == ["bf16", r"gemm:mxfp8@layers/\d+/mlp/.*"]
+  trained.clear()
+  with pytest.raises(ValueError, match="bad policy term 'attn@0:e4m3'"):
+    matrix_lib.run_matrix(cfg, tmp_path / "bad", matrix_lib.Matrix(("bf16", "attn@0:e4m3"),
+                                                                    (0,)),
+                          train_fn=fake_train)
+  assert not trained

@@ -127,6 +127,26 @@ class Classifier:
     return cls(module_of, layer_of, lambda m: group_map.get(m, "other"),
                modules=tuple(modules) + ("other",))
 
+  def to_table(self, paths: Iterable[str]) -> dict[str, Any]:
+    """The classification of ``paths`` as JSON (``modules``: the table order; ``paths``:
+    ``{path: [module, layer or None, group, is expert stack]}``), which
+    :meth:`from_table` reads back: a results folder keeps its model's grouping."""
+    return {"modules": list(self.modules),
+            "paths": {p: [self.module_of(p), self.layer_of(p), self.group_of(self.module_of(p)),
+                          bool(self.is_expert_stack(p))] for p in paths}}
+
+  @classmethod
+  def from_table(cls, table: Mapping[str, Any]) -> Classifier:
+    """The classifier of a :meth:`to_table` record (a path it does not list: module
+    "other", no layer)."""
+    rows = {p: tuple(v) for p, v in table["paths"].items()}
+    groups = {m: g for m, _, g, _ in rows.values()}
+    return cls(lambda p: rows[p][0] if p in rows else "other",
+               lambda p: rows[p][1] if p in rows else None,
+               lambda m: groups.get(m, "other"),
+               lambda p: bool(rows[p][3]) if p in rows else False,
+               tuple(table.get("modules", ())))
+
   def order(self, names: Iterable[str]) -> list[str]:
     """``names`` (unique) in table order: those of :attr:`modules` first, then sorted."""
     names = set(names)

@@ -47,13 +47,12 @@ import functools
 import json
 import pathlib
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.models import delayed_sites
-from fp8jax.models import policy as policy_lib
 from fp8jax.study.branches import branch_metrics
 from fp8jax.study.common import results_io
 from fp8jax.study.comparison import sweep
@@ -91,11 +90,10 @@ def _reserved(branches: Branches) -> set[str]:
   return {REFERENCE, *branches.noise_names()}
 
 
-def branch_policies(specs, num_layers: int, branches: Branches
-                    ) -> list[policy_lib.PrecisionPolicy]:
-  """The policies of ``specs`` (as the sweep expands them; none: only the reference and
-  noise branches); one named like a built-in branch (``bf16``, ``noise``) gets the suffix
-  ``_policy``."""
+def branch_policies(specs, num_layers, branches: Branches) -> list:
+  """The policies of ``specs`` (as the sweep expands them for ``num_layers``, a depth or a
+  :class:`fp8jax.models.api.Model`; none: only the reference and noise branches); one
+  named like a built-in branch (``bf16``, ``noise``) gets the suffix ``_policy``."""
   out = []
   for p in sweep.expand_policies(specs, num_layers) if specs else []:
     if p.name in _reserved(branches):
@@ -178,7 +176,7 @@ def auto_together(abstract, mesh, fsdp: bool, headroom: float = 0.8) -> int | No
 class _Branch:
   name: str
   kind: str            # "reference", "noise" or "policy"
-  policy: policy_lib.PrecisionPolicy
+  policy: Any  # what the model's apply takes
   expr: str
 
 
@@ -210,10 +208,10 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
   if deterministic is not None:
     train_cfg.train.deterministic = bool(deterministic)
   mode = determinism.record(train_cfg.train.deterministic)  # before any computation
-  model_cfg, trained = run_config.validate(train_cfg)  # the run's policy: its state layout
-  pols = branch_policies(policies, model_cfg.num_hidden_layers, branches)
+  model, trained = run_config.check(train_cfg)  # the run's policy: its state layout
+  pols = branch_policies(policies, model, branches)
   for p in pols:
-    p.check_layers(model_cfg.num_hidden_layers, model_cfg.is_moe_layer)
+    model.check(p)
   mesh = mesh_lib.data_mesh(devices)
   ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
   available = ckpt.all_steps()
@@ -225,12 +223,13 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
   ckpt.check_full_state(steps, "branch")  # params-only checkpoints: before any compile
   if not allow_policy_change:
     check_trained_policies(ckpt, steps)
-  expr = {p.name: sweep.expression(p) for p in pols}
-  all_branches = ([_Branch(REFERENCE, "reference", policy_lib.BF16, "bf16")]
-                  + [_Branch(n, "noise", policy_lib.BF16, "bf16") for n in branches.noise_names()]
+  expr = {p.name: model.policy_meta(p)["expr"] for p in pols}
+  base = model.baseline
+  all_branches = ([_Branch(REFERENCE, "reference", base, "bf16")]
+                  + [_Branch(n, "noise", base, "bf16") for n in branches.noise_names()]
                   + [_Branch(p.name, "policy", p, expr[p.name]) for p in pols])
   meta = {"train_workdir": str(train_workdir.resolve()),
-          "model": dataclasses.asdict(model_cfg), "k": branches.k,
+          "model": dict(model.meta), "k": branches.k,
           "noise": {"branches": branches.noise, "scale": branches.noise_scale,
                     "seed": branches.noise_seed},
           "data": json.loads(json.dumps(sweep.data_config(train_cfg))),
@@ -247,7 +246,7 @@ def run(train_workdir, out, policies=("seed",), from_steps=None,
         [[(s, b.name) not in output.done for b in all_branches] for s in steps], np.int32))
     todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
     todo = {s: bs for s, bs in todo.items() if bs}
-    engine = _Engine(train_cfg, model_cfg, mesh, all_branches, branches, trained)
+    engine = _Engine(train_cfg, model, mesh, all_branches, branches, trained)
     if todo:
       engine.fill_cache(stream)
     first = metrics_log.FirstCalls("branch", stream, total=len(engine.steps))
@@ -291,11 +290,11 @@ def _groups(bs: list[_Branch], together: int | None) -> list[list[_Branch]]:
 class _Engine:
   """The compiled steps and the comparison of one run's branches."""
 
-  def __init__(self, train_cfg, model_cfg, mesh, all_branches, branches: Branches,
+  def __init__(self, train_cfg, model, mesh, all_branches, branches: Branches,
                trained_policy=None):
-    self.cfg, self.model_cfg, self.mesh, self.branches = train_cfg, model_cfg, mesh, branches
+    self.cfg, self.model, self.mesh, self.branches = train_cfg, model, mesh, branches
     self.tx = loop.optimizer_for(train_cfg)
-    _, self.abstract, self.sharding = loop.state_layout(train_cfg, model_cfg, self.tx, mesh,
+    _, self.abstract, self.sharding = loop.state_layout(train_cfg, model, self.tx, mesh,
                                                         trained_policy)
     rep = mesh_lib.replicated(mesh)
     self.steps, self.layouts = {}, {}
@@ -303,16 +302,17 @@ class _Engine:
       key = b.policy.name if b.kind == "policy" else REFERENCE
       if key in self.steps:
         continue
-      delayed = delayed_sites.init(model_cfg, b.policy)
+      delayed = model.delayed_init(b.policy)
       sharding = self.sharding._replace(delayed=jax.tree.map(lambda _: rep, delayed))
       self.layouts[key] = (delayed, sharding)
-      self.steps[key] = loop.build_step(train_cfg, model_cfg, self.tx, b.policy, mesh,
+      self.steps[key] = loop.build_step(train_cfg, model, self.tx, b.policy, mesh,
                                         sharding, with_routing=True)
     params_sharding = self.sharding.params
     self.copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=params_sharding)
     self.copy_state = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self.sharding)
-    self.compare = mesh_lib.under_mesh(jax.jit(branch_metrics.compare_step,
-                                               out_shardings=rep), mesh)
+    self.compare = mesh_lib.under_mesh(jax.jit(
+        functools.partial(branch_metrics.compare_step, classifier=model.classifier),
+        out_shardings=rep), mesh)
     self.perturb = jax.jit(branch_metrics.perturb, static_argnums=2,
                            out_shardings=params_sharding)
 
@@ -330,7 +330,7 @@ class _Engine:
 
   def _batches(self, position) -> list:
     """The ``k`` batches the run reads after the data position ``position``."""
-    data = loop.make_data(self.cfg, self.mesh, self.model_cfg.vocab_size)
+    data = loop.make_data(self.cfg, self.mesh, self.model.vocab_size)
     try:
       data.set_state(position)
       return [mesh_lib.global_batch(next(data), self.mesh) for _ in range(self.branches.k)]
@@ -356,7 +356,7 @@ class _Engine:
     del meta  # its policy was checked before any step (check_trained_policies)
     batches = self._batches(position)
     noise_names = self.branches.noise_names()
-    reference = _Branch(REFERENCE, "reference", policy_lib.BF16, "bf16")
+    reference = _Branch(REFERENCE, "reference", self.model.baseline, "bf16")
     live = [(reference, *self._start(state, reference, 0))]
     for b in group:
       idx = noise_names.index(b.name) if b.kind == "noise" else 0

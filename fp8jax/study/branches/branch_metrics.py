@@ -27,6 +27,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.metrics import aggregate
+from fp8jax.metrics import paths as paths_lib
 from fp8jax.models import layer_stack, param_paths
 from fp8jax.study.common.noise_floor import BF16_UNIT_ROUNDOFF, perturb  # noqa: F401
 from fp8jax.train import step as step_lib
@@ -48,14 +49,16 @@ def _stats(sums: jax.Array) -> dict[str, jax.Array]:
   return {"param_div": div, "update_cos": cos}
 
 
-def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new) -> dict[str, Any]:
-  """One step's comparison of a branch with the BF16 branch.
+def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new,
+                 classifier: paths_lib.Classifier = param_paths.DEEPSEEK) -> dict[str, Any]:
+  """One step's comparison of a branch with the BF16 branch; ``classifier``: the model's
+  grouping of its parameter paths (default DeepSeek-MoE's).
 
   Args:
     ref_new, ref_prev: the BF16 branch's params after and before the update (pytrees).
     new, prev: the branch's params after and before its update (same structure).
     routing_ref, routing_new: ``{layer: {"topk_ids", "expert_counts"}}`` of both forwards
-      on the step's batch (``aux["routing"]`` of ``deepseek_moe.apply``).
+      on the step's batch (the model's ``aux["routing"]``; ``{}`` without a router).
 
   Returns:
     ``{"param_div", "update_cos", "routing_diff"}`` scalars, ``"by_module"`` and
@@ -67,7 +70,7 @@ def compare_step(ref_new, ref_prev, new, prev, routing_ref, routing_new) -> dict
   flat = [metrics.flatten(layer_stack.unstack(t)) for t in (ref_new, ref_prev, new, prev)]
   paths = list(flat[0])
   totals = jnp.stack([_sums(*(f[p] for f in flat)) for p in paths])
-  g = aggregate.grouped(paths, totals, _stats, param_paths.DEEPSEEK)
+  g = aggregate.grouped(paths, totals, _stats, classifier)
   div = metrics.routing_divergence(routing_ref, routing_new)
   frac = {layer: d["topk_set_diff_frac"] for layer, d in div.items()}
   routing = (jnp.mean(jnp.stack(list(frac.values()))) if frac

@@ -34,6 +34,8 @@ import dataclasses
 import pathlib
 import re
 
+from fp8jax.metrics import paths as paths_lib
+from fp8jax.models import param_paths
 from fp8jax.study.common import results_io
 from fp8jax.train import metrics_log
 
@@ -115,6 +117,15 @@ class Results:
     for d in self.details:
       if row_key(d) in finite:
         self._details[(d["policy"], int(d["step"]))].append(d)
+
+  @property
+  def classifier(self) -> paths_lib.Classifier:
+    """The grouping of the model's parameter paths: the one ``meta.json`` records
+    (``classes``), else DeepSeek-MoE's (sweeps written before it was recorded)."""
+    table = self.meta.get("classes")
+    if table:
+      return paths_lib.Classifier.from_table(table)
+    return param_paths.DEEPSEEK
 
   def kind(self, name: str) -> str:
     """The kind of an entry of ``meta["policies"]``: "policy" (the default), "floor" or

@@ -18,7 +18,6 @@ import numpy as np
 
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import rows as metrics_rows
-from fp8jax.models import param_paths
 from fp8jax.study.common import results, results_io, stats
 from fp8jax.study.comparison import conditioning, floor, questions
 from fp8jax.study.comparison import format_width as width_lib
@@ -159,13 +158,13 @@ def weight_norms(res: results.Results, out_dir) -> pathlib.Path:
 
 
 def module_layer_table(res: results.Results, policy: str, step: int,
-                       classifier: paths_lib.Classifier = param_paths.DEEPSEEK
+                       classifier: paths_lib.Classifier | None = None
                        ) -> tuple[list[str], list[int], np.ndarray]:
   """``(modules, layers, table)``: the mean diff_norm of each module x layer cell at one
   checkpoint (NaN where absent), modules in the table order of ``classifier`` (default:
-  DeepSeek-MoE's, :data:`fp8jax.models.param_paths.MODULES`)."""
+  the sweep's, :attr:`fp8jax.study.common.results.Results.classifier`)."""
   return metrics_rows.module_layer_grid(
-      stats.mean_details(res, policy, step, "module_layer"), classifier)
+      stats.mean_details(res, policy, step, "module_layer"), classifier or res.classifier)
 
 
 def heatmaps(res: results.Results, out_dir) -> pathlib.Path:
@@ -329,10 +328,13 @@ def noise_floor(res: results.Results, out_dir) -> pathlib.Path:
 
 def write_all(res: results.Results, out_dir, answers: dict[str, dict] | None = None,
               top_k: int = 10) -> dict[str, pathlib.Path]:
-  """Every figure of :data:`NAMES` into ``out_dir``: ``{name: path}``."""
+  """Every figure of :data:`NAMES` into ``out_dir``: ``{name: path}``; ``routing`` only
+  where the rows hold routing divergence (a model with a router)."""
   redistribution = (answers or {}).get("redistribution")
   out = {}
   for name in NAMES:
+    if name == "routing" and not routing_layers(res):
+      continue
     fn = globals()[name]
     out[name] = (fn(res, out_dir, redistribution, top_k) if name == "migration"
                  else fn(res, out_dir))

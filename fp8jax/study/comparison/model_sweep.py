@@ -76,7 +76,8 @@ def evaluate(model: model_api.StudyModel, out, policies: Sequence[Any],
           "windows": {"offsets": offsets, "batches": max(b for _, b in batches) + 1,
                       "batch_size": int(np.shape(first)[0]),
                       "seq_len": int(np.shape(first)[1]) if np.ndim(first) > 1 else 0,
-                      "seed": None, "split": ""}}
+                      "seed": None, "split": ""},
+          "classes": model.classifier.to_table(metrics.flatten(model.abstract_params()))}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import paths, ranking
-from fp8jax.models import param_paths
 from fp8jax.study.common.results import Results, depth_layers, parse_seed_name
 from fp8jax.study.common.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
 from fp8jax.study.comparison import conditioning, format_width
@@ -197,16 +196,17 @@ def _nanmean(values) -> float:
 
 
 def redistribution(res: Results, policy: str, k: int = 10,
-                   classifier: paths.Classifier = param_paths.DEEPSEEK) -> dict[str, Any]:
+                   classifier: paths.Classifier | None = None) -> dict[str, Any]:
   """(4) Migration of the top-``k`` parameters by diff_norm (details averaged over the
   batches) across checkpoints, with the share of the squared difference in the directly
   quantized modules (``share_direct``) per checkpoint. ``classifier``: the modules of the
-  parameter paths (default: DeepSeek-MoE's)."""
+  parameter paths (default: the sweep's, :attr:`Results.classifier`)."""
   series = [(s, v) for s in res.steps if (v := mean_details(res, policy, s))]
   if len(series) < 2:
     return {"available": False, "policy": policy,
             "summary": "Not available: fewer than 2 checkpoints with per-parameter details."}
-  rows = ranking.migration(series, k, res.direct(policy) or None, classifier=classifier)
+  rows = ranking.migration(series, k, res.direct(policy) or None,
+                           classifier=classifier or res.classifier)
   for row in rows:
     row["share_direct"] = stat(res, "share_direct", policy, [row["checkpoint"]])
   first, last = rows[0], rows[-1]

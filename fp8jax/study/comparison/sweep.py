@@ -185,7 +185,8 @@ def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | N
                                 **({"delayed_warmup": delayed_warmup}
                                    if model.delayed_init(p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
-          "replicas": replicas, "code_version": ckpt_lib.code_version(), **mode}
+          "replicas": replicas, "code_version": ckpt_lib.code_version(), **mode,
+          "classes": model.classifier.to_table(metrics.flatten(model.abstract_params()))}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",

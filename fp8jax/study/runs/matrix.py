@@ -33,8 +33,9 @@ import time
 
 from fp8jax.data import folder_lock
 from fp8jax.models import policy as policy_lib
+from fp8jax.models import rules_policy
 from fp8jax.study.common import results_io
-from fp8jax.train import preemption
+from fp8jax.train import preemption, run_config
 
 REFERENCE = "bf16"
 DONE = "done.json"
@@ -57,8 +58,14 @@ class Matrix:
       raise ValueError(f"repeated recipes or seeds: {list(self.recipes)}, {list(self.seeds)}")
     if not self.seeds or min(self.seeds) < 0:
       raise ValueError(f"seeds must be >= 0 and at least one, got {list(self.seeds)}")
-    for r in self.recipes:
-      policy_lib.parse_policy(r)  # an unknown recipe fails here, before any run
+    for r in self.recipes:  # an unknown recipe fails here, before any run
+      try:
+        policy_lib.parse_policy(r)
+      except ValueError as e:  # DeepSeek-MoE's grammar, else rules over module paths
+        try:
+          rules_policy.parse(r, 1, "{i}")
+        except ValueError:
+          raise e from None
 
   def order(self) -> list[str]:
     """The recipes, the reference first."""
@@ -119,6 +126,9 @@ def run_matrix(base_cfg, out, matrix: Matrix, deadline: float | None = None, str
   if train_fn is None:
     from fp8jax.train import loop  # pylint: disable=import-outside-toplevel
     train_fn = loop.train
+  model = run_config.model(base_cfg)
+  for recipe in matrix.recipes:  # as the run config's model reads it, before any run
+    model.policy(recipe)
   stream = stream or sys.stderr
   out = pathlib.Path(out)
   outcome = {"done": [], "stopped": [], "pending": [], "busy": []}
