@@ -16,6 +16,7 @@ import jax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
+from fp8jax.models import policy as policy_lib  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import optim  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
@@ -47,7 +48,7 @@ def per_layer_reduction() -> bool:
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh()
-  state = jax.device_get(step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16,
+  state = jax.device_get(step_lib.seeded_init(cfg, tx, policy_lib.BF16,
                                               stacked=True)(0))  # each step donates its own
   tokens = jax.random.randint(jax.random.key(3), (8, 16), 0, cfg.vocab_size)
   outs = []
@@ -73,7 +74,7 @@ def fsdp_split() -> dict:
                 num_hidden_layers=4, dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh()
-  init = step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16, stacked=True)
+  init = step_lib.seeded_init(cfg, tx, policy_lib.BF16, stacked=True)
   state0 = jax.device_get(init(0))
   split = mesh_lib.fsdp_sharding(jax.eval_shape(lambda: init(0)), mesh)
   specs = jax.tree.map(lambda sh: sh.spec, split.params)
@@ -113,7 +114,7 @@ def fsdp_gather_in_bf16() -> dict:
                 num_hidden_layers=2, dtype="bfloat16")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh()
-  init = step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16, stacked=True)
+  init = step_lib.seeded_init(cfg, tx, policy_lib.BF16, stacked=True)
   split = mesh_lib.fsdp_sharding(jax.eval_shape(lambda: init(0)), mesh)
   specs = jax.tree.map(lambda sh: sh.spec, split.params)
   tokens = jax.device_put(jax.random.randint(jax.random.key(3), (8, 32), 0, cfg.vocab_size),

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp8jax.models import policy as policy_lib
 from fp8jax.train import data_parallel as dp
 from fp8jax.train import mesh as mesh_lib
 
@@ -117,7 +118,7 @@ def test_gradients_reduced_per_layer_equal_reduced_at_the_end(scan_layers):
   cfg = mc.tiny(dtype="float32")
   mesh = mesh_lib.data_mesh(jax.devices()[:1])
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
-  state = step_lib.seeded_init(cfg, tx, step_lib.policy_lib.BF16, stacked=scan_layers)(0)
+  state = step_lib.seeded_init(cfg, tx, policy_lib.BF16, stacked=scan_layers)(0)
   tokens = jax.random.randint(jax.random.key(3), (4, 16), 0, cfg.vocab_size)
   outs = {}
   for per_layer in (True, False):
@@ -166,7 +167,6 @@ def test_paired_evaluator_reduces_per_layer_as_at_the_end():
 
   from fp8jax.models import config as mc  # pylint: disable=import-outside-toplevel
   from fp8jax.models import deepseek_moe  # pylint: disable=import-outside-toplevel
-  from fp8jax.models import policy as policy_lib  # pylint: disable=import-outside-toplevel
   from fp8jax.study.comparison import model_api, paired  # pylint: disable=import-outside-toplevel
 
   cfg = mc.tiny(dtype="float32")
