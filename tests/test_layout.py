@@ -187,3 +187,20 @@ def test_metrics_know_no_deepseek_names():
                  for name in DEEPSEEK_NAMES if name in p.read_text())
   assert not found, ("fp8jax/metrics names DeepSeek-MoE's modules (they belong in "
                      "models/param_paths.py):\n" + "\n".join(found))
+
+
+DEEPSEEK_IMPORTERS = {  # above models/, the DeepSeek-MoE-only tools
+    "fp8jax.train.params_io": "HF <-> Orbax conversion of DeepSeek-MoE checkpoints",
+    "fp8jax.study.numerics.model_site": "the numerics study at DeepSeek-MoE's sites",
+}
+"""The modules above ``models/`` that may import DeepSeek-MoE's own code
+(``models/deepseek_moe.py``); everything else reaches it through the model interface: its
+registry entry, ``fp8jax.models.deepseek_model``, or the registry by name."""
+
+
+def test_only_deepseek_tools_import_deepseek_moe_above_models():
+  bad = sorted(m for m, imported in _graph().items()
+               if layer_of(m) not in ("models", "experiments")
+               and "fp8jax.models.deepseek_moe" in imported and m not in DEEPSEEK_IMPORTERS)
+  assert not bad, ("modules above models/ that import DeepSeek-MoE directly (take an "
+                   f"fp8jax.models.api.Model instead): {bad}")
