@@ -70,14 +70,40 @@ def flops_per_token(cfg: config_lib.ModelConfig, seq_len: int) -> float:
   return 6.0 * matmul_params(cfg) + attention
 
 
+SEED_MODULES = {"attn": "attn_out", "moe": "moe_out"}
+"""The seed grid's modules and the sites they quantize."""
+SEED_FORMATS = ("e4m3", "e5m2")
+
+
+def seed_cell(policy: policy_lib.PrecisionPolicy) -> dict | None:
+  """The seed grid's cell that ``policy`` computes, whatever its name: ``{"module": "attn"
+  or "moe", "depth": "l0" or "l0-8", "format": "e4m3" or "e5m2"}`` when its numerics are
+  those of ``{module}@{layers}:{format}`` on consecutive layers; else None."""
+  if len(policy.rules) != 1 or policy.gemm is not None or policy.rules[0].layers is None:
+    return None
+  rule = policy.rules[0]
+  lo, hi = min(rule.layers), max(rule.layers)
+  if rule.site not in SEED_MODULES.values() or tuple(rule.layers) != tuple(range(lo, hi + 1)):
+    return None
+  depth = f"{lo}" if lo == hi else f"{lo}-{hi}"
+  module = next(m for m, site in SEED_MODULES.items() if site == rule.site)
+  for fmt in SEED_FORMATS:
+    if policy_expression.same_numerics(policy,
+                                       policy_lib.parse_policy(f"{module}@{depth}:{fmt}")):
+      return {"module": module, "depth": f"l{depth}", "format": fmt}
+  return None
+
+
 def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
-  """A policy's ``meta.json`` entry: its canonical expression, directly quantized modules
-  and kind (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it
-  controls)."""
+  """A policy's ``meta.json`` entry: its canonical expression, directly quantized modules,
+  kind (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it
+  controls) and its seed-grid ``cell`` (:func:`seed_cell`, None for other numerics), which
+  the report reads instead of the name."""
   entry = {"expr": policy_expression.to_expression(policy),
            "direct": sorted(param_paths.direct_modules(policy, num_layers)), "kind": "policy"}
   if policy_lib.is_noise_control(policy):
     entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
+  entry["cell"] = None if entry["kind"] == "control" else seed_cell(policy)
   return entry
 
 

@@ -68,7 +68,10 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   assert meta["policies"]["floor"]["kind"] == "floor"
   assert meta["policies"]["noise(attn_l0_e4m3)"] == {
       "expr": "noise(attn_out@0:e4m3/tensor)", "kind": "control",
-      "control_of": "attn_l0_e4m3", "direct": meta["policies"]["attn_l0_e4m3"]["direct"]}
+      "control_of": "attn_l0_e4m3", "direct": meta["policies"]["attn_l0_e4m3"]["direct"],
+      "cell": None}
+  assert meta["policies"]["attn_l0_e4m3"]["cell"] == {"module": "attn", "depth": "l0",
+                                                      "format": "e4m3"}
   # The floor is reproducible: another sweep of one checkpoint draws the same perturbations.
   again = tmp_path / "again"
   said = io.StringIO()

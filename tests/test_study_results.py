@@ -113,3 +113,25 @@ def test_parse_seed_name():
   for name in ("bf16", "attn_l0_e4m3x", "mlp_l0_e4m3", "attn@0:e4m3", "custom"):
     assert results.parse_seed_name(name) is None
   assert results.depth_layers("l0") == 1 and results.depth_layers("l0-8") == 9
+
+
+def test_seed_cells_come_from_the_policy_records_not_the_names():
+  """A policy's seed-grid cell is what its numerics are (``deepseek_model.policy_meta``
+  records it): an expression named by itself is a cell, a seed-grid name over other
+  numerics is not; an entry written before cells were recorded reads its name."""
+  from fp8jax.models import deepseek_model
+  from fp8jax.models import policy as policy_lib
+  from fp8jax.study.comparison import questions
+  meta = {"policies": {}}
+  for name in ("attn@0-8:e5m2", "moe_l0_e4m3", "attn_l0_e4m3", "noise(moe@0:e4m3)"):
+    expr = {"attn_l0_e4m3": "attn@0:mxfp8"}.get(name, name)  # the name over other numerics
+    meta["policies"][name] = deepseek_model.policy_meta(policy_lib.parse_policy(expr), 9)
+  meta["policies"]["moe_l0-8_e5m2"] = {"expr": "moe@0-8:e5m2"}  # an older record: no cell
+  res = results.Results(None, meta, [], [], [], [])
+  assert res.cell("attn@0-8:e5m2") == ("attn", "l0-8", "e5m2")
+  assert res.cell("moe_l0_e4m3") == ("moe", "l0", "e4m3")
+  assert res.cell("attn_l0_e4m3") is None and res.cell("noise(moe@0:e4m3)") is None
+  assert res.cell("moe_l0-8_e5m2") == ("moe", "l0-8", "e5m2")
+  assert questions.seed_grid(res) == {("attn", "l0-8", "e5m2"): "attn@0-8:e5m2",
+                                      ("moe", "l0", "e4m3"): "moe_l0_e4m3",
+                                      ("moe", "l0-8", "e5m2"): "moe_l0-8_e5m2"}

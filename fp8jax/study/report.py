@@ -35,7 +35,7 @@ from typing import Any
 from fp8jax.data import folder_lock
 from fp8jax.study.branches import trajectory, trajectory_figures
 from fp8jax.study.common import metric_registry
-from fp8jax.study.common.results import Results, load, parse_seed_name
+from fp8jax.study.common.results import Results, load
 from fp8jax.study.common.stats import fmt_stat, overall, stat, table
 from fp8jax.study.comparison import conditioning, figures, floor, questions
 from fp8jax.study.runs import one_step_ranking
@@ -65,7 +65,7 @@ def grid_markdown(res: Results) -> list[str]:
            f"{w.get('seq_len')} (0: the training run's).", ""]
   grid = []
   for p in res.names:
-    parsed = parse_seed_name(p) or ("", "", "")
+    parsed = res.cell(p) or ("", "", "")
     kind = res.kind(p) + (f" of {res.controls[p]}" if p in res.controls else "")
     grid.append([p, kind, f"`{meta['policies'][p].get('expr', '')}`", *parsed,
                  _direct_text(res.direct(p))])

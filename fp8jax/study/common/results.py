@@ -127,6 +127,16 @@ class Results:
       return paths_lib.Classifier.from_table(table)
     return param_paths.DEEPSEEK
 
+  def cell(self, name: str) -> tuple[str, str, str] | None:
+    """``(module, depth, format)`` of a policy of the seed grid's numerics, from its
+    ``meta.json`` record (``cell``; None: other numerics); an entry written before records
+    had cells is read from its seed-grid name (:func:`parse_seed_name`)."""
+    entry = self.meta["policies"].get(name, {})
+    if "cell" not in entry:
+      return parse_seed_name(name)
+    c = entry["cell"]
+    return None if c is None else (c["module"], c["depth"], c["format"])
+
   def kind(self, name: str) -> str:
     """The kind of an entry of ``meta["policies"]``: "policy" (the default), "floor" or
     "control"."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fp8jax.metrics import paths, ranking
-from fp8jax.study.common.results import Results, depth_layers, parse_seed_name
+from fp8jax.study.common.results import Results, depth_layers
 from fp8jax.study.common.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
 from fp8jax.study.comparison import conditioning, format_width
 
@@ -39,8 +39,13 @@ def depth_label(depth: str) -> str:
 
 
 def seed_grid(res: Results) -> dict[tuple[str, str, str], str]:
-  """``{(module, depth, fmt): policy name}`` of the seed-grid policies present."""
-  return {p: n for n in res.policies if (p := parse_seed_name(n))}
+  """``{(module, depth, fmt): policy name}`` of the seed-grid cells present (from the
+  policies' records, :meth:`Results.cell`; the first name of a cell computed twice)."""
+  out = {}
+  for n in res.policies:
+    if (c := res.cell(n)) is not None:
+      out.setdefault(c, n)
+  return out
 
 
 def _lower_sentence(a: str, b: str, comps: list[dict], what: str, unit: str) -> str:
