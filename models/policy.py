@@ -129,10 +129,8 @@ class PrecisionPolicy:
       raise ValueError("the model's GEMM hook does not support fp8_native directions")
 
   def bf16_tail_layers(self, num_layers: int) -> int:
-    """How many final layers keep BF16 GEMMs: ``max(1, round(share * L))`` for a share > 0."""
-    if not self.gemm_bf16_tail:
-      return 0
-    return max(1, round(self.gemm_bf16_tail * num_layers))
+    """How many final layers keep BF16 GEMMs (:func:`fp8jax.gemm.recipes.bf16_tail_layers`)."""
+    return recipes.bf16_tail_layers(self.gemm_bf16_tail, num_layers)
 
   def to_rules(self, num_layers: int) -> fp8jax_rules.Rules:
     """The policy as rules of the engine on a model of ``num_layers`` layers: the sites

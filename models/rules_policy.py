@@ -55,7 +55,7 @@ def tail_rules(name: str, num_layers: int, layer_path: str | None, expr: str) ->
                      f"{share:.0%} of layers in BF16, and this model does not name its "
                      "layers; give its modules explicitly (gemm:NAME@REGEX, then "
                      "gemm:none@REGEX for the layers to keep in BF16)")
-  tail = max(1, round(share * num_layers))
+  tail = recipes.bf16_tail_layers(share, num_layers)
   return [Rule(layer_path.format(i=i), None, role="gemm")
           for i in range(num_layers - tail, num_layers)]
 

@@ -125,6 +125,12 @@ BF16_TAIL = {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_rht": 0.16, "nvfp4_recipe_no
 recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
 
 
+def bf16_tail_layers(share: float, num_layers: int) -> int:
+  """How many final layers of ``num_layers`` a BF16 ``share`` keeps in BF16:
+  ``max(1, round(share * num_layers))`` for a share > 0, else 0."""
+  return max(1, round(share * num_layers)) if share else 0
+
+
 def recipe(name: str) -> GemmConfig:
   """The recipe called ``name``; raises ValueError listing the known names."""
   if name not in RECIPES:
@@ -132,4 +138,4 @@ def recipe(name: str) -> GemmConfig:
   return RECIPES[name]
 
 
-__all__ = ["BF16_TAIL", "RECIPES", "recipe"]
+__all__ = ["BF16_TAIL", "RECIPES", "bf16_tail_layers", "recipe"]

@@ -131,9 +131,11 @@ class Classifier:
     """The classification of ``paths`` as JSON (``modules``: the table order; ``paths``:
     ``{path: [module, layer or None, group, is expert stack]}``), which
     :meth:`from_table` reads back: a results folder keeps its model's grouping."""
-    return {"modules": list(self.modules),
-            "paths": {p: [self.module_of(p), self.layer_of(p), self.group_of(self.module_of(p)),
-                          bool(self.is_expert_stack(p))] for p in paths}}
+    rows = {}
+    for p in paths:
+      module = self.module_of(p)
+      rows[p] = [module, self.layer_of(p), self.group_of(module), bool(self.is_expert_stack(p))]
+    return {"modules": list(self.modules), "paths": rows}
 
   @classmethod
   def from_table(cls, table: Mapping[str, Any]) -> Classifier:

@@ -15,8 +15,6 @@ from fp8jax.models.config import ModelConfig
 PEAK_BF16 = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("GH200", 989e12),
              ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12))
 
-matmul_params = deepseek_model.matmul_params
-
 
 def flops_per_token(model: api.Model | ModelConfig, seq_len: int) -> float:
   """Training model FLOPs per token of ``model`` (or of DeepSeek-MoE of a config) at

@@ -301,8 +301,7 @@ def check(cfg) -> tuple[api.Model, object]:
   for key, least in (("global_batch", 1), ("seq_len", 2)):
     if int(cfg.data[key]) < least:
       raise ValueError(f"data.{key} must be >= {least}, got {cfg.data[key]}")
-  scan_options(cfg)
-  the_model = model(cfg)
+  the_model = model(cfg)  # also checks the scan options
   policy = the_model.policy(cfg.policy)
   optim_config(cfg)
   _check_precision(cfg.precision)
