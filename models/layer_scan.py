@@ -13,7 +13,7 @@ telemetry and the routing outputs.
 The results are those of the layer loop bit for bit where XLA rounds every BF16
 intermediate (``XLA_FLAGS=--xla_allow_excess_precision=false``); by default XLA may keep
 some in float32, depending on what it fuses, so BF16 values can differ in the last bit
-(``tests/test_layer_scan.py``).
+(``tests/models/test_layer_scan.py``).
 """
 
 from __future__ import annotations

@@ -33,6 +33,6 @@ export JAX_PLATFORMS=cpu
     f"test_newest: jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}")'
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(-n auto)
-exec "$venv/bin/python" -m pytest -m "not slow" "${args[@]}" tests/test_quantize.py \
-  tests/test_mx_formats.py tests/test_mx_spec.py tests/test_mx_rounding.py tests/test_gemm.py \
-  tests/test_model.py tests/test_train_step.py
+exec "$venv/bin/python" -m pytest -m "not slow" "${args[@]}" tests/quant/test_quantize.py \
+  tests/numerics/test_mx_formats.py tests/numerics/test_mx_spec.py tests/numerics/test_mx_rounding.py tests/gemm/test_dense.py \
+  tests/models/test_deepseek_moe.py tests/train/test_step.py

@@ -75,21 +75,21 @@ def pytest_report_header(config):
 # The longest tests of the slow tier (minutes each on 2 cores), run first: xdist hands out
 # tests in collection order, and one of these started last would keep a worker busy
 # after the other has finished.
-RUN_FIRST = ("tests/test_multihost.py", "tests/test_multidevice.py",
-             "tests/test_layer_scan.py::test_stacked_scan_is_bit_identical_to_the_loop",
-             "tests/test_compare.py::test_formats_grid_end_to_end",
-             "tests/test_notebooks.py::test_notebook_runs_at_smoke_size",
-             "tests/test_determinism.py::test_sweep_in_the_deterministic_mode",
-             "tests/test_compare.py::test_sweep_rows_details_and_zero_for_an_empty_policy",
-             "tests/test_compile_split.py", "tests/test_seed_group.py",
-             "tests/test_data_parallel.py")
+RUN_FIRST = ("tests/integration/test_multihost.py", "tests/integration/test_multidevice.py",
+             "tests/models/test_layer_scan.py::test_stacked_scan_is_bit_identical_to_the_loop",
+             "tests/study/comparison/test_sweep.py::test_formats_grid_end_to_end",
+             "tests/integration/test_notebooks.py::test_notebook_runs_at_smoke_size",
+             "tests/train/test_determinism.py::test_sweep_in_the_deterministic_mode",
+             "tests/study/comparison/test_sweep.py::test_sweep_rows_details_and_zero_for_an_empty_policy",
+             "tests/integration/test_compile_split.py", "tests/train/test_seed_group.py",
+             "tests/train/test_data_parallel.py")
 
 
 SHARD_VARIABLE = "FP8JAX_SLOW_SHARD"
 """``i/k``: of the slow tests, only those in shard ``i`` of ``k`` (:func:`slow_shard`) and
 those of :data:`EVERY_SHARD`; unset or ``all``: every one. CI runs one shard per commit
 (``.ci/run``)."""
-EVERY_SHARD = ("tests/test_notebooks.py",)
+EVERY_SHARD = ("tests/integration/test_notebooks.py",)
 """Slow files that run in every shard: the notebooks are executed in every CI run."""
 
 

@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from tests import reference as ref
+from tests.references import reference as ref
 
 
 def ref_for_spec(x, spec):

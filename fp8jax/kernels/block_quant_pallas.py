@@ -26,7 +26,7 @@ scale (:func:`fp8jax.numerics.scales.compute_scale`), and stores the payload
 a float32 parameter is read once and quantized as the bfloat16 weight the model computes
 with. The payload and scales equal ``qtensor.quantize`` of each ``w[e]`` bit for bit
 wherever Triton's float32 division (``max / amax``, ``1 / s``) rounds as XLA's does:
-``tests/test_block_quant_pallas.py`` on the CPU, ``scripts/bench/block_quant.py`` on an
+``tests/kernels/test_block_quant_pallas.py`` on the CPU, ``scripts/bench/block_quant.py`` on an
 H100 (equal on every benchmark weight and on weights spanning 2^-60..2^60).
 
 Pallas is imported when the kernel is called; on CPU pass ``interpret=True``.

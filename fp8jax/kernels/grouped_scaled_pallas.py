@@ -34,7 +34,7 @@ JAX has deprecated its Pallas Triton backend, but the project's GEMM kernels use
 (:mod:`scaled_matmul_pallas`, :mod:`grouped_matmul_triton`), and the Mosaic GPU grouped
 kernels that JAX ships (:mod:`grouped_matmul_mosaic`) take no scales. Pallas is imported
 when a kernel is called; on CPU pass ``interpret=True``. XLA references, for the tests and
-the benchmark: ``tests/grouped_scaled_reference.py``.
+the benchmark: ``tests/references/grouped_scaled_reference.py``.
 """
 
 from __future__ import annotations

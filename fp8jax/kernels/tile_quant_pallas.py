@@ -23,7 +23,7 @@ converts with ``cvt.rn.satfinite``, round to nearest even; see
 :mod:`fp8jax.kernels.fake_quant_pallas`). NaN is selected back after the clip (Triton's
 min and max drop it). Both results equal ``qtensor.quantize(x, spec)`` and
 ``qtensor.quantize(x.T, spec)`` bit for bit where the backend's float32 division does, as
-the fused fake-quant kernel does (``tests/test_tile_quant_pallas.py`` on the CPU;
+the fused fake-quant kernel does (``tests/kernels/test_tile_quant_pallas.py`` on the CPU;
 ``scripts/bench/tile_quant.py`` on the GPU, with E4M3: the recipes' format).
 
 Pallas is imported when the kernel is called; on CPU pass ``interpret=True``.

@@ -1,6 +1,6 @@
 """The studies, as libraries that the binaries and notebooks call, in rooms.
 
-Each room imports only the rooms below it (``tests/test_layout.py`` checks it):
+Each room imports only the rooms below it (``tests/project/test_layout.py`` checks it):
 
 * :mod:`fp8jax.study.common` (bottom): results I/O and statistics that every study
   shares: append-only JSONL files (:mod:`~fp8jax.study.common.results_io`), a loaded sweep

@@ -7,7 +7,7 @@ another at their first calls, each XLA compile mostly on one core. Here each fun
 lowered in the calling thread (tracing holds Python's lock), then XLA compiles them all on
 a thread pool (the compiler releases the lock). The functions' own first calls then reuse
 the executables (JAX keeps them in memory, for inputs laid out and committed to devices
-as the lowering's were: ``tests/test_parallel_compile.py`` counts one XLA compile per
+as the lowering's were: ``tests/train/test_parallel_compile.py`` counts one XLA compile per
 function), and the persistent compilation cache (:mod:`fp8jax.train.compile_cache`) keeps
 them for the next run.
 

@@ -15,9 +15,9 @@ the DeepSeek-V3 roles (E4M3; X and dY in 1x128 tiles, W in 128x128 blocks), thro
   ``wgrad_unpadded``: the same on the unpadded rows (tiles shared by two experts).
 
 1. Checks (default blocks): each kernel against the XLA reference
-   (``tests/grouped_scaled_reference.py``) as ||out - ref|| / ||ref|| (float32 rounding: expect
-   < 1e-5) and max |out - ref| / max |ref|, the output computed right after freeing a
-   NaN-filled buffer of its size (NaNs: elements never written); and against the BF16
+   (``tests/references/grouped_scaled_reference.py``) as ||out - ref|| / ||ref|| (float32
+   rounding: expect < 1e-5) and max |out - ref| / max |ref|, the output computed right after
+   freeing a NaN-filled buffer of its size (NaNs: elements never written); and against the BF16
    grouped GEMM of the unquantized operands (the FP8 quantization error, ~3e-2).
 2. Timings: median ms per call (``_timing.median_time``: ``--reps`` runs of 5 calls) of
    the kernel on quantized operands per block configuration (``--rows-blocks``,
@@ -52,7 +52,7 @@ from fp8jax.kernels import grouped_gpu  # noqa: E402
 from fp8jax.kernels import grouped_scaled_pallas as gsp  # noqa: E402
 from fp8jax.numerics import roles as roles_lib  # noqa: E402
 from fp8jax.quant import qtensor  # noqa: E402
-from tests import grouped_scaled_reference as ref  # noqa: E402
+from tests.references import grouped_scaled_reference as ref  # noqa: E402
 
 ROLES = roles_lib.deepseek_v3_roles()
 INTERVAL = 128

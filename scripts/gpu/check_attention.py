@@ -7,7 +7,7 @@ once with multi-head attention (2 heads) and once with grouped-query attention (
 heads on 2 key/value heads; keys prefixed ``gqa/``), run with ``attention_impl="xla"`` and
 ``"cudnn"`` on the same params and tokens:
 
-* logits of each against the float64 NumPy forward (``tests/reference_model.py``), as
+* logits of each against the float64 NumPy forward (``tests/references/reference_model.py``), as
   ||logits - ref|| / ||ref||: cuDNN must be no further from float64 than XLA (x1.5);
 * the loss and the gradient of every parameter, cuDNN against XLA, as relative norms,
   beside XLA's own distance to a float32 run (the bf16 noise floor of the comparison).
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
-from tests import reference_model  # noqa: E402
+from tests.references import reference_model  # noqa: E402
 
 
 def rel(a, b) -> float:

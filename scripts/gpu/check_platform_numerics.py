@@ -1,7 +1,7 @@
 """Platform check: how far a backend's scales and payloads are from IEEE float32.
 
 Compares fp8jax.compute_scale and fp8jax.quantize on the default backend with the
-NumPy reference (tests/reference.py, subnormal flushing off on GPUs), for FP32 and
+NumPy reference (tests/references/reference.py, subnormal flushing off on GPUs), for FP32 and
 power-of-two scales, and prints a table. Run from the repository root:
 
   PYTHONPATH=. python scripts/gpu/check_platform_numerics.py
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fp8jax
-from tests import reference as ref
+from tests.references import reference as ref
 
 
 def ulp_diff(a, b):

@@ -20,13 +20,13 @@ batches per checkpoint its 95% interval covered the true median in 62% of simula
 studies): each checkpoint's deviations from its mean are therefore scaled by sqrt(n / (n - 1))
 before resampling, and there is no interval unless every checkpoint has at least
 :data:`MIN_BATCHES` batches (the scaled bootstrap then covered 92% with 3 batches, 91% with 4,
-94% with 8; ``tests/test_intervals.py``). A paired comparison of two policies on the same
-batches is the same summary of the per-batch ratios (or differences).
+94% with 8; ``tests/study/common/test_intervals.py``). A paired comparison of two
+policies on the same batches is the same summary of the per-batch ratios (or differences).
 
 Multiple comparisons: :func:`holm` (Holm's step-down adjustment, valid under any dependence
 between the tests). Rank correlation: :func:`spearman_rows` (Spearman rho of many
 resamples at once) and :func:`spearman_permutation` (two-sided permutation p-value).
-tests/test_intervals.py checks every function against SciPy or a separate NumPy loop.
+tests/study/common/test_intervals.py checks every function against SciPy or a separate NumPy loop.
 """
 
 from __future__ import annotations

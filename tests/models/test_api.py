@@ -1,0 +1,243 @@
+"""The model interface (fp8jax.models.api), its registry and the rules-policy text, and
+training any registered model through it."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fp8jax import rules as rules_lib
+from fp8jax.gemm import recipes
+from fp8jax.metrics import paths as paths_lib
+from fp8jax.models import api, config, deepseek_model, llama, registry, rules_policy
+from fp8jax.models import policy as policy_lib
+from fp8jax.train import checkpoint as ckpt_lib
+from fp8jax.train import flops, run_config
+from fp8jax.train import step as step_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 320, dtype=jnp.int32)
+
+
+def test_registry_names_every_model_and_refuses_unknown_ones_by_name():
+  assert {"deepseek_moe:2b", "deepseek_moe:tiny", "llama:tiny", "llama:small"} <= set(
+      registry.known())
+  assert registry.get("tiny").config == config.tiny()
+  assert registry.get("deepseek_moe:2b").config == config.deepseek_moe_2b()
+  assert registry.get("llama:tiny", {"num_layers": 3}).config.num_layers == 3
+  for args, match in ((("gpt:x",), "unknown model 'gpt:x'; known: .*llama:tiny"),
+                      (("llama:huge",), "unknown llama size 'huge'"),
+                      (("llama:tiny", {"depth": 2}), r"unknown model_overrides keys \['depth'\]"),
+                      (("tiny", None, {"kernel": "x"}), r"DeepSeek-MoE options \['kernel'\]"),
+                      (("llama:tiny", None, {"scan": True}), r"'llama' has no options")):
+    with pytest.raises(ValueError, match=match):
+      registry.get(*args)
+
+
+def test_rules_policy_text():
+  v = rules_policy.parse(r"gemm:fp32_blockwise@layers/\d+/mlp/.*+output:e4m3@head")
+  assert [(r.module_path, r.role) for r in v.rules] == [(r"layers/\d+/mlp/.*", "gemm"),
+                                                        ("head", "output")]
+  assert v.rules[0].action == recipes.recipe("fp32_blockwise")
+  assert v.rules[1].action == policy_lib.parse_spec("e4m3")
+  assert v.name == v.expr == r"gemm:fp32_blockwise@layers/\d+/mlp/.*+output:e4m3@head"
+  assert not len(rules_policy.parse(" bf16 ").rules)
+  # a recipe with BF16 layers: its share of the last layers back to none
+  tail = rules_policy.parse("gemm:nvfp4_recipe", 12, "layers/{i}/.*").rules
+  kept = round(recipes.BF16_TAIL["nvfp4_recipe"] * 12)
+  assert [(r.module_path, r.action) for r in tail[1:]] == [
+      (f"layers/{i}/.*", None) for i in range(12 - kept, 12)]
+  with pytest.raises(ValueError, match="does not name its layers"):
+    rules_policy.parse("gemm:nvfp4_recipe")
+  for bad, match in (("fp8", "bad policy term 'fp8'"), ("gemm:nope", "unknown GEMM recipe"),
+                     ("weight:none@x", "takes a spec"), ("output:e9m9", "output:e9m9")):
+    with pytest.raises(ValueError, match=match):
+      rules_policy.parse(bad)
+
+
+def _llama_module(cfg, params):
+  module = llama.Llama(cfg, nnx.Rngs(0))
+  state = nnx.state(module, nnx.Param)
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(module, state)
+  return module
+
+
+def test_llama_facade_computes_what_the_module_computes_under_its_rules():
+  cfg = llama.CONFIGS["tiny"]
+  model = registry.get("llama:tiny")
+  params = model.init(jax.random.key(0))
+  module = _llama_module(cfg, params)
+  apply = jax.jit(model.apply, static_argnums=2)
+  base, aux = apply(params, TOKENS, model.baseline)
+  assert aux == {} and base.dtype == jnp.float32 and base.shape == (2, 16, cfg.vocab_size)
+  np.testing.assert_array_equal(base, nnx.jit(lambda m, t: m(t))(module, TOKENS))
+  policy = model.policy(r"gemm:fp32_blockwise@layers/0/.*")
+  quantized, _ = apply(params, TOKENS, policy)
+  qmodule = rules_lib.quantize_model(module, policy.rules)
+  np.testing.assert_array_equal(quantized, nnx.jit(lambda m, t: m(t))(qmodule, TOKENS))
+  assert not np.array_equal(quantized, base)
+  with pytest.raises(ValueError, match="fullmatch"):
+    model.policy("gemm:fp32_blockwise@mlp")  # a path no module has
+
+
+def test_llama_paths_and_flops_from_its_own_shapes():
+  model = registry.get("llama:tiny")
+  flat = paths_lib.flatten(model.abstract_params())
+  got = {p: (model.classifier.module_of(p), model.classifier.layer_of(p)) for p in flat}
+  assert got["layers/1/attn/q/kernel"] == ("attn_q", 1)
+  assert got["layers/0/mlp/down/kernel"] == ("mlp", 0)
+  assert got["layers/0/attn_norm/weight"] == ("norms", 0)
+  assert got["head/kernel"] == ("head", None) and got["embed/embedding"] == ("embedding", None)
+  # 6 x the kernels every token multiplies + the attention core, counted from the shapes
+  cfg, seq = llama.CONFIGS["tiny"], 64
+  kernels = sum(int(np.prod(s.shape)) for p, s in flat.items() if p.endswith("kernel"))
+  want = 6 * kernels + 12 * cfg.num_layers * cfg.hidden_size * seq
+  assert model.flops_per_token(seq) == want
+  assert flops.mfu(1000.0, model, seq, 1e12, 2) == pytest.approx(1000.0 * want / 2e12)
+
+
+@pytest.mark.slow
+def test_a_registry_model_and_a_config_train_alike():
+  """``make_train_step`` of a registered DeepSeek-MoE and of its config (the older call)
+  are one program: the same state after two steps, bit for bit."""
+  cfg = config.tiny(num_hidden_layers=2)
+  tx = optax.adamw(1e-3)
+  tokens = jax.random.randint(jax.random.key(2), (2, 8), 0, cfg.vocab_size, dtype=jnp.int32)
+  model = deepseek_model.model(cfg, deepseek_model.Options(moe_impl="reference"))
+  states = []
+  for m, extra in ((model, {}), (cfg, {"moe_impl": "reference"})):
+    state = step_lib.seeded_init(m, tx)(0)
+    step = jax.jit(step_lib.make_train_step(m, tx, **extra))
+    for _ in range(2):
+      state, metrics = step(state, tokens)
+    assert bool(metrics["finite"])
+    states.append(state)
+  jax.tree.map(np.testing.assert_array_equal, *states)
+  with pytest.raises(ValueError, match="carries its own"):
+    step_lib.make_train_step(model, tx, moe_impl="pallas")
+
+
+@pytest.mark.slow
+def test_a_dense_model_trains_a_step_with_no_aux_loss():
+  model = registry.get("llama:tiny")
+  tx = optax.adamw(1e-3)
+  state = step_lib.seeded_init(model, tx)(0)
+  with pytest.raises(ValueError, match="does not store its layers stacked"):
+    step_lib.seeded_init(model, tx, stacked=True)
+  step = jax.jit(step_lib.make_train_step(model, tx, model.policy("gemm:mxfp8"),
+                                          with_routing=True))
+  new, metrics = step(state, TOKENS)
+  assert bool(metrics["finite"]) and float(metrics["aux_loss"]) == 0.0
+  assert metrics["routing"] == {} and int(new.step) == 1
+
+
+def _config(**changes):
+  c = run_config.defaults()
+  c.optim.warmup_steps = 1
+  for key, value in changes.items():
+    c[key] = value
+  return c
+
+
+def test_run_config_builds_the_model_and_refuses_what_it_lacks():
+  c = _config(model="llama:tiny", policy="gemm:fp32_blockwise")
+  model, policy = run_config.check(c)
+  assert model.name == "llama:tiny" and isinstance(policy, api.Variant)
+  with pytest.raises(ValueError, match="not DeepSeek-MoE"):
+    run_config.validate(c)
+  for key, value, match in (("moe_impl", "pallas", "no options"),
+                            ("scan_layers", True, "no options")):
+    bad = _config(model="llama:tiny")
+    bad.train[key] = value
+    with pytest.raises(ValueError, match=match):
+      run_config.check(bad)
+  bad = _config(model="llama:tiny", policy="attn@0:e4m3")  # DeepSeek's grammar
+  with pytest.raises(ValueError, match="bad policy term"):
+    run_config.check(bad)
+
+
+@pytest.mark.slow
+def test_the_train_binary_trains_resumes_and_records_a_llama(tmp_path):
+  work = tmp_path / "llama"
+  common = [sys.executable, "-m", "fp8jax.experiments.train",
+            f"--config={REPO / 'experiments/configs/train_llama_tiny.py'}",
+            f"--workdir={work}", "--config.optim.warmup_steps=1",
+            "--config.optim.total_steps=10", "--config.train.save_every=2",
+            "--config.train.log_every=2"]
+  env = {"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin", "FP8JAX_COMPILE_CACHE": "off"}
+  out = subprocess.run([*common, "--config.train.steps=4"], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-2000:]
+  out = subprocess.run([*common, "--config.train.steps=6", "--resume",
+                        "--config.policy=gemm:fp32_blockwise", "--allow_policy_change"],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+  assert out.returncode == 0, out.stderr[-2000:]
+  rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [2, 4, 6]
+  assert all(np.isfinite(r["loss"]) and r["aux_loss"] == 0.0 for r in rows)
+  assert "weight_norm/attn_q" in rows[0] and "weight_norm/mlp" in rows[0]
+  steps = sorted(int(p.name) for p in (work / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [0, 2, 4, 6]
+  assert ckpt_lib.saved_policy(work / "checkpoints", 4)["expression"] == "bf16"
+  saved = ckpt_lib.saved_policy(work / "checkpoints", 6)
+  assert saved["expression"] == "gemm:fp32_blockwise" and saved["kind"] == "rules"
+
+  # compare, branch and report on the run's BF16 checkpoints, through the binaries
+  def run(module, *flags):
+    out = subprocess.run([sys.executable, "-m", f"fp8jax.experiments.{module}", *flags],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+  compare, branch = tmp_path / "compare", tmp_path / "branch"
+  policies = r"--policies=gemm:mxfp8,gemm:fp32_blockwise@layers/\d+/mlp/.*"
+  run("compare", f"--train_workdir={work}", f"--out={compare}", policies, "--steps=0,4",
+      "--batches=1", "--batch_size=4")
+  run("branch", f"--train_workdir={work}", f"--out={branch}", policies, "--from_steps=2",
+      "--k=2")
+  run("report", f"--results={compare}", f"--branch={branch}")
+  rows = [json.loads(line) for line in (compare / "rows.jsonl").read_text().splitlines()]
+  assert {r["policy"] for r in rows} == {"gemm:mxfp8", r"gemm:fp32_blockwise@layers/\d+/mlp/.*",
+                                         "floor"} and len(rows) == 6
+  mlp_only = [r for r in rows if r["policy"].endswith("mlp/.*")]
+  assert all(0 < r["share_direct"] < 1 for r in mlp_only)  # the MLPs' share, from the rules
+  report = (compare / "report.md").read_text()
+  # the top-10 modules named by llama's classifier, not DeepSeek-MoE's ("other", "router")
+  assert re.search(r"\bmlp \d", report) and "router" not in report
+  assert "routing.png" not in report  # no router, no routing figure
+  lines = [json.loads(line) for line in (branch / "branches.jsonl").read_text().splitlines()]
+  assert {b["branch"] for b in lines} == {"bf16", "noise", "gemm:mxfp8",
+                                          r"gemm:fp32_blockwise@layers/\d+/mlp/.*"}
+
+
+def test_the_validation_matrix_reads_recipes_as_the_runs_model_does(tmp_path):
+  """A rules recipe is a recipe of the matrix; the run config's model reads every recipe
+  before any run: DeepSeek-MoE's site grammar is refused for a Llama, with no run started."""
+  from fp8jax.study.runs import matrix as matrix_lib
+  cfg = run_config.defaults()
+  cfg.model, cfg.optim.warmup_steps = "llama:tiny", 1
+  trained = []
+
+  def fake_train(cfg, workdir, resume, stream):
+    del resume, stream
+    trained.append((cfg.policy, workdir.name))
+    return {"final_step": cfg.train.steps}
+
+  ok = matrix_lib.Matrix(("bf16", r"gemm:mxfp8@layers/\d+/mlp/.*"), (0,))
+  matrix_lib.run_matrix(cfg, tmp_path / "ok", ok, train_fn=fake_train)
+  assert [p for p, _ in trained] == ["bf16", r"gemm:mxfp8@layers/\d+/mlp/.*"]
+  trained.clear()
+  with pytest.raises(ValueError, match="bad policy term 'attn@0:e4m3'"):
+    matrix_lib.run_matrix(cfg, tmp_path / "bad", matrix_lib.Matrix(("bf16", "attn@0:e4m3"),
+                                                                    (0,)),
+                          train_fn=fake_train)
+  assert not trained

@@ -1,0 +1,206 @@
+"""The shape of the code: layered packages, no import cycles, a pinned public API, small files.
+
+Imports are read from the source (``ast``, every ``import`` statement, including those
+inside functions), not from ``sys.modules``, so a cycle hidden behind a function-level
+import fails too.
+"""
+
+import ast
+import pathlib
+
+import fp8jax
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# Repository folder -> installed package (see [tool.setuptools.package-dir]).
+ROOTS = {"fp8jax": "fp8jax", "models": "fp8jax.models", "experiments": "fp8jax.experiments"}
+
+_BELOW_STUDY = {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
+                "metrics", "train"}
+_STUDY_ROOMS = ("study.common", "study.comparison", "study.branches", "study.runs",
+                "study.numerics")
+# Each layer may import itself and the layers it lists. "api" is fp8jax/__init__.py.
+ALLOWED = {
+    "numerics": set(),
+    "kernels": {"numerics"},
+    "quant": {"numerics", "kernels"},
+    "gemm": {"numerics", "kernels", "quant"},
+    "api": {"numerics", "kernels", "quant", "gemm"},
+    "rules": {"numerics", "kernels", "quant", "gemm"},
+    "data": set(),
+    "metrics": set(),
+    # kernels: chosen in gemm; metrics: the Classifier of models/param_paths.py
+    "models": {"numerics", "quant", "gemm", "api", "rules", "metrics"},
+    "train": {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
+              "metrics"},
+    # The study's rooms (fp8jax/study/<room>/); "study" is the package's own modules on top.
+    "study.common": _BELOW_STUDY,
+    "study.comparison": _BELOW_STUDY | {"study.common"},
+    "study.branches": _BELOW_STUDY | {"study.common", "study.comparison"},
+    "study.runs": _BELOW_STUDY | {"study.common", "study.comparison"},
+    "study.numerics": _BELOW_STUDY | {"study.common"},
+    "study": _BELOW_STUDY | set(_STUDY_ROOMS),
+    "experiments": _BELOW_STUDY | set(_STUDY_ROOMS) | {"study"},
+}
+
+PUBLIC_API = sorted([
+    "Accumulation", "DelayedState", "FORMATS", "FloatFormat", "Fp8Format", "GemmConfig",
+    "Granularity", "PRESETS", "QTensor", "QuantSpec", "QuantTelemetry", "RoleSpecs",
+    "accumulate", "block", "compute_scale", "compute_scales", "deepseek_v3_roles", "delayed",
+    "dequantize", "dot_general_fn", "fake_quant", "fp8_dot_general", "fp8_einsum", "gemm",
+    "get_format", "grouped_gemm", "hadamard", "recipes",
+    "per_axis", "per_tensor", "preset", "quantize", "quantize_and_update",
+    "quantize_dequantize", "round_pow2", "saturating_cast", "tile", "transpose",
+])
+
+MAX_LINES = 400
+"""Python files (library, binaries, scripts, tests, and the notebooks' ``.py`` sources, which
+stand for their ``.ipynb`` pairs) stay under this many lines."""
+SMALL_FOLDERS = ("fp8jax", "models", "experiments", "scripts", "tests", "colab")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  mods = {}
+  for folder, package in ROOTS.items():
+    for path in (REPO / folder).rglob("*.py"):
+      parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+      if parts[-1] == "__init__":
+        parts = parts[:-1]
+      mods[".".join([package, *parts])] = path
+  return mods
+
+
+def _imports(path: pathlib.Path, mods: dict) -> set[str]:
+  """The fp8jax modules that the file imports (a name imported from a package counts as
+  the submodule when it is one, else as the package)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name.split(".")[0] == "fp8jax"}
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      if node.module.split(".")[0] != "fp8jax":
+        continue
+      for a in node.names:
+        full = f"{node.module}.{a.name}"
+        out.add(full if full in mods else node.module)
+  return out
+
+
+def _graph() -> dict[str, set[str]]:
+  mods = _modules()
+  return {m: {i for i in _imports(p, mods) if i != m} for m, p in mods.items()}
+
+
+def layer_of(module: str) -> str:
+  """``fp8jax.quant.qtensor`` -> ``quant``; the top-level ``fp8jax`` -> ``api``; a module of
+  a study room, ``fp8jax.study.comparison.sweep`` -> ``study.comparison``."""
+  parts = module.split(".")
+  if len(parts) > 2 and ".".join(parts[1:3]) in _STUDY_ROOMS:
+    return ".".join(parts[1:3])
+  return "api" if len(parts) == 1 else parts[1]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One import cycle of ``graph`` as a path ``[a, b, ..., a]``, or None."""
+  state: dict[str, int] = {}  # 1: on the current path, 2: done
+  stack: list[str] = []
+
+  def visit(m):
+    state[m] = 1
+    stack.append(m)
+    for n in sorted(graph.get(m, ())):
+      if state.get(n) == 1:
+        return stack[stack.index(n):] + [n]
+      if n not in state and (found := visit(n)):
+        return found
+    stack.pop()
+    state[m] = 2
+    return None
+
+  for m in sorted(graph):
+    if m not in state and (found := visit(m)):
+      return found
+  return None
+
+
+def test_find_cycle_finds_one():
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+  assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_layer_of_names_the_study_rooms():
+  assert layer_of("fp8jax.study.comparison.sweep") == "study.comparison"
+  assert layer_of("fp8jax.study.common") == "study.common"
+  assert layer_of("fp8jax.study.report") == "study"
+  assert layer_of("fp8jax.models.policy") == "models"
+  assert layer_of("fp8jax") == "api"
+
+
+def test_no_import_cycle():
+  cycle = find_cycle(_graph())
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_has_a_layer():
+  unknown = sorted(m for m in _graph() if layer_of(m) not in ALLOWED)
+  assert not unknown, (f"modules outside the layers of tests/project/test_layout.py: {unknown}; "
+                       "add their package to ALLOWED")
+
+
+def test_layers_import_only_the_layers_below():
+  bad = []
+  for module, imported in sorted(_graph().items()):
+    layer = layer_of(module)
+    for target in sorted(imported):
+      other = layer_of(target)
+      if other != layer and other not in ALLOWED.get(layer, set()):
+        bad.append(f"{module} ({layer}) imports {target} ({other})")
+  assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_public_api_is_pinned():
+  assert sorted(fp8jax.__all__) == PUBLIC_API
+  missing = [n for n in PUBLIC_API if not hasattr(fp8jax, n)]
+  assert not missing, f"fp8jax.__all__ names that do not resolve: {missing}"
+
+
+def test_source_files_are_small():
+  sources = [p for folder in SMALL_FOLDERS for p in (REPO / folder).rglob("*.py")]
+  assert len(sources) > 50
+  assert {p.relative_to(REPO).parts[0] for p in sources} == set(SMALL_FOLDERS)
+  big = sorted(f"{p.relative_to(REPO)}: {n} lines" for p in sources
+               if (n := len(p.read_text().splitlines())) > MAX_LINES)
+  assert not big, f"source files over {MAX_LINES} lines (split them by concern):\n" + \
+      "\n".join(big)
+
+
+# Names of DeepSeek-MoE's params tree and modules (models/param_paths.py), which the
+# model-agnostic metrics take from a classifier instead of knowing them.
+DEEPSEEK_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "self_attn", "embed_tokens",
+                  "lm_head", "layernorm", "gate_proj", "experts_", "attn_q", "attn_o",
+                  "routed_experts", "shared_experts", "dense_mlp")
+
+
+def test_metrics_know_no_deepseek_names():
+  sources = sorted((REPO / "fp8jax" / "metrics").rglob("*.py"))
+  assert len(sources) > 5
+  found = sorted(f"{p.relative_to(REPO)}: {name!r}" for p in sources
+                 for name in DEEPSEEK_NAMES if name in p.read_text())
+  assert not found, ("fp8jax/metrics names DeepSeek-MoE's modules (they belong in "
+                     "models/param_paths.py):\n" + "\n".join(found))
+
+
+DEEPSEEK_IMPORTERS = {  # above models/, the DeepSeek-MoE-only tools
+    "fp8jax.train.params_io": "HF <-> Orbax conversion of DeepSeek-MoE checkpoints",
+    "fp8jax.study.numerics.model_site": "the numerics study at DeepSeek-MoE's sites",
+}
+"""The modules above ``models/`` that may import DeepSeek-MoE's own code
+(``models/deepseek_moe.py``); everything else reaches it through the model interface: its
+registry entry, ``fp8jax.models.deepseek_model``, or the registry by name."""
+
+
+def test_only_deepseek_tools_import_deepseek_moe_above_models():
+  bad = sorted(m for m, imported in _graph().items()
+               if layer_of(m) not in ("models", "experiments")
+               and "fp8jax.models.deepseek_moe" in imported and m not in DEEPSEEK_IMPORTERS)
+  assert not bad, ("modules above models/ that import DeepSeek-MoE directly (take an "
+                   f"fp8jax.models.api.Model instead): {bad}")
