@@ -85,6 +85,26 @@ RUN_FIRST = ("tests/integration/test_multihost.py", "tests/integration/test_mult
              "tests/train/test_data_parallel.py")
 
 
+FAST_LIMIT_VARIABLE = "FP8JAX_FAST_TEST_LIMIT_S"
+"""Seconds: when set (CI's suite step sets 5), a test outside the slow tier whose call takes
+longer fails, naming its time, so that the suite stays within its budget as it grows."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Fails a passing fast-tier test that ran over :data:`FAST_LIMIT_VARIABLE` seconds."""
+  outcome = yield
+  limit = os.environ.get(FAST_LIMIT_VARIABLE)
+  if not limit or call.when != "call" or item.get_closest_marker("slow") is not None:
+    return
+  report = outcome.get_result()
+  if report.passed and call.duration > float(limit):
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{item.nodeid} took {call.duration:.1f} s, over the fast tier's {float(limit):g} s "
+        f"({FAST_LIMIT_VARIABLE}): make it faster, or mark it @pytest.mark.slow")
+
+
 SHARD_VARIABLE = "FP8JAX_SLOW_SHARD"
 """``i/k``: of the slow tests, only those in shard ``i`` of ``k`` (:func:`slow_shard`) and
 those of :data:`EVERY_SHARD`; unset or ``all``: every one. CI runs one shard per commit

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import strategies as st
 import ml_dtypes
 import numpy as np
@@ -10,6 +12,13 @@ import fp8jax
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 FORMATS = ["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"]
+
+
+def examples(fast: int, full: int) -> int:
+  """Examples for a property test whose every example compiles or runs long: ``fast`` in
+  the suite's derandomized default profile, ``full`` in the ``explore`` pass that CI runs
+  after it (fresh examples) and in ``thorough`` (``tests/conftest.py``)."""
+  return fast if os.environ.get("FP8JAX_HYPOTHESIS", "default") == "default" else full
 
 
 @st.composite

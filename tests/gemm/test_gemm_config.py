@@ -56,6 +56,7 @@ def test_impl_is_static_and_traced_once_per_choice(monkeypatch):
   assert "impl=pallas" in pallas.describe() and "impl" not in gemm.GemmConfig().describe()
 
 
+@pytest.mark.slow
 def test_grouped_impl_xla_never_takes_the_kernel(monkeypatch):
   """The grouped GEMM reads the same field: "pallas" takes the grouped kernel where the
   scales suit it (interpreted off GPU), "xla" never."""
@@ -69,6 +70,7 @@ def test_grouped_impl_xla_never_takes_the_kernel(monkeypatch):
   np.testing.assert_allclose(y_pallas, y_xla, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fp8_mma_reaches_the_dense_kernel(monkeypatch):
   """``fp8_mma`` asks the dense blockwise kernel for FP8 dots in Fprop, Dgrad and Wgrad;
   interpreted, the gradients equal those without it to float32 rounding."""
@@ -92,6 +94,7 @@ def test_fp8_mma_reaches_the_dense_kernel(monkeypatch):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fp8_mma_reaches_the_grouped_kernel(monkeypatch):
   """``fp8_mma`` (recipe ``fp32_blockwise_mma``) asks the grouped Fprop and Dgrad kernels for
   FP8 tensor-core dots; in the interpreter those are exact products summed in float32, so

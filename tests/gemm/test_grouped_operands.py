@@ -79,6 +79,7 @@ def _cfg(b=32):
   return base.replace(roles=dataclasses.replace(base.roles, weight=weight))
 
 
+@pytest.mark.slow
 def test_weights_once_without_the_kernel_gives_the_telemetry_of_w_transposed():
   """Shapes the kernel does not take (100 rows: no whole 32-row blocks) go through XLA:
   the quantization of ``w.astype(dtype)`` and the telemetry ``expert_sums`` gives W^T."""

@@ -138,6 +138,7 @@ def _spy(monkeypatch, module, name, calls, *keys):
       calls.append((name, *(k.get(key) for key in keys))), fn(*a, **k))[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mma", [False, True])
 def test_padded_rows_quantized_once_for_both_gemms(mma, monkeypatch):
   """In the padded layout, X (forward) and dY (backward) are each quantized for both of

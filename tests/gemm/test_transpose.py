@@ -82,6 +82,7 @@ def test_scaling_aware_transpose_is_exact_with_pow2_scales():
   assert np.all(np.abs(after - before) <= new_inv * 2.0**-10)
 
 
+@pytest.mark.slow
 def test_double_quant_rounds_again_with_fp32_scales_only():
   x = _x(1)
   changed = {}

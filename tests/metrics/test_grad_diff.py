@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fp8jax import metrics
 from tests.metrics.test_metrics import DS, _hand_case
@@ -58,6 +59,7 @@ def test_a_stack_of_no_experts_sums_to_zero():
   np.testing.assert_array_equal(metrics.leaf_sums(empty, empty, none, none), np.zeros(6))
 
 
+@pytest.mark.slow
 def test_finite_probe_is_finite_only_where_every_element_is():
   gb, gf, mask_b, mask_f = _hand_case()
   flat = metrics.paths.flatten(gf)

@@ -72,6 +72,7 @@ def _llama_module(cfg, params):
   return module
 
 
+@pytest.mark.slow
 def test_llama_facade_computes_what_the_module_computes_under_its_rules():
   cfg = llama.CONFIGS["tiny"]
   model = registry.get("llama:tiny")

@@ -126,6 +126,7 @@ def test_every_site_changes_the_output_and_reports_telemetry():
     assert names and set(names) == {site}
 
 
+@pytest.mark.slow
 def test_policy_validation():
   spec = fp8jax.preset("deepseek_v3")
   assert pl.parse_layers("0-8") == tuple(range(9)) and pl.parse_layers("all") is None

@@ -24,6 +24,7 @@ def _equal(a, b) -> bool:
   return jax.tree.structure(a) == jax.tree.structure(b) and all(jax.tree.leaves(same))
 
 
+@pytest.mark.slow
 def test_layouts_round_trip_on_every_node_of_a_train_state():
   params = deepseek_moe.init(CFG, jax.random.key(0))
   state = step_lib.init_state(params, optax.adamw(1e-3))
@@ -59,6 +60,7 @@ def test_bad_runs_are_refused_by_name():
     jax.eval_shape(lambda p: deepseek_moe.apply(p, tokens, CFG), short)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("expr", ["bf16", "attn@1-2:e4m3"])
 def test_either_layout_gives_the_same_loss_and_gradients(expr):
   """Stored runs that match the policy's runs ([1, 2, 3] for BF16) are scanned as stored;
@@ -84,6 +86,7 @@ def test_either_layout_gives_the_same_loss_and_gradients(expr):
   assert _equal(layer_stack.unstack(got), want)
 
 
+@pytest.mark.slow
 def test_a_nonfinite_stacked_parameter_is_named_by_its_layer():
   tx = optax.sgd(1e-3)
   init = step_lib.seeded_init(CFG, tx, policy_lib.BF16, stacked=True)
@@ -161,6 +164,7 @@ def test_the_paired_evaluator_gives_the_same_rows_from_stored_runs():
         lambda x, y: float(np.max(np.abs(np.subtract(x, y), dtype=np.float64))), value, other))
 
 
+@pytest.mark.slow
 def test_perturbation_and_branch_metrics_read_the_per_layer_view():
   """The noise floor's perturbation draws as for per-layer params and keeps the layout;
   the branch metrics group stacked params by layer and module as per-layer ones."""

@@ -18,6 +18,7 @@ import pytest
 import fp8jax
 from fp8jax.numerics import four_over_six
 from fp8jax.quant import fused_round_trip
+from tests import strategies as hs
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
@@ -159,7 +160,7 @@ def test_block_error_sums_rows_in_order_then_as_a_tree():
 _VALUES = st.one_of(st.just(0.0), st.floats(1e-3, 1e3), st.floats(-1e3, -1e-3))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=hs.examples(10, 25), deadline=None)
 @given(x=hnp.arrays(np.float32, (3, 64), elements=_VALUES),
        rule=st.sampled_from(["mae", "mse"]), e=st.sampled_from([256, 448]))
 def test_matches_te_reference_bit_for_bit(x, rule, e):

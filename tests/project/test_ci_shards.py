@@ -1,4 +1,7 @@
-"""The slow tier's shards (tests/conftest.py): the value parsed or refused, each test in one."""
+"""The CI hooks of tests/conftest.py: the slow tier's shards (the value parsed or refused, each
+test in one), and the fast tier's time limit."""
+
+import types
 
 import pytest
 
@@ -26,3 +29,20 @@ def test_every_test_is_in_one_shard():
     assert shards == [conftest.slow_shard(p, k) for p in paths]  # stable
     if k > 1:
       assert len(set(shards)) == k  # 200 paths reach every shard
+
+
+@pytest.mark.parametrize("duration,slow,outcome", [(6.0, False, "failed"), (4.0, False, "passed"),
+                                                   (6.0, True, "passed")])
+def test_a_fast_test_over_the_limit_fails(monkeypatch, duration, slow, outcome):
+  monkeypatch.setenv(conftest.FAST_LIMIT_VARIABLE, "5")
+  item = types.SimpleNamespace(nodeid="tests/x/test_y.py::test_z",
+                               get_closest_marker=lambda name: object() if slow else None)
+  call = types.SimpleNamespace(when="call", duration=duration)
+  report = types.SimpleNamespace(passed=True, outcome="passed", longrepr=None)
+  hook = conftest.pytest_runtest_makereport(item, call)
+  next(hook)
+  with pytest.raises(StopIteration):
+    hook.send(types.SimpleNamespace(get_result=lambda: report))
+  assert report.outcome == outcome
+  if outcome == "failed":
+    assert "test_z took 6.0 s, over the fast tier's 5 s" in report.longrepr

@@ -78,6 +78,7 @@ def test_parts_of_other_runs_or_windows_are_refused(tmp_path):
     results.merge([])
 
 
+@pytest.mark.slow
 def test_report_binary_merges_parts(tmp_path):
   whole = build(tmp_path / "whole", floor=True)
   parts = [_split(whole, tmp_path / f"o{o}", offsets=[o]) for o in (0, 8)]
