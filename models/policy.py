@@ -48,6 +48,8 @@ from fp8jax import rules as fp8jax_rules
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import recipes
 from fp8jax.models import policy_rules
+from fp8jax.numerics.formats import FORMATS
+from fp8jax.numerics.presets import PRESETS
 
 SITE_MODULES = {
     "attn_out": ("attn_o",), "mlp_out": ("dense_mlp",),
@@ -290,14 +292,14 @@ def parse_spec(text: str) -> fp8jax.QuantSpec:
   ``reduce`` ``max`` or ``most_recent``, ``margin`` in powers of two; defaults
   :data:`DELAYED_SYNTAX`)."""
   text = text.strip()
-  if text in fp8jax.PRESETS:
+  if text in PRESETS:
     return fp8jax.preset(text)
   parts = text.split("/")
   delayed = parse_delayed(parts.pop(), text) if parts[-1].startswith("delayed") else None
-  if len(parts) > 2 or parts[0] not in fp8jax.FORMATS:
-    raise ValueError(f"unknown spec {text!r}: use a preset {sorted(fp8jax.PRESETS)} or "
+  if len(parts) > 2 or parts[0] not in FORMATS:
+    raise ValueError(f"unknown spec {text!r}: use a preset {sorted(PRESETS)} or "
                      f"FORMAT[/GRANULARITY][/{DELAYED_SYNTAX}] with a format in "
-                     f"{sorted(fp8jax.FORMATS)}")
+                     f"{sorted(FORMATS)}")
   fmt, gran = parts[0], parts[1] if len(parts) > 1 else "tensor"
   if gran not in GRANULARITIES:
     raise ValueError(f"unknown granularity {gran!r} in {text!r}; known: {sorted(GRANULARITIES)}")

@@ -32,6 +32,8 @@ import dataclasses
 import fp8jax
 from fp8jax.gemm import recipes
 from fp8jax.models import policy as policy_lib
+from fp8jax.numerics.formats import FORMATS
+from fp8jax.numerics.presets import PRESETS
 
 
 def layers_expression(layers: tuple[int, ...] | None) -> str:
@@ -60,18 +62,18 @@ def spec_expression(spec: fp8jax.QuantSpec) -> str:
     raise TypeError(f"to_expression: expected a QuantSpec or PrecisionPolicy, got "
                     f"{type(spec).__name__} {spec!r}")
   gran = _granularity_name(spec.granularity)
-  if gran is not None and spec.format in fp8jax.FORMATS:
+  if gran is not None and spec.format in FORMATS:
     text = f"{spec.format}/{gran}"
     if spec.scaling == "delayed":
       text += (f"/delayed(h={spec.history_len},reduce={spec.history_reduce},"
                f"margin={spec.margin})")
     if _parses_to(text, spec):
       return text
-  for name, preset in fp8jax.PRESETS.items():
+  for name, preset in PRESETS.items():
     if preset == spec:
       return name
   raise ValueError(f"spec {spec.describe()} has no policy expression: it is no preset "
-                   f"({', '.join(sorted(fp8jax.PRESETS))}) and not of the form "
+                   f"({', '.join(sorted(PRESETS))}) and not of the form "
                    f"FORMAT[/GRANULARITY][/{policy_lib.DELAYED_SYNTAX}] (granularities "
                    f"{', '.join(policy_lib.GRANULARITIES)}; FP32 scales, eps 1e-12, "
                    "round to nearest, straight-through backward)")

@@ -100,8 +100,8 @@ def _expressible_specs() -> list:
   """Every site spec the policy grammar writes: the presets and FORMAT/GRANULARITY with
   current or delayed (per-tensor) scaling."""
   from fp8jax.models import policy as policy_lib
-  out = list(fp8jax.PRESETS.values())
-  for fmt in fp8jax.FORMATS:
+  out = list(fp8jax.numerics.presets.PRESETS.values())
+  for fmt in fp8jax.numerics.formats.FORMATS:
     for make in policy_lib.GRANULARITIES.values():
       out.append(fp8jax.QuantSpec(format=fmt, granularity=make()))
     for h, reduce, margin in ((1024, "max", 0), (16, "most_recent", 2), (1, "max", -3)):

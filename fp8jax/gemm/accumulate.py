@@ -323,7 +323,7 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
                       f"{type(value).__name__}")
   if not isinstance(acc, Accumulation):
     raise TypeError(f"scaled_matmul: acc must be an Accumulation (e.g. "
-                    f"fp8jax.accumulate.FP32), got {type(acc).__name__} {acc!r}")
+                    f"fp8jax.gemm.accumulate.FP32), got {type(acc).__name__} {acc!r}")
   if a.data.ndim != 3 or bt.data.ndim != 3 or a.shape[0] != bt.shape[0] or \
       a.shape[2] != bt.shape[2]:
     raise ValueError(f"scaled_matmul needs A [B, M, K] and Bt [B, N, K], got {a.shape} "

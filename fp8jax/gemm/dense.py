@@ -165,7 +165,7 @@ DEEPSEEK_V3 = HOPPER_BLOCKWISE
 
 def check_config(config, fn: str) -> GemmConfig:
   """``config`` when it is a :class:`GemmConfig`, else a TypeError naming ``fn``."""
-  return arguments.named(config, GemmConfig, "config", fn, "fp8jax.recipes.recipe", "recipe",
+  return arguments.named(config, GemmConfig, "config", fn, "fp8jax.recipe", "recipe",
                          "fp32_blockwise")
 
 

@@ -79,7 +79,6 @@ class FloatFormat:
     return int(ml_dtypes.finfo(self.dtype).bits)
 
 
-Fp8Format = FloatFormat  # the name of the FP8-only releases
 
 
 def _make(name: str, dtype: type, storage=None) -> FloatFormat:

@@ -1,7 +1,7 @@
 """Precision rules over module paths, for any Flax model (NNX or Linen).
 
 A :class:`Rule` pairs a regex over module paths with an action: a GEMM recipe
-(:class:`fp8jax.GemmConfig`, e.g. ``fp8jax.recipes.recipe("fp32_blockwise")``), an operand
+(:class:`fp8jax.GemmConfig`, e.g. ``fp8jax.recipe("fp32_blockwise")``), an operand
 spec inside that GEMM, or a fake-quant of the module's output. :class:`Rules` orders them;
 later rules override earlier ones. Two routes apply them, neither editing the model's code:
 

@@ -80,7 +80,7 @@ def main():
   gpu = jax.default_backend() == "gpu"
   runs = 20 if gpu else 2
   RESULTS["device"] = jax.devices()[0].device_kind
-  cfg = fp8jax.recipes.recipe("fp32_blockwise")
+  cfg = fp8jax.recipe("fp32_blockwise")
   if not gpu:
     cfg = cfg.replace(impl="pallas")
   spec = cfg.roles.weight

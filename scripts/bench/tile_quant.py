@@ -64,7 +64,7 @@ def main():
   interpret = jax.default_backend() != "gpu"
   runs = 3 if interpret else 20
   x, dy, _, padded, _ = padded_problem(args.tokens, not interpret)
-  spec = fp8jax.recipes.recipe("fp32_blockwise").roles.input
+  spec = fp8jax.recipe("fp32_blockwise").roles.input
   RESULTS["device"] = jax.devices()[0].device_kind
   RESULTS["rows"] = int(x.shape[0])
 

@@ -43,7 +43,7 @@ def main():
   RESULTS["device"] = jax.devices()[0].device_kind
   weight_once, transposed = grouped_operands.weight_once, grouped_operands.fprop_reads_transposed
   for recipe in ("fp32_blockwise_mma", "fp32_blockwise"):
-    cfg = fp8jax.recipes.recipe(recipe)
+    cfg = fp8jax.recipe(recipe)
     if not gpu:
       cfg = cfg.replace(impl="pallas")
     outs = {}

@@ -52,7 +52,7 @@ def main():
   w = p["gate"]
   name = sys.argv[1] if len(sys.argv) > 1 else "fp32_blockwise"
   multiple = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-  cfg = fp8jax.recipes.recipe(name)
+  cfg = fp8jax.recipe(name)
   dy = jax.random.normal(jax.random.key(9), (x.shape[0], w.shape[2]), jnp.bfloat16)
   if multiple > 1:  # zero rows fill each expert's rows up to a multiple
     x, _ = padding.pad_groups(x, sizes, multiple)

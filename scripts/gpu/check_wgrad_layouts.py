@@ -39,7 +39,7 @@ def main():
   x, _ = padding.pad_groups(jnp.repeat(p["x"], 7, axis=0)[order], sizes, 128)
   dy = jax.random.normal(jax.random.key(9), (x.shape[0], p["gate"].shape[2]), jnp.float32)
   dy, padded = padding.pad_groups(dy[:ids.shape[0]], sizes, 128)
-  cfg = fp8jax.recipes.recipe("fp32_blockwise")
+  cfg = fp8jax.recipe("fp32_blockwise")
   ri, rg = cfg.roles.input, cfg.roles.grad
 
   def quant(rows_first):

@@ -57,7 +57,7 @@ CASES = {
     "dot_general_recipe_name": (
         lambda: fp8jax.fp8_dot_general(X, X.T, DIMS, config="fp32_blockwise"), TypeError,
         r"fp8_dot_general: config must be a GemmConfig, got the string 'fp32_blockwise'; "
-        r"for a named recipe pass fp8jax\.recipes\.recipe\('fp32_blockwise'\)"),
+        r"for a named recipe pass fp8jax\.recipe\('fp32_blockwise'\)"),
     "dot_general_spec_as_config": (
         lambda: fp8jax.fp8_dot_general(X, X.T, DIMS, config=SPEC), TypeError,
         r"fp8_dot_general: config must be a GemmConfig"),
@@ -81,13 +81,13 @@ CASES = {
     "ragged_weight_rank": (
         lambda: grouped.fp8_ragged_dot(X, jnp.ones((128, 8)), jnp.array([2, 2])), ValueError,
         r"fp8_ragged_dot: w must have rank 3"),
-    "init_state_name": (lambda: fp8jax.delayed.init_state("te_hybrid"), TypeError,
+    "init_state_name": (lambda: fp8jax.quant.delayed.init_state("te_hybrid"), TypeError,
                         r"init_state: spec .*fp8jax\.preset\('te_hybrid'\)"),
     "scaled_matmul_arrays": (
-        lambda: fp8jax.accumulate.scaled_matmul(X, X, fp8jax.accumulate.FP32), TypeError,
+        lambda: fp8jax.gemm.accumulate.scaled_matmul(X, X, fp8jax.gemm.accumulate.FP32), TypeError,
         r"scaled_matmul: a must be a QTensor"),
     "transposed_name": (
-        lambda: fp8jax.transpose.transposed(X, fp8jax.quantize(X, SPEC), "deepseek_v3",
+        lambda: fp8jax.gemm.transpose.transposed(X, fp8jax.quantize(X, SPEC), "deepseek_v3",
                                             "requant"),
         TypeError, r"transposed: spec .*fp8jax\.preset\('deepseek_v3'\)"),
 }

@@ -171,5 +171,5 @@ def test_accumulation_modes_plug_in():
 
 
 def test_hopper_blockwise_is_the_named_recipe_and_deepseek_v3_its_alias():
-  assert gemm.HOPPER_BLOCKWISE == fp8jax.recipes.recipe("hopper_blockwise")
+  assert gemm.HOPPER_BLOCKWISE == fp8jax.recipe("hopper_blockwise")
   assert gemm.DEEPSEEK_V3 is gemm.HOPPER_BLOCKWISE

@@ -79,7 +79,7 @@ def test_fp8_mma_reaches_the_dense_kernel(monkeypatch):
   monkeypatch.setattr(kernel, "scaled_matmul_pallas", lambda *a, **k: (
       calls.append(k["fp8_dots"]), fn(*a, **k))[1])
   x, w = _xw(t=128, k=256, n=128)
-  mma = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
+  mma = fp8jax.recipe("fp32_blockwise_mma").replace(impl="pallas")
 
   def grads(cfg):
     return jax.grad(lambda a, b: jnp.sum(jnp.sin(gemm.fp8_dot_general(a, b, DN, config=cfg))),
@@ -107,8 +107,8 @@ def test_fp8_mma_reaches_the_grouped_kernel(monkeypatch):
   aligned = []
   x, w = _xw(t=256, k=128, n=128)
   ws, sizes = jnp.stack([w[:, :128], w[:, :128] * 2]), jnp.asarray([100, 156], jnp.int32)
-  mma = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
-  assert mma == fp8jax.recipes.recipe("fp32_blockwise").replace(impl="pallas", fp8_mma=True)
+  mma = fp8jax.recipe("fp32_blockwise_mma").replace(impl="pallas")
+  assert mma == fp8jax.recipe("fp32_blockwise").replace(impl="pallas", fp8_mma=True)
 
   def loss(cfg):
     return jax.grad(lambda a, b: jnp.sum(jnp.sin(grouped.fp8_ragged_dot(a, b, sizes, cfg))),

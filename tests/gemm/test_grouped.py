@@ -54,7 +54,7 @@ def test_bf16_mode_and_errors():
   assert_close(y, ref)
   g = jax.grad(lambda b: jnp.sum(grouped_gemm.fp8_ragged_dot(x, b, sizes) ** 2))(w)
   assert np.all(np.isfinite(g))
-  native = fp8jax.recipes.recipe("fp8_tensor").replace(fprop="fp8_native")
+  native = fp8jax.recipe("fp8_tensor").replace(fprop="fp8_native")
   with pytest.raises(ValueError, match="fp8_native is not available"):
     grouped_gemm.fp8_ragged_dot(x, w, sizes, native)
 
@@ -115,7 +115,7 @@ def test_tensor_core_grouped_against_numpy_loops():
   quantized on their own: X, dY in 1x128 tiles, W in 128x128 blocks (Fprop W_e^T, Dgrad
   W_e), X_e^T and dY_e^T in tiles along the expert's 200 tokens."""
   x, w, dy, sizes = _case(sizes=(40, 0, 200), k=160, f=144, seed=4)
-  cfg = fp8jax.recipes.recipe("hopper_blockwise")
+  cfg = fp8jax.recipe("hopper_blockwise")
   y, dx, dw = jax.jit(lambda a, b, c: _vjp(
       lambda p, q: grouped_gemm.fp8_ragged_dot(p, q, sizes, cfg), a, b, c))(x, w, dy)
   r = cfg.roles
@@ -136,7 +136,7 @@ def test_tensor_core_grouped_against_numpy_loops():
                                 _loop(*wgrad, kcols, cols))
   # Not FP32 accumulation under another name: the FP32 grouped GEMM differs.
   y32 = jax.jit(lambda a, b: grouped_gemm.fp8_ragged_dot(
-      a, b, sizes, fp8jax.recipes.recipe("fp32_blockwise")))(x, w)
+      a, b, sizes, fp8jax.recipe("fp32_blockwise")))(x, w)
   assert not np.array_equal(np.asarray(y32), np.asarray(y))
 
 

@@ -74,7 +74,7 @@ def test_once_equals_quantizing_apart(recipe, monkeypatch):
 
 
 def _cfg(b=32):
-  base = fp8jax.recipes.recipe("fp32_blockwise").replace(impl="pallas")
+  base = fp8jax.recipe("fp32_blockwise").replace(impl="pallas")
   weight = base.roles.weight.replace(granularity=fp8jax.block((b, b)))
   return base.replace(roles=dataclasses.replace(base.roles, weight=weight))
 

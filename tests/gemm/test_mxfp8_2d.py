@@ -12,9 +12,9 @@ import fp8jax
 
 
 def test_weight_blocks_share_one_scale_both_ways():
-  cfg = fp8jax.recipes.recipe("mxfp8_2d")
+  cfg = fp8jax.recipe("mxfp8_2d")
   spec = cfg.roles.weight
-  assert cfg.roles.input == fp8jax.recipes.recipe("mxfp8").roles.input
+  assert cfg.roles.input == fp8jax.recipe("mxfp8").roles.input
   w = np.array(jax.random.normal(jax.random.key(0), (64, 96)), np.float32)
   w[0:32, 32:64] *= 1e3
   qt = fp8jax.quantize(jnp.asarray(w), spec)

@@ -153,7 +153,7 @@ def test_padded_rows_quantized_once_for_both_gemms(mma, monkeypatch):
   _, real = padding.padded_rows(sizes, int(sizes.sum()), n, 128)
   x, dy = x * real[:, None], dy * real[:, None]  # zero padding rows, as the dispatch has
   w = jnp.asarray(rng.standard_normal((3, 256, 128)) * 0.05, jnp.float32)
-  cfg = fp8jax.recipes.recipe("fp32_blockwise_mma" if mma else "fp32_blockwise").replace(
+  cfg = fp8jax.recipe("fp32_blockwise_mma" if mma else "fp32_blockwise").replace(
       impl="pallas")
 
   def run(layout, rows=x, grads=dy, sizes=sizes):

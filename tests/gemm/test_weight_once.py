@@ -45,14 +45,14 @@ def test_square_blocks_quantize_the_transpose_to_the_same_bits(seed, rows, cols,
 
 
 def test_weight_once_only_where_the_bits_cannot_change():
-  base = fp8jax.recipes.recipe("fp32_blockwise").replace(impl="pallas")
+  base = fp8jax.recipe("fp32_blockwise").replace(impl="pallas")
   assert grouped_operands.weight_once(base)
   assert grouped_operands.weight_once(base.replace(transpose="scaling_aware"))
   assert not grouped_operands.weight_once(base.replace(transpose="double"))
   assert not grouped_operands.weight_once(base.replace(impl="xla"))
   assert not grouped_operands.weight_once(base.replace(dgrad="bf16"))
   # the scaling-aware transpose refuses two-level scales: so does weight_once
-  nvfp4 = fp8jax.recipes.recipe("nvfp4_recipe_no_rht").replace(impl="pallas", wgrad="bf16")
+  nvfp4 = fp8jax.recipe("nvfp4_recipe_no_rht").replace(impl="pallas", wgrad="bf16")
   assert grouped_operands.weight_once(nvfp4)
   assert not grouped_operands.weight_once(nvfp4.replace(transpose="scaling_aware"))
   w = base.roles.weight
@@ -82,12 +82,12 @@ def test_fprop_and_dgrad_read_one_quantization_with_the_same_bits(recipe, transp
   w = w.at[1, :128, 256:].multiply(1e4)  # blocks of very different scales
   xla = recipe.endswith("e8m0")
   if xla:
-    base = fp8jax.recipes.recipe("fp32_blockwise")
+    base = fp8jax.recipe("fp32_blockwise")
     weight = base.roles.weight.replace(scale_format="pow2", pow2_rounding="rceil",
                                        store_e8m0=True)
     cfg = base.replace(roles=dataclasses.replace(base.roles, weight=weight))
   else:
-    cfg = fp8jax.recipes.recipe(recipe)
+    cfg = fp8jax.recipe(recipe)
   cfg = cfg.replace(impl="pallas", transpose=transpose)
   assert grouped_operands.weight_once(cfg)
 

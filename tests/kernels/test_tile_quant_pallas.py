@@ -96,7 +96,7 @@ def test_older_gpus_keep_the_separate_quantizations(monkeypatch):
   from fp8jax.kernels import placement
   from fp8jax.kernels import scaled_matmul_pallas as smp
 
-  cfg = fp8jax.recipes.recipe("fp32_blockwise_mma").replace(impl="pallas")
+  cfg = fp8jax.recipe("fp32_blockwise_mma").replace(impl="pallas")
   assert grouped_operands.one_pass(cfg, 128, 256, 256, 128) and tq.rounds_exactly()
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   for cc, exact, dots in (((8, 0), False, False), ((8, 9), False, True), ((9, 0), True, True)):

@@ -192,7 +192,7 @@ def test_gemm_hook_hopper_blockwise_is_a_whole_model_policy():
   included, and differs from FP32 accumulation. ``moe_impl="pallas"`` takes the same
   simulated grouped GEMM (the Pallas kernels accumulate in FP32): the same bits."""
   tc = pl.parse_policy("gemm:hopper_blockwise")
-  assert tc.gemm == fp8jax.recipes.recipe("hopper_blockwise")
+  assert tc.gemm == fp8jax.recipe("hopper_blockwise")
   assert tc.gemm.accumulation == fp8jax.gemm.accumulate.HOPPER
   fp32 = pl.parse_policy("gemm:fp32_blockwise")
   assert fp32.gemm.replace(accumulation=tc.gemm.accumulation) == tc.gemm

@@ -224,7 +224,7 @@ def test_four_only_where_it_lowers_the_blocks_error():
 
 @pytest.mark.slow
 def test_recipe_fprop_is_the_product_of_its_four_over_six_operands():
-  cfg = fp8jax.recipes.recipe("nvfp4_4over6")
+  cfg = fp8jax.recipe("nvfp4_4over6")
   assert cfg.wgrad_hadamard == 0 and cfg.roles.grad.four_over_six is None
   x = jax.random.normal(jax.random.key(0), (32, 64)) * 3
   w = jax.random.normal(jax.random.key(1), (64, 48)) * 0.1

@@ -79,7 +79,7 @@ def test_specs_are_hashable_static_jit_arguments():
 
 
 def test_presets():
-  assert set(fp8jax.PRESETS) >= {"deepseek_v3", "deepseek_v3_weight", "te_hybrid",
+  assert set(fp8jax.numerics.presets.PRESETS) >= {"deepseek_v3", "deepseek_v3_weight", "te_hybrid",
                                  "current_tensor", "mxfp8"}
   ds = fp8jax.preset("deepseek_v3")
   assert (ds.format, ds.granularity, ds.scaling) == ("e4m3", fp8jax.tile(128), "current")
@@ -92,5 +92,5 @@ def test_presets():
   assert mx.granularity == fp8jax.tile(32) and mx.store_e8m0
   with pytest.raises(ValueError, match="unknown preset 'deepseek'.*known presets"):
     fp8jax.preset("deepseek")
-  for spec in fp8jax.PRESETS.values():
+  for spec in fp8jax.numerics.presets.PRESETS.values():
     assert isinstance(spec.describe(), str)

@@ -80,7 +80,7 @@ def test_inf_in_the_cotangent_comes_back_nan(name):
 
 def _config(name):
   if name in RECIPES:
-    return fp8jax.recipes.recipe(RECIPES[name])
+    return fp8jax.recipe(RECIPES[name])
   spec = SPECS[name].replace(backward=None)
   return fp8jax.GemmConfig(roles=fp8jax.RoleSpecs(input=spec, weight=spec, grad=spec))
 

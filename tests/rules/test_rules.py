@@ -333,7 +333,7 @@ class Experts(nnx.Module):
 @pytest.mark.slow
 def test_ragged_dot_rules_route_through_the_grouped_gemm():
   x, sizes = _x((24, D)), jnp.array([10, 14], jnp.int32)
-  hand = Experts(nnx.Rngs(0), functools.partial(fp8jax.grouped_gemm.fp8_ragged_dot,
+  hand = Experts(nnx.Rngs(0), functools.partial(fp8jax.gemm.grouped.fp8_ragged_dot,
                                                 config=BLOCKWISE))
   quantized = rules_lib.quantize_model(Experts(nnx.Rngs(0)),
                                        [Rule("", BLOCKWISE, op="ragged_dot")])

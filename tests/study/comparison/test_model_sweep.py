@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8jax import metrics, recipes
+from fp8jax import metrics
+from fp8jax.gemm import recipes
 from fp8jax.metrics import paths
 from fp8jax.rules import Rule, Rules
 from fp8jax.study import report
