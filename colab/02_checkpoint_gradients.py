@@ -142,7 +142,7 @@ notebook.show_tree(params)
 # ## 2. One batch, several FP8 policies
 #
 # The evaluation batch is drawn as the study's sweep draws it (`sweep.eval_batches`). The
-# policies are expressions of `fp8jax.models.policy.parse_policy`, here from the seed grid:
+# policies are expressions of `fp8jax.models.policy.parse_policy`, here from the site grid:
 # the site (`attn` output or `moe` block output), the layers (`l0`, or `l0-<last>`) and the
 # format (per-tensor current scaling). Any expression works, e.g.
 # `"attn@0-1:e4m3/1x128+gemm:fp32_blockwise"`. `PairedEvaluator` jits the BF16 pass once and

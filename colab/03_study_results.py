@@ -96,7 +96,7 @@ NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's
 # the tiny demo model (`experiments/configs/train_tiny.py`: every layer MoE, byte tokens) and
 # saves checkpoints on the way, `sweep.run` compares the policies on every checkpoint and
 # `report.write_report` writes `report.md` with its figures, all in a temporary folder that is
-# removed when the kernel stops. The full demo compares the whole seed grid (attention or MoE
+# removed when the kernel stops. The full demo compares the whole site grid (attention or MoE
 # output x first or every layer x E4M3 or E5M2) on two evaluation windows; the smoke version
 # trains a shallower model for fewer steps and compares an attention and a MoE policy of the
 # same depth and format on one small window, so there the depth and format questions have
@@ -115,7 +115,7 @@ if RESULTS_DIR is None:
     POLICIES = ["attn_l0_e4m3", "moe_l0_e4m3"]
     WINDOWS = sweep.Windows(offsets=(0,), batches=2, batch_size=4)
   else:
-    POLICIES = ["seed"]
+    POLICIES = ["sites"]
     WINDOWS = sweep.Windows(offsets=(0, 10), batches=2, batch_size=8)
   TMP = tempfile.TemporaryDirectory(prefix="fp8jax_study_")  # removed at kernel exit
   study_dir = pathlib.Path(TMP.name)

@@ -99,7 +99,7 @@ print(f"{sum(x.size for x in jax.tree.leaves(params)):,} parameters")
 # ## The rules: a seed-style grid
 #
 # Each variant fake-quantizes the output of the attention or the MLP of block 0 or of every
-# block, forward and backward (the cotangent there), in E4M3 or E5M2, as the seed grid
+# block, forward and backward (the cotangent there), in E4M3 or E5M2, as the site grid
 # does at DeepSeek-MoE's `attn_out` and `moe_out` sites. `describe` shows what each rule
 # reaches.
 

@@ -2,7 +2,7 @@
 floor and each precision policy, on identical batches.
 
     python -m fp8jax.experiments.branch --train_workdir=out/demo/train --out=out/demo/branch \
-        --policies=seed --k=20 [--from_steps=0,100,200] [--noise=1]
+        --policies=sites --k=20 [--from_steps=0,100,200] [--noise=1]
     python -m fp8jax.experiments.report --results=out/demo/compare --branch=out/demo/branch
 
 Writes ``<out>/branches.jsonl`` (per checkpoint and branch: loss gap, parameter divergence
@@ -21,7 +21,7 @@ from fp8jax.experiments import _cli
 _TRAIN = flags.DEFINE_string("train_workdir", None, "The baseline training run's folder.",
                              required=True)
 _OUT = flags.DEFINE_string("out", None, "Results folder.", required=True)
-_POLICIES = flags.DEFINE_list("policies", ["seed"], "Grid names or policy expressions.")
+_POLICIES = flags.DEFINE_list("policies", ["sites"], "Grid names or policy expressions.")
 _FROM = flags.DEFINE_list("from_steps", [], "Checkpoints to branch from (default: all).")
 _K = flags.DEFINE_integer("k", 20, "Training steps per branch.")
 _NOISE = flags.DEFINE_integer("noise", 1, "Noise-floor branches (BF16 from weights perturbed "

@@ -1,7 +1,7 @@
 """Paired BF16/FP8 gradient comparison over a training run's checkpoints.
 
     python -m fp8jax.experiments.compare --train_workdir=out/train --out=out/compare \
-        [--policies=seed] [--steps=0,500,1000] [--offsets=0,100] [--batches=4] \
+        [--policies=sites] [--steps=0,500,1000] [--offsets=0,100] [--batches=4] \
         [--batch_size=8]
 
 ``--policies`` takes grid names (``seed`` = {attn, moe} x {layer 0, all layers} x
@@ -29,7 +29,7 @@ from fp8jax.experiments import _cli
 
 _TRAIN = flags.DEFINE_string("train_workdir", "out/train", "Training run folder.")
 _OUT = flags.DEFINE_string("out", "out/compare", "Results folder (resumable).")
-_POLICIES = flags.DEFINE_list("policies", ["seed"], "Grid names or policy expressions.")
+_POLICIES = flags.DEFINE_list("policies", ["sites"], "Grid names or policy expressions.")
 _STEPS = flags.DEFINE_list("steps", [], "Checkpoint steps (default: all).")
 _OFFSETS = flags.DEFINE_list("offsets", ["0"], "Data offsets of the evaluation windows, in "
                              "batches.")

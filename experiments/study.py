@@ -1,4 +1,4 @@
-"""The whole study in one command: train a baseline, compare the seed grid on every
+"""The whole study in one command: train a baseline, compare the site grid on every
 checkpoint, branch off K training steps of each policy, write the report.
 
     python -m fp8jax.experiments.study --out=out/demo                 # the embedded demo
@@ -23,7 +23,9 @@ _CONFIG = _cli.define_config_file(
     "config", str(pathlib.Path(__file__).parent / "configs" / "train_tiny.py"),
     "Training run config (experiments/configs/train_*.py).")
 _OUT = flags.DEFINE_string("out", "out/demo", "Output folder.")
-_POLICIES = flags.DEFINE_list("policies", ["seed"], "Grid names or policy expressions.")
+_POLICIES = flags.DEFINE_list(
+    "policies", ["sites_small"], "Grid names or policy expressions (sites_small: the part of "
+    "the site grid that answers each question once; sites: the whole grid).")
 _OFFSETS = flags.DEFINE_list("offsets", ["0", "10"], "Evaluation window offsets (batches).")
 _BATCHES = flags.DEFINE_integer("batches", 2, "Evaluation batches per offset.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Sequences per evaluation batch.")
@@ -33,10 +35,10 @@ _DELAYED_WARMUP = flags.DEFINE_integer(
 _BRANCH_K = flags.DEFINE_integer(
     "branch_k", 8, "Training steps of each policy's branch from every checkpoint, with a BF16 "
     "reference and a noise-floor branch (0: no branch-off runs).")
-_SEED_CONTROLS = flags.DEFINE_bool(
-    "seed_controls", True, "Also compare the noise-matched controls of the seed grid's "
-    "all-layer E4M3 policies (each quantization error replaced by random noise of the same "
-    "energy per block) when the policies include the seed grid.")
+_SITE_CONTROLS = flags.DEFINE_bool(
+    "site_controls", True, "Also compare the noise-matched controls of the all-layer E4M3 "
+    "site-grid policies among --policies (each quantization error replaced by random noise "
+    "of the same energy per block).")
 _DISTRIBUTED = _cli.define_distributed()
 
 
@@ -44,7 +46,10 @@ def main(argv):
   del argv
   from fp8jax.study import pipeline  # pylint: disable=import-outside-toplevel
   from fp8jax.study.branches import branch  # pylint: disable=import-outside-toplevel
-  from fp8jax.study.comparison import sweep  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import (  # pylint: disable=import-outside-toplevel
+    policies,
+    sweep,
+  )
   from fp8jax.train import (  # pylint: disable=import-outside-toplevel
     multihost,
     preemption,
@@ -55,8 +60,9 @@ def main(argv):
     windows = sweep.Windows(offsets=tuple(int(o) for o in _OFFSETS.value),
                             batches=_BATCHES.value, batch_size=_BATCH_SIZE.value)
     _cli.start_processes(_DISTRIBUTED)
-    controls = (pipeline.seed_controls(run_config.model_config(_CONFIG.value).num_hidden_layers)
-                if _SEED_CONTROLS.value and "seed" in _POLICIES.value else ())
+    model = run_config.model(_CONFIG.value)
+    controls = (policies.site_controls(policies.expand_policies(_POLICIES.value, model))
+                if _SITE_CONTROLS.value else [])
     report = pipeline.run_study(_CONFIG.value, _OUT.value, policies=_POLICIES.value,
                                 windows=windows, delayed_warmup=_DELAYED_WARMUP.value,
                                 controls=controls,

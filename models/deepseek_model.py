@@ -71,12 +71,12 @@ def flops_per_token(cfg: config_lib.ModelConfig, seq_len: int) -> float:
 
 
 SEED_MODULES = {"attn": "attn_out", "moe": "moe_out"}
-"""The seed grid's modules and the sites they quantize."""
+"""The site grid's modules and the sites they quantize."""
 SEED_FORMATS = ("e4m3", "e5m2")
 
 
-def seed_cell(policy: policy_lib.PrecisionPolicy) -> dict | None:
-  """The seed grid's cell that ``policy`` computes, whatever its name: ``{"module": "attn"
+def site_cell(policy: policy_lib.PrecisionPolicy) -> dict | None:
+  """The site grid's cell that ``policy`` computes, whatever its name: ``{"module": "attn"
   or "moe", "depth": "l0" or "l0-8", "format": "e4m3" or "e5m2"}`` when its numerics are
   those of ``{module}@{layers}:{format}`` on consecutive layers; else None."""
   if len(policy.rules) != 1 or policy.gemm is not None or policy.rules[0].layers is None:
@@ -97,13 +97,13 @@ def seed_cell(policy: policy_lib.PrecisionPolicy) -> dict | None:
 def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
   """A policy's ``meta.json`` entry: its canonical expression, directly quantized modules,
   kind (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it
-  controls) and its seed-grid ``cell`` (:func:`seed_cell`, None for other numerics), which
+  controls) and its site-grid ``cell`` (:func:`site_cell`, None for other numerics), which
   the report reads instead of the name."""
   entry = {"expr": policy_expression.to_expression(policy),
            "direct": sorted(param_paths.direct_modules(policy, num_layers)), "kind": "policy"}
   if policy_lib.is_noise_control(policy):
     entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
-  entry["cell"] = None if entry["kind"] == "control" else seed_cell(policy)
+  entry["cell"] = None if entry["kind"] == "control" else site_cell(policy)
   return entry
 
 

@@ -11,7 +11,8 @@ With ``deterministic=True`` the backward pass is instead the product
 ``one_hot(tokens)^T @ g`` (float32 accumulation; cuBLAS GEMMs give the same bits on every
 run), over chunks of at most :data:`CHUNK_ELEMENTS` one-hot elements added in a fixed
 order. It equals the scatter-add up to float32 rounding and costs ``2 T V d`` FLOPs (at
-the 2B widths and 8 x 2048 tokens, 0.34 TFLOP: about half a millisecond on an H100).
+the 2B widths and 8 x 2048 tokens, 0.34 TFLOP, small beside the step's; the mode's cost:
+docs/performance/archive/2026-11-25_deterministic_mode.md).
 """
 
 from __future__ import annotations

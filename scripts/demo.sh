@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the main job on its embedded default: the whole
 # precision study (a tiny DeepSeek-MoE trained on the embedded corpus with checkpoints,
-# the seed grid of FP8 policies compared on every checkpoint, the report), in out/demo.
+# the site grid of FP8 policies compared on every checkpoint, the report), in out/demo.
 #
 #   bash scripts/demo.sh [FLAGS]        e.g. --out=/tmp/demo, --batches=4
 set -euo pipefail

@@ -1,11 +1,11 @@
 """The seed study at small scale (docs/validation.md): a 9-layer DeepSeek-MoE trained in BF16
-for 3000 steps with 11 checkpoints, for the seed grid's one-step comparison at every one.
+for 3000 steps with 11 checkpoints, for the site grid's one-step comparison at every one.
 
     python -m fp8jax.experiments.train_tokenizer --input=synthetic:8 --out=$WORK/tok1k \
         --vocab_size=1024 --sample_mb=8
     python -m fp8jax.experiments.study --config=experiments/configs/seed_study_small.py \
         --config.data.tokenizer=$WORK/tok1k/tokenizer.json --out=$WORK/seed_small \
-        --policies=seed --offsets=0,10 --batches=2 --batch_size=16 --branch_k=0
+        --policies=sites --offsets=0,10 --batches=2 --batch_size=16 --branch_k=0
 
 The seed study trained DeepSeek-MoE-2B (9 layers, every one MoE) for 10000 steps, 2000 of
 them warm-up, with checkpoints every 500 from step 0. Here the same depth and layout at the

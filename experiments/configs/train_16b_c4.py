@@ -8,9 +8,9 @@
 the ``data`` axis, and each device gathers a layer's weights where it runs and gets its
 part of the gradient by a reduce-scatter (``data_parallel.gather_in_forward``). The scan
 is rolled and each layer recomputed in the backward pass, so that one layer's gathered
-weights are whole at a time: on 4 x H200 this step runs at 2 x 4096 tokens per device (the
-default global batch of 8), 848.5 ms, 82.7 GiB per device; 4 x 4096 does not fit, nor
-does the 16B state on 2 GPUs (docs/performance.md). The tokenizer is the public model's
+weights are whole at a time: on 4 x H200 this step fits 2 x 4096 tokens per device (the
+default global batch of 8); 4 x 4096 does not fit, nor does the 16B state on 2 GPUs (its
+step time and memory: docs/performance.md). The tokenizer is the public model's
 (vocabulary 102400).
 
 Beyond one host (README, Several hosts), every process runs the same command with

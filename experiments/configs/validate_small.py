@@ -1,5 +1,6 @@
 """The validation matrix's runs (docs/validation.md): a small DeepSeek-MoE that one GPU
-trains in under a minute per run (8 processes sharing an H100: 33 runs in 13 minutes).
+trains in under a minute per run, several processes sharing the GPU (their wall times:
+docs/validation.md).
 
     python -m fp8jax.experiments.train_tokenizer --input=synthetic:8 --out=$WORK/tok1k \
         --vocab_size=1024 --sample_mb=8
@@ -17,6 +18,8 @@ tokenizer). No checkpoints: a run is its ``metrics.jsonl``. The default (non-det
 GPU mode: the seed-to-seed spread is the yardstick, and it includes the run-to-run noise.
 """
 
+from ml_collections import config_dict
+
 from fp8jax.train import run_config
 
 
@@ -33,6 +36,8 @@ def get_config():
   c.model_overrides.num_experts_per_tok = 2
   c.model_overrides.first_k_dense_replace = 1
   c.model_overrides.max_position_embeddings = 256
+  c.model_overrides.swiglu_limit = config_dict.placeholder(float)  # DeepSeek-V4's SwiGLU
+  # clamp on the command line (--config.model_overrides.swiglu_limit=10); None: off
   c.data.source = "synthetic:32"
   c.data.tokenizer = "bytes"  # set to the BPE's tokenizer.json (see above)
   c.data.seq_len = 256

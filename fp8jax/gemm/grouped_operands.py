@@ -50,7 +50,8 @@ def _tile(cfg: gemm_lib.GemmConfig) -> int | None:
 def fp8_wgrad(cfg: gemm_lib.GemmConfig) -> bool:
   """Whether Wgrad's kernel multiplies the FP8 payloads (``cfg.fp8_mma``): the operands
   then come transposed, the layout the FP8 MMA reads (rows first, Triton transposes them
-  and the 2B Wgrad took 3.5 against 1.4 ms)."""
+  and the kernel is the slower:
+  docs/performance/archive/2026-11-26_grouped_blockwise_fp8_dots.md)."""
   t = _tile(cfg)
   r = cfg.roles
   return (cfg.fp8_mma and kernels_on(cfg) and t is not None
@@ -96,9 +97,10 @@ def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
 def fprop_reads_transposed(fp8_dots: bool) -> bool:
   """Whether Fprop's kernel reads the once-quantized weight [E, K, F] as it is (else XLA
   swaps its 8-bit payload to [E, F, K] first; the same bits). Not with FP8 dots: the FP8
-  MMA reads its operands K-major: in a 2B pass on an H100 the Fprop kernels took 34.5 ms
-  reading W as it is, the Dgrad kernels (same sizes, K-major) 21 ms. With bfloat16 dots
-  reading W as it is was the faster (``scripts/bench/weight_once.py``)."""
+  MMA reads its operands K-major: on Hopper the Fprop kernels reading W as it is were
+  slower than the Dgrad kernels of the same sizes, which read it K-major. With bfloat16
+  dots reading W as it is was the faster (``scripts/bench/weight_once.py``; the profiles:
+  docs/performance/archive/2026-11-26_pair_weight_once_compare.md)."""
   return not fp8_dots
 
 

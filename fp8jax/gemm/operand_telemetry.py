@@ -42,11 +42,11 @@ def _histogram(bins: jax.Array) -> jax.Array:
   """float32 [LOG2_BINS] counts of the int32 ``bins`` in [0, LOG2_BINS) (others ignored).
 
   By comparing every bin with every entry in one reduction (exact int32 counts). On a GPU a
-  scatter-add serializes its atomic adds to the few bins an operand's blocks fall in (7 ms
-  per step at the 2B shapes on an H100), and a sort with a search of the bin edges is a
-  loop of small kernels (3.7 ms of kernels per step of the 2B recipe pair's telemetry). Its work,
-  LOG2_BINS compares per entry, is one fused pass (0.6 ms per step for the 2B pair's 27
-  expert stacks)."""
+  scatter-add serializes its atomic adds to the few bins an operand's blocks fall in, and a
+  sort with a search of the bin edges is a loop of small kernels. Its work, LOG2_BINS
+  compares per entry, is one fused pass, the fastest of the three at the 2B shapes
+  (docs/performance/archive/2026-11-26_pair_fusions_wgrad.md,
+  docs/performance/archive/2026-11-26_pair_expert_weights_one_read.md)."""
   edges = jnp.arange(LOG2_BINS, dtype=bins.dtype)
   return jnp.sum(bins.reshape(1, -1) == edges[:, None], axis=1, dtype=jnp.int32).astype(
       jnp.float32)

@@ -79,9 +79,10 @@ def pad_groups(x: jax.Array, sizes: jax.Array, multiple: int):
 
   A row gather behind optimization barriers (indices and rows): fused into their
   consumers, XLA recomputes the indices per element and gathers along the tokens inside
-  the transposed quantization, 5-10 ms per Wgrad operand at 2B shapes on an H100. A
-  dispatch that lays the rows out padded in the first place (``fp8_ragged_dot``'s
-  ``group_multiple``) needs no copy at all.
+  the transposed quantization, far slower than the copy
+  (docs/performance/archive/2026-11-24_gemm_pair_within_2x.md). A dispatch that lays the
+  rows out padded in the first place (``fp8_ragged_dot``'s ``group_multiple``) needs no
+  copy at all.
 
   Args:
     x: [N, C] rows sorted by group (rows past ``sum(sizes)`` are dropped).

@@ -70,8 +70,9 @@ def quantize_swapped(x: jax.Array, spec: spec_lib.QuantSpec,
                      key: jax.Array | None = None) -> qtensor.QTensor:
   """``qtensor.quantize(swapaxes(x, -1, -2), spec)``, with the block amax reduced on x's
   own layout and materialized first: fused into the transposition, XLA:GPU reduces
-  along the strided axis (at 2B expert shapes on an H100, 1-4 ms per [122752, 1280]
-  operand, against ~0.3 ms for a transpose). Equal bit for bit (a maximum is exact)."""
+  along the strided axis, several times slower than a transpose
+  (docs/performance/archive/2026-11-24_gemm_pair_within_2x.md). Equal bit for bit (a
+  maximum is exact)."""
   xt = _swap(x)
   block = spec.granularity.block_shape(xt.shape)
   amax = blocks.block_amax(x, (*block[:-2], block[-1], block[-2]))

@@ -194,7 +194,9 @@ def _check_cast(spec: spec_lib.QuantSpec, interpret: bool) -> None:
         f"through f16 below it, not to nearest even); this GPU has {cc[0]}.{cc[1]}")
 
 
-AUTO = dict(block_rows=32, split="flat", rounding="cast", num_warps=4)  # best on H100/H200
+# The fastest configuration measured on Hopper
+# (docs/performance/archive/2026-11-21_second_pass_pallas.md, target 1).
+AUTO = dict(block_rows=32, split="flat", rounding="cast", num_warps=4)
 
 
 def auto_config(spec: spec_lib.QuantSpec) -> dict:
@@ -210,9 +212,9 @@ def auto_applies(x_shape: tuple[int, ...], dtype, spec: spec_lib.QuantSpec) -> b
   of ``x_shape``: a Hopper or newer GPU outside a multi-device context mesh
   (:mod:`fp8jax.kernels.placement`), 1 x t tiles (:func:`supports`), an OCP format (FP8,
   FP6, FP4) with one-level scales and a 16- or 32-bit float input. Use it with
-  :func:`auto_config`. Two-level (NVFP4) scales are left to the fused XLA path: on an H100
-  the kernel, which needs the tensor amax first, ran at 38.8% of a copy's bandwidth against
-  46.1% for XLA (docs/performance/archive/2026-11-23_mx_nvfp4_fake_quant.md)."""
+  :func:`auto_config`. Two-level (NVFP4) scales are left to the fused XLA path: the
+  kernel, which needs the tensor amax first, was the slower of the two on Hopper
+  (docs/performance/archive/2026-11-23_mx_nvfp4_fake_quant.md)."""
   from fp8jax.kernels import placement
 
   if spec.scale_format == "e4m3":

@@ -8,7 +8,7 @@ with a custom VJP whose Fprop, Dgrad and Wgrad each run on
 * ``"triton"``: the project's Triton kernels (:mod:`fp8jax.kernels.grouped_matmul_triton`;
   any shape, any CUDA GPU; JAX has deprecated its Pallas Triton backend).
 
-:data:`PREFERRED` holds the choice measured at the 2B and 16B shapes on an H100
+:data:`PREFERRED` holds the choice measured at the 2B and 16B shapes on Hopper
 (``scripts/bench/mosaic_grouped.py``,
 ``docs/performance/archive/2026-11-23_third_pass_mosaic_cudnn.md``). A direction whose Mosaic
 kernel cannot take the shape (see :func:`grouped_matmul_mosaic.problem`) or that runs on a
@@ -34,10 +34,10 @@ from fp8jax.kernels import grouped_matmul_triton as triton
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 PREFERRED = {"fwd": "mosaic", "dgrad": "triton", "wgrad": "mosaic"}
-"""The kernel per direction, from the H100 sweeps at the 2B and 16B shapes: Fprop ties
-(Mosaic 0.72 / 1.25 ms, Triton 0.71 / 1.26 ms), so the maintained Mosaic kernel; Dgrad
-Triton (0.71 / 1.25 ms against 0.85 / 1.41 ms); Wgrad Mosaic (0.49 / 1.02 ms against
-1.19 / 2.45 ms)."""
+"""The kernel per direction, from the sweeps at the 2B and 16B shapes on Hopper
+(docs/performance/archive/2026-11-23_third_pass_mosaic_cudnn.md): Fprop ties, so the
+maintained Mosaic kernel; Dgrad the faster, Triton; Wgrad the faster, Mosaic (by more
+than 2x)."""
 
 
 def choose(x_shape, w_shape, dtype, preferred: dict | None = None,

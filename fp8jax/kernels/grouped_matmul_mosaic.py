@@ -22,8 +22,9 @@ call (a shape they do not handle raises instead of returning wrong numbers):
 
 The forward and Dgrad kernels never write rows past ``sum(group_sizes)``; this wrapper
 sets them to zero, so the result equals the Triton kernel's. That select is a full pass
-over the output (XLA does not fuse it into the consumers: 17 ms of a 165 ms 2B step on an
-H100), so callers whose sizes always sum to N (the MoE dispatch) pass ``covered=True``.
+over the output (XLA does not fuse it into the consumers; a tenth of the 2B step before
+the dispatch skipped it: docs/performance/archive/2026-11-23_third_pass_mosaic_cudnn.md),
+so callers whose sizes always sum to N (the MoE dispatch) pass ``covered=True``.
 The Mosaic kernels have no batching rule: under ``vmap`` the batch is looped over
 (``groups`` per device is 1 in the trainer and the paired evaluator).
 """
@@ -53,9 +54,9 @@ class Config:
     return dataclasses.asdict(self)
 
 
-# The fastest configurations of the sweeps at the 2B and 16B shapes on an H100
+# The fastest configurations of the sweeps at the 2B and 16B shapes on Hopper
 # (scripts/bench/mosaic_grouped.py; docs/performance/archive/2026-11-23_third_pass_mosaic_cudnn.md).
-# block_k 128 exceeds the shared memory; grid_block_n 4 is 10-45% faster than 1 for Fprop and Dgrad.
+# block_k 128 exceeds the shared memory; grid_block_n 4 is faster than 1 for Fprop and Dgrad.
 FORWARD = Config(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=4)
 DGRAD = Config(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=4)
 WGRAD = Config(block_m=128, block_n=128, block_k=64, max_concurrent_steps=5, grid_block_n=2)

@@ -50,7 +50,8 @@ class Blocks:
         raise ValueError(f"block {name} must be a power of two >= 16, got {v}")
 
 
-# The fastest of the shapes swept on an H200 at the 2B shapes (scripts/bench/grouped_gemm.py).
+# The fastest of the shapes swept at the 2B shapes on Hopper (scripts/bench/grouped_gemm.py;
+# docs/performance/archive/2026-11-21_second_pass_pallas.md, target 2).
 FORWARD = Blocks(m=128, n=256, k=64, num_warps=8, num_stages=4)
 WGRAD = Blocks(m=256, n=128, k=64, num_warps=8, num_stages=3)
 

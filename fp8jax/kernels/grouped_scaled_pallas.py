@@ -50,16 +50,17 @@ from fp8jax.kernels import scaled_matmul_pallas as smp
 
 Blocks = gmp.Blocks
 ROWS = Blocks(m=64, n=128, k=128, num_warps=4, num_stages=4)
-"""Fprop / Dgrad default, the fastest tile tried at the 2B shapes on an H200
-(``docs/perf_raw/2026-11-26_h200_grouped_scaled_variants.tar.gz``): Fprop / Dgrad 1.54 / 1.56 ms
-(with row masks 1.59 / 1.64) against 1.63 / 1.62 (1.68 / 1.68) for 128x128x128, 8 warps."""
+"""Fprop / Dgrad default, the fastest tile tried at the 2B shapes on Hopper for groups
+aligned to whole row tiles (docs/performance/archive/2026-11-26_grouped_blockwise_fp8_dots.md,
+raw data in its ``docs/perf_raw`` tarball)."""
 WGRAD = Blocks(m=128, n=128, k=128, num_warps=8, num_stages=3)
-"""Wgrad default: the fastest of the tiles tried on the H100 (1.67 ms with
-``convert_in_kernel``, 1.73 ms without)."""
+"""Wgrad default: the fastest of the tiles tried on Hopper
+(docs/performance/archive/2026-11-23_grouped_blockwise_kernel.md)."""
 ROWS_FP8, WGRAD_FP8 = Blocks(64, 64, 128, 4, 4), Blocks(64, 128, 128, 4, 4)
-"""The defaults with ``fp8_dots``, the fastest tried on an H100 at the 2B gate GEMM
-(``grouped_scaled_variants.py mma``): Fprop 0.900 ms (0.944 with ROWS), Dgrad 0.918
-(0.954), Wgrad 0.882 (0.999 with WGRAD). Row tiles of 64, as ROWS, for ``groups_aligned``."""
+"""The defaults with ``fp8_dots``, the fastest tried on Hopper at the 2B gate GEMM
+(``grouped_scaled_variants.py mma``; each faster than ROWS or WGRAD with FP8 dots:
+docs/performance/archive/2026-11-26_pair_one_pass_fp8_mma.md). Row tiles of 64, as ROWS,
+for ``groups_aligned``."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -206,11 +207,12 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
       (E4M3 or E5M2, one format for both). The products stay exact, but each MMA
       instruction's sum (32 products on Hopper) is formed by the tensor core, with its
       own alignment and truncation, then added to the float32 accumulator (Triton's FP8
-      default ``max_num_imprecise_acc=0``, not set by JAX): not the exact sums. On an H200
+      default ``max_num_imprecise_acc=0``, not set by JAX): not the exact sums. On Hopper
       (``scripts/bench/grouped_scaled_variants.py``, the kernel's copy in this
       configuration), 99.94% of the float32 outputs of the 2B gate GEMM at 2048 tokens
-      had the bits of the bfloat16 dots (relative 2.6e-9), and one Fprop at 16384 tokens
-      took 0.93 ms against 1.57. Interpreted: exact products, float32 sums.
+      had the bits of the bfloat16 dots (relative 2.6e-9), and the Fprop was the faster
+      (docs/performance/archive/2026-11-26_grouped_blockwise_fp8_dots.md). Interpreted:
+      exact products, float32 sums.
     interpret: run with the Pallas interpreter (CPU).
 
   Returns:
@@ -238,9 +240,8 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
   if n == 0 or f == 0:
     return jnp.zeros((n, f), out_dtype)
   # [N, J] as the quantization lays it out, read by the kernel a strided column per
-  # interval: no transposition for XLA to fuse into the tile amax (at the 2B shapes on an
-  # H200, one gate GEMM forward and backward 8.13 -> 7.57 ms; the recipe's whole pass
-  # unchanged, 331.5 -> 331.2 ms).
+  # interval: no transposition for XLA to fuse into the tile amax (a gate GEMM faster, the
+  # recipe's whole pass unchanged: docs/performance/archive/2026-11-26_pair_fusions_wgrad.md).
   sa = a_scale_inv.astype(jnp.float32)
   sb = b_scale_inv.astype(jnp.float32)
   if transpose_b:
@@ -251,9 +252,10 @@ def grouped_scaled_matmul(a: jax.Array, a_scale_inv: jax.Array, b: jax.Array,
   kernel = functools.partial(_rows_kernel, blocks=blocks, chunk=chunk, n_int=n_int,
                              interval=interval, transpose_b=transpose_b,
                              aligned=groups_aligned, b_block_n=b_block_n, fp8_dots=fp8_dots)
-  # Column blocks fastest: the programs in flight share their row tiles in L2 (at the 2B
-  # shapes on an H200, one Fprop 1.848 -> 1.768 ms alone, 1.637 ms with the row masks and
-  # per-column weight scales gone: scripts/bench/grouped_scaled_variants.py).
+  # Column blocks fastest: the programs in flight share their row tiles in L2 (faster at
+  # the 2B shapes, alone and with the row masks and per-column weight scales gone:
+  # scripts/bench/grouped_scaled_variants.py,
+  # docs/performance/archive/2026-11-26_grouped_blockwise_fp8_dots.md).
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((n, f), out_dtype),

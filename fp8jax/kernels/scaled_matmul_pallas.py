@@ -17,11 +17,13 @@ before the kernel (or in it: ``convert_in_kernel``). M and N are padded to multi
 the block and K to a multiple of the interval outside the kernel; the padding is sliced
 off the result.
 
-Measured on an H100 (``scripts/bench/scaled_matmul.py``): the defaults (128 x 128 x 128
-tiles, 8 warps, 3 stages, bfloat16 payloads) were the fastest of the configurations
-tried, about 2.7x a cuBLAS bf16 GEMM of the same shape; the same kernel with a single
-promotion at the end of K takes about 1.5x, so the per-interval promotion (the tensor
-cores wait for each interval's sum) costs the rest.
+The defaults (128 x 128 x 128 tiles, 8 warps, 3 stages, bfloat16 payloads) are the
+fastest of the configurations tried on Hopper (``scripts/bench/scaled_matmul.py``), slower
+than a cuBLAS bf16 GEMM of the same shape; most of that gap is the per-interval promotion
+(the tensor cores wait for each interval's sum), as the same kernel with a single
+promotion at the end of K shows (the figures:
+docs/performance/archive/2026-11-21_second_pass_pallas.md, target 4, and
+docs/performance/archive/2026-11-23_grouped_blockwise_kernel.md).
 
 Pallas is imported when the kernel is called, not when this module is imported. On
 CPU, pass ``interpret=True``.
@@ -59,9 +61,10 @@ MMA_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 
 
 FP8_DOTS = dict(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=4)
-"""The tile for ``fp8_dots``: on an H100 at [16384, 1280] x [1280, 1280] 0.193 ms against
-0.250 ms for the bfloat16 products' default tile (128 x 128 x 128, 8 warps, 3 stages), which
-takes 0.263 ms with bfloat16 products (``scripts/bench/scaled_matmul.py``)."""
+"""The tile for ``fp8_dots``: the fastest tried on Hopper at [16384, 1280] x [1280, 1280],
+faster than the bfloat16 products' default tile (128 x 128 x 128, 8 warps, 3 stages) with
+FP8 dots or with bfloat16 products (``scripts/bench/scaled_matmul.py``;
+docs/performance/archive/2026-11-26_pair_one_pass_fp8_mma.md)."""
 
 
 def _mma_pair(a_dtype, b_dtype) -> bool:
@@ -194,7 +197,7 @@ def scaled_matmul_pallas(a: jax.Array, bt: jax.Array, sa: jax.Array, sb: jax.Arr
     n_fastest: launch the programs of one row of output tiles together (streaming Bt
       from L2) rather than those of one column; None: when N <= M.
     convert_in_kernel: load 8-bit payloads as they are and convert them to bfloat16 in
-      the kernel (half the bytes read, but slower on an H100: the conversion sits
+      the kernel (half the bytes read, but slower on Hopper: the conversion sits
       between the shared-memory pipeline and the tensor cores); by default they are
       converted by XLA before the kernel (exact; behind ``lax.optimization_barrier`` so
       that XLA cannot fold an f32 -> fp8 -> bf16 round trip away).

@@ -18,17 +18,12 @@ from fp8jax.study.comparison import sweep
 from fp8jax.train import loop, multihost
 
 
-def seed_controls(num_layers: int) -> list[str]:
-  """The noise-matched controls of the seed grid's all-layer E4M3 policies (attention and
-  MoE output): is FP8's error worse or better for the gradient than noise of its size?"""
-  return [f"noise({m}_l0-{num_layers - 1}_e4m3)" for m in ("attn", "moe")]
-
-
-def run_study(train_config, out, policies=("seed",), windows: sweep.Windows | None = None,
+def run_study(train_config, out, policies=("sites",), windows: sweep.Windows | None = None,
               stream=None, delayed_warmup: int = sweep.DELAYED_WARMUP,
               branches: branch.Branches | None = None, controls=()) -> pathlib.Path:
   """Trains (or resumes) ``train_config`` in ``<out>/train``, compares ``policies`` and the
-  noise-matched ``controls`` (policy expressions, e.g. :func:`seed_controls`) on every
+  noise-matched ``controls`` (policy expressions, e.g.
+  :func:`fp8jax.study.comparison.policies.site_controls`) on every
   checkpoint in ``<out>/compare``, with the noise floor (``delayed_warmup``: see
   :func:`sweep.run`), with ``branches`` runs ``branches.k`` steps of every policy (not the
   controls) from every checkpoint in ``<out>/branch`` (:func:`branch.run`), and returns the

@@ -135,9 +135,10 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
   layer's gradients averaged over the replicas where the backward pass leaves that layer
   (:func:`fp8jax.train.data_parallel.mean_in_backward`), so that XLA may overlap those
   all-reduces with the rest of the backward pass; False (the default): the whole gradient
-  averaged at its end, 2.4-3.6% faster on 2 and 4 H200s (XLA hid less of the per-layer
-  all-reduces behind the backward pass; docs/performance.md). The same values either
-  way. ``param_specs`` (with ``mesh``; FSDP):
+  averaged at its end, the faster on 2 and 4 GPUs (XLA hid less of the per-layer
+  all-reduces behind the backward pass;
+  docs/performance/archive/2026-11-28_several_gpus_overlap_fsdp.md). The same values
+  either way. ``param_specs`` (with ``mesh``; FSDP):
   the params (and the optimizer state) split over the devices as these ``PartitionSpec``s
   say (``mesh.fsdp_sharding``'s specs), each device gathering a part's weights where the
   model uses it and receiving its part of the gradients by a reduce-scatter in the

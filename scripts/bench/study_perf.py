@@ -13,7 +13,7 @@ Parts:
   grouped GEMM; --moe-impl=dispatch through XLA's, out of memory at batch 8 on one H100)
   train     the BF16 train step of deepseek_moe_2b (seq 2048), MFU as in fp8jax.train.flops,
             and the device's peak memory (--scan-layers: the layers as one lax.scan)
-  paired    BF16 grad + FP8 grad on the same batch (seed-grid sites and the DeepSeek-V3
+  paired    BF16 grad + FP8 grad on the same batch (site-grid sites and the DeepSeek-V3
             GEMM recipe) against two BF16 grads
   memory    the largest paired-evaluation batch per device (seq 2048) that fits
   compile_memory  XLA's temp/argument sizes of the compiled paired functions (no run)
@@ -210,7 +210,7 @@ def compile_memory(batches=(4, 8), seq=2048, moe_impl="dispatch"):
 
 
 def scaling(batch=2, seq=2048, moe_impl="dispatch"):
-  """Paired evaluation (BF16 grad + one seed-grid variant) on 1 device vs all devices, at
+  """Paired evaluation (BF16 grad + one site-grid variant) on 1 device vs all devices, at
   ``batch`` sequences per device: scaling efficiency = throughput(N) / (N x throughput(1))."""
   cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))

@@ -3,7 +3,7 @@
 # calls): an 8192-id BPE on generated text, the BF16 baseline of deepseek_moe_2b
 # (train_2b_c4.py's recipe on synthetic:TEXT_MB, params-only checkpoints but the newest),
 # branch-off runs from the BRANCH_FROM checkpoints (each while it is the newest, so it
-# still holds its optimizer state), the seed grid with the noise floor and the
+# still holds its optimizer state), the site grid with the noise floor and the
 # noise-matched controls on every checkpoint, and the report. Resumable: run it again,
 # one call after another, until it prints "all stages done".
 #   bash scripts/gpu/seed_study_2b.sh RESULTS [DEADLINE_S]

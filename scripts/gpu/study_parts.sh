@@ -2,7 +2,7 @@
 # The seed study (`fp8jax.experiments.study`) with its sweep split over processes and GPUs,
 # so that a baseline and a sweep of many evaluation batches fit one device call
 # (docs/validation.md, the seed study at small scale). Trains the BF16 baseline of CONFIG
-# on GPU 0 (RESULTS/train), then runs one `compare` per evaluation offset (the seed grid,
+# on GPU 0 (RESULTS/train), then runs one `compare` per evaluation offset (the site grid,
 # its two noise-matched controls and the noise floor; RESULTS/parts/o<offset>, each
 # resumable), spread round-robin over the GPUs, then merges the parts into RESULTS/compare
 # and writes its report:

@@ -35,7 +35,7 @@ def test_config_validates(path):
 
 
 def test_seed_study_small_keeps_the_seed_studys_layout():
-  """9 layers, every one MoE (DeepSeek-MoE-2B's layout: the seed grid's layer-0 MoE site
+  """9 layers, every one MoE (DeepSeek-MoE-2B's layout: the site grid's layer-0 MoE site
   exists), 11 checkpoints from step 0."""
   cfg = _load(CONFIGS[0].parent / "seed_study_small.py")
   model_cfg, _ = run_config.validate(cfg)

@@ -96,7 +96,7 @@ for expr, impl, unroll in json.loads(sys.argv[1]):
 
 @pytest.mark.slow
 def test_stacked_scan_is_bit_identical_to_the_loop():
-  """Sites (the seed grid's kind of policy) and delayed scaling; params per layer and
+  """Sites (the site grid's kind of policy) and delayed scaling; params per layer and
   scanned as stored stacked give the same bits (tests/models/test_layer_stack.py: the same from
   params scanned per layer), the scan unrolled (the default) or rolled. A GEMM recipe:
   tests/models/test_scan_wiring.py, a scanned run's losses against the loop's."""

@@ -20,7 +20,7 @@ from tests.references.reference_policy import LegacyDecisions
 
 def _grid_policies(num_layers: int) -> dict[str, pl.PrecisionPolicy]:
   exprs = {}
-  for grid in ("seed", "formats", "delayed"):
+  for grid in ("sites", "formats", "delayed"):
     exprs.update(policies_lib.GRIDS[grid](num_layers))
   return {name: pl.parse_policy(expr) for name, expr in exprs.items()}
 
@@ -85,7 +85,7 @@ def _grid_cases():
   """(name, config, policy) of the seed, formats and delayed grids on the tiny model (the
   seed and delayed grids quantize the MoE output of layer 0: every layer MoE there)."""
   out = {}
-  for grid in ("seed", "formats", "delayed"):
+  for grid in ("sites", "formats", "delayed"):
     cfg = mc.tiny() if grid == "formats" else mc.tiny(first_k_dense_replace=0)
     for name, expr in policies_lib.GRIDS[grid](cfg.num_hidden_layers).items():
       out[name] = (cfg, pl.parse_policy(expr))

@@ -53,7 +53,6 @@ COVERED_BY = {
     "fp8jax.study.comparison.format_width": "tests/study/comparison/test_sweep.py",
     "fp8jax.study.comparison.model_api": "tests/study/comparison/test_model_sweep.py",
     "fp8jax.study.comparison.paired": "tests/metrics/test_grad_diff.py",
-    "fp8jax.study.comparison.policies": "tests/gemm/test_mx_gemm.py",
     "fp8jax.study.comparison.questions": "tests/study/comparison/test_floor.py",
     "fp8jax.study.numerics.formats_report": "tests/study/numerics/test_numerics_study.py",
     "fp8jax.study.numerics.formats_study": "tests/study/numerics/test_numerics_study.py",

@@ -1,7 +1,7 @@
 """Branch-off runs: from baseline checkpoints, K more training steps under BF16, a noise
 floor and each precision policy, on identical batches.
 
-    summary = run(train_workdir, out, policies=["seed"], from_steps=[0, 500],
+    summary = run(train_workdir, out, policies=["sites"], from_steps=[0, 500],
                   branches=Branches(k=20))
 
 From each chosen checkpoint of a training run, every branch restores the same train state
@@ -180,7 +180,7 @@ class _Branch:
   expr: str
 
 
-def run(train_workdir, out, policies=("seed",), from_steps=None,
+def run(train_workdir, out, policies=("sites",), from_steps=None,
         branches: Branches | None = None, devices=None, stream=None,
         allow_policy_change: bool = False, max_together: int | None = None,
         deterministic: bool | None = None) -> dict:

@@ -46,7 +46,7 @@ _SEED_NAME = re.compile(r"^(attn|moe)_(l\d+(?:-\d+)?)_(e4m3|e5m2)$")
 
 
 def parse_seed_name(name: str) -> tuple[str, str, str] | None:
-  """``(module, depth, fmt)`` of a seed-grid policy name, e.g. ``"moe_l0-8_e5m2"`` ->
+  """``(module, depth, fmt)`` of a site-grid policy name, e.g. ``"moe_l0-8_e5m2"`` ->
   ``("moe", "l0-8", "e5m2")``; None for other names."""
   m = _SEED_NAME.match(name)
   return (m.group(1), m.group(2), m.group(3)) if m else None
@@ -128,9 +128,9 @@ class Results:
     return param_paths.DEEPSEEK
 
   def cell(self, name: str) -> tuple[str, str, str] | None:
-    """``(module, depth, format)`` of a policy of the seed grid's numerics, from its
+    """``(module, depth, format)`` of a policy of the site grid's numerics, from its
     ``meta.json`` record (``cell``; None: other numerics); an entry written before records
-    had cells is read from its seed-grid name (:func:`parse_seed_name`)."""
+    had cells is read from its site-grid name (:func:`parse_seed_name`)."""
     entry = self.meta["policies"].get(name, {})
     if "cell" not in entry:
       return parse_seed_name(name)

@@ -1,7 +1,7 @@
 """The policies of a sweep: the named grids (:data:`GRIDS`), grids and expressions
 expanded, and their ``meta.json`` records.
 
-    expand_policies(["seed", "noise(formats)"], num_layers=9)   # 8 + 6 policies
+    expand_policies(["sites", "noise(formats)"], num_layers=9)   # 8 + 6 policies
     expression(policy)                                           # "attn_out@0-8:e4m3/tensor"
 """
 
@@ -14,13 +14,24 @@ from fp8jax.models import config as config_lib
 from fp8jax.models import policy as policy_lib
 
 
-def seed_grid(num_layers: int = 9) -> dict[str, str]:
-  """The seed study's grid: {attention, MoE} output x {layer 0, layers 0..L-1} x
-  {E4M3, E5M2}, activations only (per-tensor current scaling, straight-through
+def site_grid(num_layers: int = 9) -> dict[str, str]:
+  """The site grid (the published study's): {attention, MoE} output x {layer 0, layers
+  0..L-1} x {E4M3, E5M2}, activations only (per-tensor current scaling, straight-through
   backward). For the 2B model (9 layers) the depths are "0" and "0-8"."""
   return {f"{module}_l{layers}_{fmt}": f"{module}@{layers}:{fmt}"
           for module in ("attn", "moe") for layers in ("0", f"0-{num_layers - 1}")
           for fmt in ("e4m3", "e5m2")}
+
+
+def site_grid_small(num_layers: int = 9) -> dict[str, str]:
+  """The smallest part of :func:`site_grid` that answers each of the report's module,
+  depth and format questions once: all-layer E4M3 MoE output, the cells that differ from
+  it in depth (layer 0) and in format (E5M2), and layer-0 attention beside layer-0 MoE.
+  The demo's default; its one all-layer E4M3 policy has one noise-matched control."""
+  full = site_grid(num_layers)
+  every = f"0-{num_layers - 1}"
+  names = [f"moe_l{every}_e4m3", "moe_l0_e4m3", "attn_l0_e4m3", f"moe_l{every}_e5m2"]
+  return {name: full[name] for name in names}
 
 
 def formats_grid(num_layers: int = 9) -> dict[str, str]:
@@ -34,27 +45,39 @@ def formats_grid(num_layers: int = 9) -> dict[str, str]:
 
 
 def delayed_grid(num_layers: int = 9) -> dict[str, str]:
-  """Delayed vs current scaling on the seed grid's sites and depths: {attention, MoE}
-  output x {layer 0, layers 0..L-1} in E4M3, with per-tensor current scaling (the seed
+  """Delayed vs current scaling on the site grid's sites and depths: {attention, MoE}
+  output x {layer 0, layers 0..L-1} in E4M3, with per-tensor current scaling (the site
   grid's ``attn_l0_e4m3``, ...) and with Transformer Engine's per-tensor delayed scaling
   (``attn_l0_e4m3_delayed``, ...: history 1024, max, margin 0), straight-through backward.
   The sweep fills the histories by warm-up passes over each evaluation window."""
   out = {}
-  for name, expr in seed_grid(num_layers).items():
+  for name, expr in site_grid(num_layers).items():
     if name.endswith("_e4m3"):
       out[name] = expr
       out[f"{name}_delayed"] = f"{expr}/{policy_lib.DELAYED_SYNTAX}"
   return out
 
 
-GRIDS = {"seed": seed_grid, "formats": formats_grid, "delayed": delayed_grid}
+GRIDS = {"sites": site_grid, "sites_small": site_grid_small, "formats": formats_grid,
+         "delayed": delayed_grid}
 """Named policy grids: ``{name: f(num_layers) -> {policy name: expression}}``. A sweep's
 ``--policies=NAME`` expands to the grid of the model's depth."""
+
+RENAMED = {"seed": "sites"}
+"""Grid names that were renamed: refused with the new name."""
+
+
+def site_controls(policies) -> list[str]:
+  """The noise-matched controls (``noise(NAME)``) of the all-layer E4M3 site-grid policies
+  among ``policies`` (expanded): is FP8's error worse or better for the gradient than noise
+  of its size?"""
+  return [f"noise({p.name})" for p in policies
+          if p.name.endswith("_e4m3") and p.name.startswith(("attn_l0-", "moe_l0-"))]
 
 
 def expand_policies(specs, num_layers) -> list:
   """Policies from names/expressions; a grid name of :data:`GRIDS`
-  (e.g. ``"seed"``, the seed study's grid) expands to that grid at the model's depth, and
+  (e.g. ``"sites"``, the site grid) expands to that grid at the model's depth, and
   ``noise(GRID)`` to the noise-matched control of each of its policies
   (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`).
 
@@ -79,6 +102,9 @@ def expand_policies(specs, num_layers) -> list:
   out = []
   for spec in specs:
     spec = spec.strip()
+    if spec.removeprefix("noise(").removesuffix(")") in RENAMED:
+      old = spec.removeprefix("noise(").removesuffix(")")
+      raise ValueError(f"the policy grid {old!r} is now called {RENAMED[old]!r}")
     inner = spec[len("noise("):-1] if spec.startswith("noise(") and spec.endswith(")") else ""
     grid = GRIDS.get(inner or spec)
     if grid is None:

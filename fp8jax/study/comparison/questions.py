@@ -38,8 +38,8 @@ def depth_label(depth: str) -> str:
   return ("layers " if "-" in depth else "layer ") + depth[1:]
 
 
-def seed_grid(res: Results) -> dict[tuple[str, str, str], str]:
-  """``{(module, depth, fmt): policy name}`` of the seed-grid cells present (from the
+def site_cells(res: Results) -> dict[tuple[str, str, str], str]:
+  """``{(module, depth, fmt): policy name}`` of the site-grid cells present (from the
   policies' records, :meth:`Results.cell`; the first name of a cell computed twice)."""
   out = {}
   for n in res.policies:
@@ -80,7 +80,7 @@ def _with_flags(text: str, res: Results, comps: list[tuple[str, dict]],
 
 def _pairs(res: Results, axis: int, a_val: str, b_val: str) -> list[tuple[tuple, str, str]]:
   """Seed-grid pairs that differ only in coordinate ``axis`` (a_val vs b_val)."""
-  grid = seed_grid(res)
+  grid = site_cells(res)
   out = []
   for key, name in grid.items():
     if key[axis] == a_val:
@@ -147,7 +147,7 @@ def depth_answer(res: Results, metric: str = "rel_err", tol: float = CLOSE_TOL,
                  flagged: Sequence[int] = ()) -> dict[str, Any]:
   """(2) The fewest vs the most quantized layers, per module and format: the paired ratio
   deep/shallow, CI overlap per checkpoint, and the verdict."""
-  grid = seed_grid(res)
+  grid = site_cells(res)
   settings = []
   for mod, fm in sorted({(k[0], k[2]) for k in grid}):
     depths = sorted({k[1] for k in grid if k[0] == mod and k[2] == fm}, key=depth_layers)

@@ -1,6 +1,6 @@
 """The comparison sweep: checkpoints x evaluation batches x precision policies.
 
-    summary = run(train_workdir, out, policies=["seed"], windows=Windows(...))
+    summary = run(train_workdir, out, policies=["sites"], windows=Windows(...))
 
 For every checkpoint of a training run, the same evaluation batches (``windows``: N
 batches at each of several data offsets) are fed to the BF16 model once and to every
@@ -120,7 +120,7 @@ DELAYED_WARMUP = 4
 """Default warm-up passes of a delayed-scaling policy over an evaluation window."""
 
 
-def run(train_workdir, out, policies=("seed",), steps=None, windows: Windows | None = None,
+def run(train_workdir, out, policies=("sites",), steps=None, windows: Windows | None = None,
         devices=None, moe_impl: str = "dispatch", skip_corrupt: bool = False,
         stream=None, data: dict | None = None, allow_other_data: bool = False,
         delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,

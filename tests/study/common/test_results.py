@@ -116,8 +116,8 @@ def test_parse_seed_name():
 
 
 def test_seed_cells_come_from_the_policy_records_not_the_names():
-  """A policy's seed-grid cell is what its numerics are (``deepseek_model.policy_meta``
-  records it): an expression named by itself is a cell, a seed-grid name over other
+  """A policy's site-grid cell is what its numerics are (``deepseek_model.policy_meta``
+  records it): an expression named by itself is a cell, a site-grid name over other
   numerics is not; an entry written before cells were recorded reads its name."""
   from fp8jax.models import deepseek_model
   from fp8jax.models import policy as policy_lib
@@ -132,6 +132,6 @@ def test_seed_cells_come_from_the_policy_records_not_the_names():
   assert res.cell("moe_l0_e4m3") == ("moe", "l0", "e4m3")
   assert res.cell("attn_l0_e4m3") is None and res.cell("noise(moe@0:e4m3)") is None
   assert res.cell("moe_l0-8_e5m2") == ("moe", "l0-8", "e5m2")
-  assert questions.seed_grid(res) == {("attn", "l0-8", "e5m2"): "attn@0-8:e5m2",
+  assert questions.site_cells(res) == {("attn", "l0-8", "e5m2"): "attn@0-8:e5m2",
                                       ("moe", "l0", "e4m3"): "moe_l0_e4m3",
                                       ("moe", "l0-8", "e5m2"): "moe_l0-8_e5m2"}
