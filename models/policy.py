@@ -187,7 +187,8 @@ def record(policy: PrecisionPolicy, expression: str | None = None) -> dict:
   only when set (not None, 256), so records written before those fields existed still
   match."""
   fields = dataclasses.asdict(policy)
-  for name, default in (("impl", "auto"), ("fp8_mma", False)):
+  for name, default in (("impl", "auto"), ("fp8_mma", False), ("rht_gemms", "wgrad"),
+                        ("backward_from_forward", False)):
     if fields["gemm"] is not None and fields["gemm"][name] == default:
       del fields["gemm"][name]
   _drop_spec_defaults(fields)
@@ -344,7 +345,7 @@ def parse_delayed(text: str, context: str = "") -> dict:
 
 def parse_policy(expr: str) -> PrecisionPolicy:
   """A policy from an expression: ``bf16``, a grid name ``{attn,moe}_l<LAYERS>_{e4m3,e5m2}``
-  (the seed grid's, :func:`fp8jax.study.comparison.policies.seed_grid`, e.g.
+  (the site grid's, :func:`fp8jax.study.comparison.policies.site_grid`, e.g.
   ``moe_l0-8_e4m3``; with the suffix ``_delayed``: the delayed-scaling variant of
   :func:`~fp8jax.study.comparison.policies.delayed_grid`), or
   terms joined by ``+``: ``SITE@LAYERS:SPEC`` (SITE one of :data:`SITES` or an alias in
@@ -385,7 +386,7 @@ def parse_policy(expr: str) -> PrecisionPolicy:
     layers, colon, spec = rest.partition(":")
     if not (at and colon):
       raise ValueError(f"bad policy term {term!r} in {expr!r}: use SITE@LAYERS:SPEC, "
-                       "gemm:NAME, 'bf16' or a seed-grid name "
+                       "gemm:NAME, 'bf16' or a site-grid name "
                        "{attn,moe}_l<LAYERS>_{e4m3,e5m2}[_delayed] (e.g. moe_l0-8_e4m3)")
     rules.append(SiteRule(SITE_ALIASES.get(site, site), parse_layers(layers), parse_spec(spec)))
   if not rules and gemm is None:

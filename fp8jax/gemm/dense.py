@@ -37,7 +37,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp8jax.gemm import accumulate, hadamard, transpose
+from fp8jax.gemm import accumulate, hadamard, rotation, transpose
 from fp8jax.numerics import arguments
 from fp8jax.numerics import roles as roles_lib
 from fp8jax.quant import qtensor, rounding_bits
@@ -64,9 +64,16 @@ class GemmConfig:
       "scaling_aware".
     wgrad_hadamard: block size of the random Hadamard transform applied to the Wgrad
       operands along the tokens (16 in the NVFP4 recipe); 0 = none.
+    rht_gemms: the GEMMs whose two operands that transform rotates along their
+      contraction axis (``fp8jax.gemm.rotation``): "wgrad" (default), "backward" (Dgrad
+      too: Quartet II) or "all" (Fprop too: UFP4).
+    backward_from_forward: Dgrad's W^T and Wgrad's X^T are re-quantized with the grad spec
+      from the forward pass's quantized W and X (Quartet II: MS-EDEN for all four backward
+      operands); needs ``rht_gemms`` "backward" or "all".
     rht_signs: the transform's sign vector (``fp8jax.gemm.hadamard``): "te" (default;
       Transformer Engine's fixed 16 signs, size 16 only), "random" (drawn from
-      ``hadamard_seed``) or "none".
+      ``hadamard_seed``), "none", or "step": drawn for every call from a key derived from
+      the GEMM's input (``fp8jax.gemm.rotation.signs``).
     rht_dtype: precision of the transform: "bfloat16" (default; Transformer Engine's:
       operands and result rounded to bfloat16, FP32 sums) or "float32".
     hadamard_seed: seed of the transform's signs with ``rht_signs="random"``.
@@ -79,9 +86,10 @@ class GemmConfig:
       multiply E4M3 (or E5M2) payloads of one format on the FP8 tensor cores instead of
       as exact bfloat16 products summed in float32: each MMA instruction's 32 products
       are summed by the tensor core (its alignment and truncation), then added in float32
-      (promotion after every instruction, not DeepGEMM's every 4). Faster (one 2B grouped
-      Fprop 0.93 ms against 1.57 on an H200) and near the exact sums (99.94% of outputs
-      bit-equal at 2048 tokens), but not bit for bit; see
+      (promotion after every instruction, not DeepGEMM's every 4). Faster than the
+      bfloat16 products (docs/performance/archive/2026-11-26_grouped_blockwise_fp8_dots.md)
+      and near the exact sums (99.94% of outputs bit-equal at 2048 tokens), but not bit
+      for bit; see
       ``grouped_scaled_pallas.grouped_scaled_matmul(fp8_dots=)``. The grouped Wgrad then
       takes its operands transposed, the layout the FP8 MMA reads. FP32 accumulation
       only. It acts only where a kernel runs on such payloads; elsewhere (XLA, other
@@ -95,6 +103,8 @@ class GemmConfig:
   accumulation: accumulate.Accumulation = accumulate.FP32
   transpose: str = "requant"
   wgrad_hadamard: int = 0
+  rht_gemms: str = "wgrad"
+  backward_from_forward: bool = False
   rht_signs: str = "te"
   rht_dtype: str = "bfloat16"
   hadamard_seed: int = 0
@@ -106,7 +116,19 @@ class GemmConfig:
     h = self.wgrad_hadamard
     if not isinstance(h, int) or h < 0 or (h and h & (h - 1)):
       raise ValueError(f"wgrad_hadamard must be 0 or a power of two, got {h!r}")
-    hadamard.check_options(h or len(hadamard.TE_SIGNS), self.rht_signs, self.rht_dtype)
+    hadamard.check_options(h or len(hadamard.TE_SIGNS),
+                           "none" if self.rht_signs == "step" else self.rht_signs,
+                           self.rht_dtype)
+    if self.rht_gemms not in rotation.RHT_GEMMS:
+      raise ValueError(f"unknown rht_gemms {self.rht_gemms!r}; choose one of "
+                       f"{tuple(rotation.RHT_GEMMS)}")
+    if self.backward_from_forward is not False and (
+        self.backward_from_forward is not True or not h or self.rht_gemms == "wgrad"):
+      raise ValueError("backward_from_forward (a bool) re-quantizes the rotated backward "
+                       "operands: it needs wgrad_hadamard and rht_gemms 'backward' or 'all'")
+    if h and self.rht_gemms == "all" and self.roles.weight.granularity.kind == "block":
+      raise ValueError("rht_gemms='all' rotates W along K for Fprop and along N for Dgrad: "
+                       "its blocks cannot be 2-D (one quantized weight for both)")
     if h and self.transpose != "requant":
       raise ValueError("the Wgrad Hadamard transform quantizes the transformed high-precision "
                        f"operands: it needs transpose='requant', got {self.transpose!r}")
@@ -150,6 +172,8 @@ class GemmConfig:
       text += f" rht={self.wgrad_hadamard}"
       text += "" if self.rht_signs == "te" else f"/{self.rht_signs}"
       text += "" if self.rht_dtype == "bfloat16" else f"/{self.rht_dtype}"
+      text += "" if self.rht_gemms == "wgrad" else f"/{self.rht_gemms}"
+      text += "/from-forward" if self.backward_from_forward else ""
     text += " fp8_mma" if self.fp8_mma else ""
     return text + (f" impl={self.impl}" if self.impl != "auto" else "")
 
@@ -233,6 +257,8 @@ def operand_key(x, spec, stream: int):
 def _fprop(x3, w3, cfg):
   if cfg.fprop == "bf16":
     return _bf16_matmul(x3, w3)
+  if rotation.on(cfg, "fprop"):
+    x3, w3 = rotation.fprop_operands(x3, w3, cfg)
   xq = qtensor.quantize(x3, cfg.roles.input, key=operand_key(x3, cfg.roles.input, 1))
   wq = qtensor.quantize(w3, cfg.roles.weight, key=operand_key(w3, cfg.roles.weight, 2))
   return _fp8_matmul(xq, wq, cfg, cfg.fprop)
@@ -244,6 +270,8 @@ def _dgrad(dy3, w3, cfg):
   if cfg.dgrad == "bf16":
     return _bf16_matmul(dy3, w_t)
   r = cfg.roles
+  if rotation.on(cfg, "dgrad"):
+    return _fp8_matmul(*rotation.dgrad_operands(dy3, w_t, cfg), cfg, cfg.dgrad)
   wq = qtensor.quantize(w3, r.weight, key=operand_key(w3, r.weight, 2))
   wtq = transpose.transposed(w3, wq, r.weight, cfg.transpose, operand_key(w_t, r.weight, 3))
   dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))
@@ -256,10 +284,7 @@ def _wgrad(dy3, x3, cfg):
     return _bf16_matmul(jnp.swapaxes(dy3, -1, -2), jnp.swapaxes(x3, -1, -2))
   r = cfg.roles
   if cfg.wgrad_hadamard:  # quantize the transformed operands [B, N|K, M_pad]
-    dyt = wgrad_transform(jnp.swapaxes(dy3, -1, -2), cfg)
-    xt = wgrad_transform(jnp.swapaxes(x3, -1, -2), cfg)
-    dytq = qtensor.quantize(dyt, r.grad, key=operand_key(dyt, r.grad, 5))
-    xtq = qtensor.quantize(xt, r.input, key=operand_key(xt, r.input, 6))
+    xtq, dytq = rotation.wgrad_operands(x3, dy3, cfg)
     return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)
   dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))
   xq = qtensor.quantize(x3, r.input, key=operand_key(x3, r.input, 1))

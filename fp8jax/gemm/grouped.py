@@ -40,7 +40,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_operands, grouped_tensor_core, padding, transpose
+from fp8jax.gemm import grouped_operands, grouped_tensor_core, padding, rotation, transpose
 from fp8jax.gemm.tiled import tiled_matmul  # noqa: F401  (also this module's API)
 from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas
 from fp8jax.numerics import arguments
@@ -162,6 +162,7 @@ def _fprop(x, w, sizes, cfg, layout, xq=None, w_once=None):
   the same bits as quantizing W^T)."""
   if cfg.fprop == "bf16":
     return _rdot(x, w, sizes, "bf16")
+  x, w = rotation.grouped_fprop_operands(x, w, cfg)  # rotated along K where cfg says
   if xq is None:
     xq = qtensor.quantize(x, cfg.roles.input, key=gemm_lib.operand_key(x, cfg.roles.input, 1))
   if w_once is not None:
@@ -282,11 +283,8 @@ def _wgrad_operands(x, dy, sizes, cfg, layout, rows_first: bool = False):
   if rows_first:
     return (transpose.quantize_columns(x, r.input), transpose.quantize_columns(dy, r.grad),
             sizes)
-  if cfg.wgrad_hadamard:
-    xt = gemm_lib.wgrad_transform(x.T, cfg)  # [K, rows]
-    dyt = gemm_lib.wgrad_transform(dy.T, cfg)
-    return (qtensor.quantize(xt, r.input, key=gemm_lib.operand_key(xt, r.input, 6)),
-            qtensor.quantize(dyt, r.grad, key=gemm_lib.operand_key(dyt, r.grad, 5)), sizes)
+  if cfg.wgrad_hadamard:  # X^T [K, rows] and dY^T [F, rows] rotated along the rows
+    return (*rotation.wgrad_operands(x, dy, cfg), sizes)
   mask = (lambda q: q) if valid is None else (lambda q: padding.mask_padding_scales(q, valid))
   xt = transpose.transposed(x, mask(qtensor.quantize(x, r.input)), r.input, cfg.transpose,
                             gemm_lib.operand_key(x, r.input, 6))
@@ -329,8 +327,9 @@ def _bwd(cfg, layout, res, dy):
   if cfg.dgrad == "bf16":
     dx = _rdot(dy, jnp.swapaxes(w, -1, -2), sizes, "bf16")
   else:
-    dx = _dgrad(qtensor.quantize(dy, cfg.roles.grad, key=gemm_lib.operand_key(
-        dy, cfg.roles.grad, 4)), w, sizes, cfg, layout, x.dtype)
+    dx = _dgrad(*(rotation.dgrad_operands(dy, w, cfg, True) if rotation.on(cfg, "dgrad") else (
+        qtensor.quantize(dy, cfg.roles.grad, key=gemm_lib.operand_key(dy, cfg.roles.grad, 4)),
+        w)), sizes, cfg, layout, x.dtype)
   if cfg.wgrad == "bf16":
     dw = _wgrad_product(x.astype(jnp.bfloat16), dy.astype(jnp.bfloat16), sizes)
   elif _tensor_core(cfg):

@@ -51,6 +51,25 @@ absolute error (``QuantSpec.four_over_six``; the per-tensor scale over an E4M3 m
 transform, which TE does not combine with 4/6; dY keeps 8-bit stochastic rounding and the
 last layers stay in BF16.
 
+``nvfp4_quartet2`` is Quartet II (arXiv 2601.22813; IST-DASLab/Quartet-II commit 8776a90,
+``schemes/quartet_2.py``): the forward GEMM on X and W in NVFP4 1x16 along K, each block
+scaled by Four Over Six with the squared error (``four_over_six="mse"``, E4M3 maximum 256,
+ties keep 6, as its ``rtn_1x16s_fp4_kernel``); both backward GEMMs on MS-EDEN operands
+(``rounding="ms_eden"``, ``fp8jax.numerics.ms_eden``) behind a 128-point random Hadamard
+rotation along their contraction axis with signs drawn afresh for each step, W^T and X^T
+re-quantized from the forward's quantized W and X (``backward_from_forward``); every layer
+quantized (no BF16 tail). ``nvfp4_quartet2_rtn`` has the forward without Four Over Six
+(the default of the paper's sweep scripts), ``nvfp4_quartet2_sr`` stochastic rounding of
+the elements (24 bits, no scale correction) in place of MS-EDEN: the paper's comparison.
+
+``ufp4`` is UFP4 (arXiv 2606.20381): the uniform 4-bit grid E1M2 in 1x16 blocks with E4M3
+scales over an FP32 tensor level (NVFP4's scaling, element grid swapped), the 16-point
+random Hadamard transform (TE's signs, BF16) on the operands of all three GEMMs, stochastic
+rounding (24 bits: no hardware rounds E1M2) on dY only, 1x16 weights (rotated along K for
+Fprop and along N for Dgrad, one 16x16 quantization cannot serve both) and the last ~16%
+of layers in BF16 as the NVFP4 recipe. ``ufp4_int4`` takes INT4 (±7), the same grid
+times 4; ``ufp4_e2m1`` the same recipe on E2M1, the paper's contrast.
+
 The idealised forms of the recipe's two random elements stay available as fields:
 ``recipe("nvfp4_recipe").replace(rht_signs="random", rht_dtype="float32")`` (signs drawn
 from ``hadamard_seed``, the transform in float32) and a grad spec with ``sr_bits=24``;
@@ -119,8 +138,33 @@ RECIPES["nvfp4_4over6"] = RECIPES["nvfp4_recipe"].replace(
         RECIPES["nvfp4_recipe"].roles, input=_NVFP4.replace(four_over_six="mae"),
         weight=presets.preset("nvfp4_weight").replace(four_over_six="mae")))
 
+_MS_EDEN = _NVFP4.replace(rounding="ms_eden")
+_FOUR_SIX_MSE = _NVFP4.replace(four_over_six="mse")
+RECIPES["nvfp4_quartet2"] = GemmConfig(
+    roles=RoleSpecs(input=_FOUR_SIX_MSE, weight=_FOUR_SIX_MSE, grad=_MS_EDEN),
+    wgrad_hadamard=128, rht_gemms="backward", rht_signs="step", rht_dtype="float32",
+    backward_from_forward=True)
+RECIPES["nvfp4_quartet2_rtn"] = RECIPES["nvfp4_quartet2"].replace(
+    roles=RoleSpecs(input=_NVFP4, weight=_NVFP4, grad=_MS_EDEN))
+RECIPES["nvfp4_quartet2_sr"] = RECIPES["nvfp4_quartet2"].replace(
+    roles=RoleSpecs(input=_FOUR_SIX_MSE, weight=_FOUR_SIX_MSE,
+                    grad=_NVFP4.replace(rounding="stochastic")))
+
+
+def _ufp4(fmt: str) -> GemmConfig:
+  spec = _NVFP4.replace(format=fmt)
+  return GemmConfig(roles=RoleSpecs(input=spec, weight=spec,
+                                    grad=spec.replace(rounding="stochastic")),
+                    wgrad_hadamard=16, rht_gemms="all", rht_signs="te", rht_dtype="bfloat16")
+
+
+RECIPES["ufp4"] = _ufp4("e1m2")
+RECIPES["ufp4_int4"] = _ufp4("int4")
+RECIPES["ufp4_e2m1"] = _ufp4("e2m1")
+
 BF16_TAIL = {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_rht": 0.16, "nvfp4_recipe_no_2d": 0.16,
-             "nvfp4_recipe_no_sr": 0.16, "nvfp4_recipe_ideal": 0.16, "nvfp4_4over6": 0.16}
+             "nvfp4_recipe_no_sr": 0.16, "nvfp4_recipe_ideal": 0.16, "nvfp4_4over6": 0.16,
+             "ufp4": 0.16, "ufp4_int4": 0.16, "ufp4_e2m1": 0.16}
 """Share of a model's final layers whose linear layers a recipe keeps in BF16 (the NVFP4
 recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
 

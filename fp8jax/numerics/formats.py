@@ -10,12 +10,16 @@ e5m2      float8_e5m2            57344    15    yes  yes   float8_e5m2
 e2m3      float6_e2m3fn          7.5      2     no   no    float8_e4m3fn (exact subset)
 e3m2      float6_e3m2fn          28       4     no   no    float8_e4m3fn (exact subset)
 e2m1      float4_e2m1fn          6        2     no   no    float4_e2m1fn
+e1m2      (none)                 1.75     0     no   no    float8_e4m3fn (exact subset)
+int4      int4 (±7 used)         7        2     no   no    int4
 ========  =====================  =======  ====  ===  ====  ============================
 
 (plus the AMD fnuz FP8 variants). The FP6 and FP4 types are the element formats of the
 OCP Microscaling (MX) v1.0 specification, section 5.3; E2M1 holds ±{0, 0.5, 1, 1.5, 2, 3,
 4, 6}. XLA:CPU cannot convert to the FP6 types, so their payloads are stored in E4M3,
-which holds every FP6 value exactly.
+which holds every FP6 value exactly. The uniform 4-bit grids E1M2 (±{0, 0.25, ..., 1.75},
+as Huawei's ``en_dtypes.float4_e1m2``) and INT4 (±{0, 1, ..., 7}) are the same grid up
+to a factor 4 (arXiv 2606.20381, UFP4); see :data:`UNIFORM_GRIDS` and docs/formats.md.
 
 A plain ``astype`` turns values past a format's range into NaN (e4m3fn), inf (e5m2) or,
 for the FP6/FP4 types, whatever the converter does (ml_dtypes maps NaN to -0 in E2M1), so
@@ -60,6 +64,9 @@ class FloatFormat:
     emax: exponent of ``max`` (floor(log2(max))).
     has_inf: whether the format encodes infinities.
     has_nan: whether the format encodes NaN.
+    uniform: a uniform 4-bit grid without an ml_dtypes float type of its own (``e1m2``,
+      ``int4``; :data:`UNIFORM_GRIDS`): every conversion rounds through
+      :func:`round_to_format`, whose float32 values ``storage_dtype`` holds exactly.
   """
 
   name: str
@@ -72,11 +79,12 @@ class FloatFormat:
   emax: int
   has_inf: bool
   has_nan: bool
+  uniform: bool = False
 
   @property
   def bits(self) -> int:
     """Bits per element (8, 6 or 4)."""
-    return int(ml_dtypes.finfo(self.dtype).bits)
+    return 4 if self.uniform else int(ml_dtypes.finfo(self.dtype).bits)
 
 
 
@@ -106,7 +114,22 @@ FORMATS: dict[str, FloatFormat] = {
     "e2m1": _make("e2m1", ml_dtypes.float4_e2m1fn),
     "e4m3fnuz": _make("e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
     "e5m2fnuz": _make("e5m2fnuz", ml_dtypes.float8_e5m2fnuz),
+    # Uniform 4-bit grids, 15 values each: sign and a 3-bit magnitude on a fixed step.
+    # E1M2 as Huawei's en_dtypes float4_e1m2 (exponent bias 1): ±{0, 0.25, ..., 1.75},
+    # subnormals 0.25-0.75, no inf or NaN; stored in E4M3, which holds every value.
+    "e1m2": FloatFormat("e1m2", ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fn, max=1.75,
+                        min_normal=1.0, min_subnormal=0.25, mantissa_bits=2, emax=0,
+                        has_inf=False, has_nan=False, uniform=True),
+    # INT4 on the symmetric range ±7 (a scaled block never reaches -8), stored as int4: the
+    # grid of a float format with 2 mantissa bits whose normals [4, 7] and subnormals
+    # [1, 3] share the step 1, which round_to_format then rounds exactly.
+    "int4": FloatFormat("int4", ml_dtypes.int4, ml_dtypes.int4, max=7.0, min_normal=4.0,
+                        min_subnormal=1.0, mantissa_bits=2, emax=2, has_inf=False,
+                        has_nan=False, uniform=True),
 }
+UNIFORM_GRIDS = ("e1m2", "int4")
+"""The uniform 4-bit grids (arXiv 2606.20381's E1M2/INT4): E1M2 = INT4 / 4, value for
+value."""
 
 _ALIASES = {
     "float8_e4m3fn": "e4m3",
@@ -117,6 +140,7 @@ _ALIASES = {
     "float6_e3m2fn": "e3m2",
     "e3m2fn": "e3m2",
     "float4_e2m1fn": "e2m1",
+    "float4_e1m2": "e1m2",
     "e2m1fn": "e2m1",
     "float8_e4m3fnuz": "e4m3fnuz",
     "float8_e5m2fnuz": "e5m2fnuz",
@@ -166,6 +190,9 @@ def saturating_cast(x: jnp.ndarray, fmt: FloatFormat | str) -> jnp.ndarray:
   if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
     raise TypeError(f"saturating_cast: x must be a jax.Array or numpy.ndarray, got "
                     f"{type(x).__name__}")
+  if fmt.uniform:  # E1M2, INT4: exact values; NaN, which they cannot hold, gives +0
+    q = round_to_format(x, fmt)
+    return jnp.where(jnp.isnan(q), 0.0, q).astype(fmt.storage_dtype)
   if fmt.storage_dtype is not fmt.dtype:  # FP6: exact values, stored in E4M3
     return round_to_format(x, fmt).astype(fmt.storage_dtype)
   return jnp.clip(x, -fmt.max, fmt.max).astype(fmt.dtype)

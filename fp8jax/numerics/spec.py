@@ -31,7 +31,10 @@ HISTORY_REDUCTIONS = ("max", "most_recent")
 SCALE_FORMATS = ("fp32", "pow2", "e4m3")
 POW2_ROUNDINGS = ("floor", "ceil", "rceil", "ocp", "oas")
 OAS_FORMATS = ("e4m3", "e2m1")
-ROUNDINGS = ("nearest", "stochastic")
+ROUNDINGS = ("nearest", "stochastic", "ms_eden")
+MS_EDEN_GROUP = 128
+"""Elements per MS-EDEN correction group along the blocked axis: Quartet II's Hadamard
+dimension (``fp8jax.quant.ms_eden``)."""
 FOUR_OVER_SIX_RULES = ("mae", "mse")
 FOUR_OVER_SIX_MAXES = (256, 448)
 
@@ -71,8 +74,13 @@ class QuantSpec:
       Every rule clamps the biased exponent to [1, 253], so s and scale_inv are
       normal powers of two in [2**-126, 2**126].
     store_e8m0: store ``scale_inv`` as ``float8_e8m0fnu`` (requires "pow2").
-    rounding: "nearest" (ties to even) or "stochastic" (needs a PRNG key or derives one
-      from the input's bits, see ``fp8jax.quantize``).
+    rounding: "nearest" (ties to even), "stochastic" (needs a PRNG key or derives one
+      from the input's bits, see ``fp8jax.quantize``) or "ms_eden": Quartet II's unbiased
+      NVFP4 rounding through the block scales (arXiv 2601.22813; elements to nearest, each
+      block's E4M3 scale corrected over groups of :data:`MS_EDEN_GROUP` elements and
+      rounded stochastically; ``fp8jax.quant.ms_eden``). It needs E2M1 in 1 x 16 tiles
+      along the last axis with two-level scales, and is unbiased over a random rotation
+      of each group before it (the GEMM's ``rht_signs="step"``).
     sr_bits: random bits per element of stochastic rounding (ignored when rounding to
       nearest): 24 (default; unbiased to 2**-24 of a step) or 8, the rounding of
       Blackwell's ``cvt.rs`` FP4 conversion and of Transformer Engine's NVFP4 recipe,
@@ -130,6 +138,13 @@ class QuantSpec:
         raise ValueError(f"pow2_rounding='oas' has constants for {OAS_FORMATS} only, got "
                          f"format {self.format!r}")
     _check_choice("rounding", self.rounding, ROUNDINGS)
+    if self.rounding == "ms_eden":
+      g = self.granularity
+      if (self.format, self.scale_format, g.kind, g.axes, g.sizes) != (
+          "e2m1", "e4m3", "tile", (-1,), (16,)):
+        raise ValueError("rounding='ms_eden' is Quartet II's NVFP4 rounding: it needs format "
+                         "'e2m1', scale_format='e4m3' and tile(16) along the last axis, got "
+                         f"{self.format!r}, {self.scale_format!r}, {g.describe()}")
     if type(self.sr_bits) is not int or self.sr_bits not in formats.SR_BITS:
       raise ValueError(f"sr_bits must be one of {formats.SR_BITS}, got {self.sr_bits!r}")
     if self.scale_format == "e4m3":
@@ -139,9 +154,10 @@ class QuantSpec:
         raise ValueError(f"two-level E4M3 scales (NVFP4) take no margin, got {self.margin}")
     if self.four_over_six is not None:
       _check_choice("four_over_six", self.four_over_six, FOUR_OVER_SIX_RULES)
-      if self.scale_format != "e4m3":
+      if self.scale_format != "e4m3" or self.format != "e2m1":
         raise ValueError("four_over_six picks two-level NVFP4 block scales: it needs "
-                         f"scale_format='e4m3', got {self.scale_format!r}")
+                         f"scale_format='e4m3' and format 'e2m1', got {self.scale_format!r} "
+                         f"and {self.format!r}")
       if self.rounding != "nearest":
         raise ValueError("four_over_six compares round-to-nearest errors: it needs "
                          f"rounding='nearest', got {self.rounding!r}")
@@ -151,8 +167,8 @@ class QuantSpec:
                        f"{self.four_over_six_max!r}")
     if self.four_over_six is None and self.four_over_six_max != 256:
       raise ValueError("four_over_six_max applies to four_over_six only")
-    if self.rounding == "stochastic" and self.scaling != "current":
-      raise ValueError("stochastic rounding is available with current scaling only")
+    if self.rounding != "nearest" and self.scaling != "current":
+      raise ValueError(f"rounding={self.rounding!r} is available with current scaling only")
     for name in ("store_e8m0", "noise_control"):
       if not isinstance(getattr(self, name), bool):
         raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -200,6 +216,8 @@ class QuantSpec:
     text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
     if self.rounding == "stochastic":
       text += " sr" if self.sr_bits == 24 else f" sr{self.sr_bits}"
+    elif self.rounding == "ms_eden":
+      text += " ms-eden"
     if self.four_over_six:
       text += f" 4/6-{self.four_over_six}" + (
           f"@{self.four_over_six_max}" if self.four_over_six_max != 256 else "")

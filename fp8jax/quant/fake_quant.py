@@ -82,8 +82,8 @@ def _check_state(state, spec):
 
 
 def _stochastic(spec):
-  return spec.rounding == "stochastic" or (
-      spec.backward is not None and spec.backward.rounding == "stochastic")
+  return spec.rounding != "nearest" or (
+      spec.backward is not None and spec.backward.rounding != "nearest")
 
 
 def _fused(x, spec, key=None):

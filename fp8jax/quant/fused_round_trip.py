@@ -28,8 +28,8 @@ from fp8jax.quant import rounding_bits
 def supports(spec: spec_lib.QuantSpec) -> bool:
   """Whether :func:`quantize_dequantize_fused` handles ``spec``: current scaling, any
   granularity, format and scale rule (delayed scaling needs an amax history; a noise
-  control takes the payload path)."""
-  return spec.scaling == "current" and not spec.noise_control
+  control and MS-EDEN, whose scales depend on the rounding, take the payload path)."""
+  return spec.scaling == "current" and not spec.noise_control and spec.rounding != "ms_eden"
 
 
 def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,

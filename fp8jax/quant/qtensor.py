@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from fp8jax.numerics import arguments, blocks, formats, four_over_six, scales
+from fp8jax.numerics import arguments, blocks, formats, four_over_six, ms_eden, scales
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import delayed, noise_control, rounding_bits
 from fp8jax.quant import telemetry as telemetry_lib
@@ -105,6 +105,12 @@ def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
     noisy = noise_control.matched_noise(x, dequantize(qt, jnp.float32), qt.full_block)
     ones = jnp.ones(qt.scale_inv.shape, jnp.float32)
     return QTensor(noisy, ones, qt.block, qt.dtype), scaled, s
+  if spec.rounding == "ms_eden":  # elements to nearest, the block scales stochastically
+    q, s, scale_inv, d, scaled = ms_eden.quantize_blocks(
+        x, rounding_bits.rounding_bits(x, spec, key))
+    block = spec.granularity.block_shape(x.shape)
+    return QTensor(q.astype(spec.fmt.storage_dtype), scale_inv.astype(ml_dtypes.float8_e4m3fn),
+                   block, jnp.dtype(x.dtype), d), scaled, s
   block, s, scale_inv, tensor_scale_inv = _scales(x, spec, history, amax)
   scaled = x.astype(jnp.float32) * blocks.broadcast_blocks(s, block, x.shape)
   bits = rounding_bits.rounding_bits(x, spec, key)

@@ -35,7 +35,8 @@ def content_key(x: jax.Array, stream: int = 0) -> jax.Array:
 
 def rounding_bits(x: jax.Array, spec: spec_lib.QuantSpec, key: jax.Array | None = None,
                   stream: int = 0) -> jax.Array | None:
-  """uint32 random bits shaped like ``x`` when ``spec`` rounds stochastically, else None.
+  """uint32 random bits shaped like ``x`` when ``spec`` rounds stochastically, one per
+  1 x 16 block (``[..., ceil(C / 16)]``) for MS-EDEN's block scales, else None.
 
   Args:
     x: the tensor to be quantized.
@@ -43,13 +44,16 @@ def rounding_bits(x: jax.Array, spec: spec_lib.QuantSpec, key: jax.Array | None 
     key: a ``jax.random`` key (typed or raw uint32), or None to derive one from ``x``.
     stream: separates the draws of several tensors derived from one input.
   """
-  if spec.rounding != "stochastic":
+  if spec.rounding == "nearest":
     return None
   if key is None:
     key = content_key(x, stream)
   elif stream:
     key = jax.random.fold_in(key, stream)
-  return jax.random.bits(key, jnp.shape(x), jnp.uint32)
+  shape = tuple(jnp.shape(x))
+  if spec.rounding == "ms_eden":
+    shape = (*shape[:-1], -(-shape[-1] // 16))
+  return jax.random.bits(key, shape, jnp.uint32)
 
 
 __all__ = ["content_key", "rounding_bits"]

@@ -1,4 +1,5 @@
-"""The shape of the code: layered packages, no import cycles, a pinned public API, small files.
+"""The shape of the code: layered packages, no import cycles, a pinned public API, small files,
+docstrings that state contracts rather than timings.
 
 Imports are read from the source (``ast``, every ``import`` statement, including those
 inside functions), not from ``sys.modules``, so a cycle hidden behind a function-level
@@ -6,7 +7,10 @@ import fails too.
 """
 
 import ast
+import io
 import pathlib
+import re
+import tokenize
 
 import fp8jax
 
@@ -207,3 +211,49 @@ def test_only_deepseek_tools_import_deepseek_moe_above_models():
                and "fp8jax.models.deepseek_moe" in imported and m not in DEEPSEEK_IMPORTERS)
   assert not bad, ("modules above models/ that import DeepSeek-MoE directly (take an "
                    f"fp8jax.models.api.Model instead): {bad}")
+
+
+TIMING = re.compile(r"\d(?:[\d.,]*\d)?[kKM]?\s?(?:ms|us|µs|tokens/s|tok/s|TFLOP/s)(?![\w/])")
+DEVICE = re.compile(r"\b(?:GH200|GB200|H100|H200|B200|A100|MI300X?|L40S?)\b")
+GIB = re.compile(r"\d(?:[\d.]*\d)?\s?GiB\b")
+TIMING_ALLOWED: dict[str, str] = {}
+"""``path:line`` of a docstring or comment that may keep a timing, with the reason (none
+now). Timings age with every kernel change: they belong in docs/performance.md and its
+dated archive, which a docstring points to."""
+
+
+def _prose(path: pathlib.Path):
+  """``(line, text)`` of every docstring (any string statement) and comment block of a file."""
+  src = path.read_text()
+  for node in ast.walk(ast.parse(src, str(path))):
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+        and isinstance(node.value.value, str):
+      yield node.lineno, node.value.value
+  block: list = []  # consecutive comment lines read as one text
+  for tok in [*tokenize.generate_tokens(io.StringIO(src).readline), None]:
+    if tok is not None and tok.type != tokenize.COMMENT:
+      continue
+    if block and (tok is None or tok.start[0] != block[-1][0] + 1):
+      yield block[0][0], "\n".join(t for _, t in block)
+      block = []
+    if tok is not None:
+      block.append((tok.start[0], tok.string))
+
+
+def test_library_prose_states_no_timings():
+  assert TIMING.search("took 0.93 ms") and TIMING.search("133.8k tokens/s")
+  assert not TIMING.search("128 x 128 tiles, 3 items")
+  found = []
+  for folder in ("fp8jax", "models"):
+    for path in sorted((REPO / folder).rglob("*.py")):
+      for line, text in _prose(path):
+        where = f"{path.relative_to(REPO)}:{line}"
+        # one sentence that names both a GiB figure and a device is a measurement too
+        sentences = re.split(r"(?<=[.;])\s+|\n\s*\n", text)
+        hits = TIMING.findall(text) + [GIB.search(s)[0] for s in sentences
+                                       if GIB.search(s) and DEVICE.search(s)]
+        if hits and where not in TIMING_ALLOWED:
+          found.append(f"{where}: {hits}")
+  assert not found, ("timings in library docstrings or comments (state the contract and "
+                     "point to docs/performance.md or docs/performance/archive/):\n"
+                     + "\n".join(found))
