@@ -31,6 +31,7 @@ CUDA 13 for sm100/sm120 and do not run on an H100/H200; this script does not use
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pathlib
 import random
 import sys
@@ -62,8 +63,12 @@ def inputs() -> dict[str, np.ndarray]:
 def run_reference(clone: pathlib.Path, out: pathlib.Path, draws: int) -> None:
   import torch  # noqa: PLC0415  (GPU side only)
 
-  sys.path.insert(0, str(clone / "src"))
-  from models.quantization.quantizers import nvfp4_triton  # noqa: PLC0415
+  # The kernel's file alone (it imports only torch and triton): the package's __init__
+  # imports its baselines, which need fast_hadamard_transform.
+  path = clone / "src" / "models" / "quantization" / "quantizers" / "nvfp4_triton.py"
+  spec = importlib.util.spec_from_file_location("quartet2_nvfp4_triton", path)
+  nvfp4_triton = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(nvfp4_triton)
 
   saved = {"scale_override": np.float64(SCALE_OVERRIDE)}
   for name, x in inputs().items():
