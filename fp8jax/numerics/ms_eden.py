@@ -10,16 +10,20 @@ the product rounded stochastically to E4M3, so that the scale too is right in ex
 
 As Quartet II's training code computes it (IST-DASLab/Quartet-II commit 8776a90,
 ``src/models/quantization/quantizers/nvfp4_triton.py`` ``eden_1x16s_fp4_kernel`` and
-``schemes/quartet_2.py``; the CUDA kernel ``kernels/csrc/round_eden_fp4.cu`` for the
-order of the element scaling), every operation in float32, ``m = 6 / ((17 / 16) * 0.93)``
+``schemes/quartet_2.py``), every operation in float32, ``m = 6 / ((17 / 16) * 0.93)``
 (:data:`VAL_MAX`: the block maximum lands a little above 6 and saturates, which the
-correction pays back), ``G`` the tensor's largest finite magnitude::
+correction pays back), ``G`` the tensor's largest finite magnitude. Triton compiles a
+float32 ``a / b`` to PTX ``div.full.f32``, which multiplies ``a`` by a reciprocal of ``b``
+and is not rounded correctly; each of the kernel's divisions is therefore taken here as
+``a * (1 / b)``, the reciprocal rounded to float32 (:func:`_rcp_mul`). Its output on an
+H200 (``scripts/gpu/reference_bits_ms_eden.py``) has this tensor level on all six recorded
+inputs, where ``(G / 255.99) / m`` is one ulp off on five::
 
-    D     = (G / 255.99) / m                (1 when G = 0)       tensor_scale_inv
-    sd_b  = e4m3((amax_b / m) / D)          (1 where it rounds to 0)
-    v     = x * (1 / (sd_b * D))            the CUDA kernel's order (Triton divides)
+    D     = (G * (1 / 255.99)) * (1 / m)     (1 when G = 0)       tensor_scale_inv
+    sd_b  = e4m3((amax_b * (1 / m)) * (1 / D))  (1 where it rounds to 0)
+    v     = x * (1 / (sd_b * D))
     q     = e2m1(v)                         nearest even, saturating at 6
-    S_g   = <v, v> / <v, q> over the group  (1 where <v, q> = 0)
+    S_g   = <v, v> * (1 / <v, q>) over the group  (1 where <v, q> = 0)
     c_b   = sd_b * S_g
     scale_inv_b = e4m3 stochastic rounding of c_b: up with probability
                   (c_b - down) / (up - down), from 24 random bits per block
@@ -29,12 +33,13 @@ The E4M3 maximum of the tensor level is 255.99 (not 448), so that a corrected sc
 below 448. The group sums run element after element within each 16-element block, then
 the eight block sums are added as a tree (0-3 + 4-7, 0-1 + 2-3, 0 + 1), the order the NumPy
 reference (``tests/references/reference_ms_eden.py``) follows; the Triton kernel's
-``tl.sum`` does not fix one. Differences by convention (docs/formats.md, "Conformance"):
-Triton rounds E2M1 ties away from zero and divides by the scale; fp8jax rounds ties to
-even (as the CUDA kernel's ``cvt.rn``) and multiplies by the reciprocal (as the CUDA
-kernel). ``D`` is clipped to [2**-126, 2**126] as fp8jax's NVFP4 tensor scale. A block
-holding NaN or inf gets a NaN scale (the whole block NaN), and its elements stay out of
-its group's sums, so the other blocks of the group keep a finite correction.
+``tl.sum`` follows its thread layout. Differences by convention (docs/formats.md,
+"Conformance"): Triton rounds E2M1 ties away from zero and gives ``-0`` for an element
+``+0`` (its sign is ``x > 0 ? 1 : -1``); fp8jax rounds ties to even (as the CUDA kernel's
+``cvt.rn``) and keeps the sign of zero. ``D`` is clipped to [2**-126, 2**126] as fp8jax's
+NVFP4 tensor scale. A block holding NaN or inf gets a NaN scale (the whole block NaN), and
+its elements stay out of its group's sums, so the other blocks of the group keep a finite
+correction.
 """
 
 from __future__ import annotations
@@ -57,14 +62,15 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 _BLOCK = 16
 
 
-def _div(a: jax.Array, b) -> jax.Array:
-  """``a / b`` rounded once: ``b`` broadcast to ``a``'s shape behind a barrier, since XLA:CPU
-  turns a division by a broadcast scalar into a multiplication by its reciprocal (another
-  rounding, in a third of all cases for a divisor of 6), and the numerator too."""
+def _rcp_mul(a: jax.Array, b) -> jax.Array:
+  """``a * (1 / b)``, each operation rounded to float32 (the model of Triton's ``/``, PTX
+  ``div.full.f32``). The operands pass a barrier, so that XLA neither merges the product
+  into a division nor reassociates two of them (``(a * r1) * r2`` into ``a * (r1 * r2)``)."""
   a = jnp.asarray(a, jnp.float32)
-  b = jnp.broadcast_to(jnp.asarray(b, jnp.float32), a.shape)
-  a, b = jax.lax.optimization_barrier((a, b))  # nor (a / b) / c into a / (b * c)
-  return a / b
+  b = jnp.asarray(b, jnp.float32)
+  r = jnp.float32(1.0) / b
+  a, r = jax.lax.optimization_barrier((a, r))
+  return a * r
 
 
 def _block_tree_sum(v: jax.Array) -> jax.Array:
@@ -104,9 +110,9 @@ def quantize_blocks(x: jax.Array, bits: jax.Array):
   finite = jnp.isfinite(raw)
   amax = jnp.where(finite, raw, 0.0)
   g = jnp.max(amax, initial=0.0)
-  d = jnp.clip(_div(_div(g, SCALES_MAX), VAL_MAX), 2.0**-126, 2.0**126)
+  d = jnp.clip(_rcp_mul(_rcp_mul(g, SCALES_MAX), VAL_MAX), 2.0**-126, 2.0**126)
   d = jnp.where(g > 0, d, jnp.float32(1.0))
-  sd = formats.round_to_format(_div(_div(amax, VAL_MAX), d), e4m3)
+  sd = formats.round_to_format(_rcp_mul(_rcp_mul(amax, VAL_MAX), d), e4m3)
   sd = jnp.where(sd == 0, jnp.float32(1.0), sd)
   s = jnp.minimum(1.0 / (sd * d), jnp.float32(_FLT_MAX))
   s = jnp.where(finite, s, jnp.float32(1.0))
@@ -117,7 +123,7 @@ def quantize_blocks(x: jax.Array, bits: jax.Array):
   vq = jnp.where(keep, scaled * q, 0.0)
   grouped = (*shape[:-1], c_pad // MS_EDEN_GROUP, MS_EDEN_GROUP // _BLOCK, _BLOCK)
   num, den = (_block_tree_sum(v.reshape(grouped)) for v in (vv, vq))
-  corr = jnp.where(den == 0, jnp.float32(1.0), num / den)
+  corr = jnp.where(den == 0, jnp.float32(1.0), _rcp_mul(num, jnp.where(den == 0, 1.0, den)))
   corrected = sd * jnp.repeat(corr, MS_EDEN_GROUP // _BLOCK, axis=-1)
   bits = jnp.pad(bits.astype(jnp.uint32), [(0, 0)] * (len(shape) - 1) + [(0, c_pad // _BLOCK
                                                                            - nb)])

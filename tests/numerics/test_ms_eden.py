@@ -1,14 +1,18 @@
 """MS-EDEN (fp8jax/numerics/ms_eden.py, QuantSpec(rounding="ms_eden")) against the NumPy
 float32 loop of tests/references/reference_ms_eden.py, bit for bit given the same random
-words; the stochastic scale rounding's mean against the corrected scale; and the whole
-quantizer's mean over random rotations against its input (a bound that rounding to
-nearest fails)."""
+words; Quartet II's own Triton kernel's output recorded on an H200, bit for bit one of the
+two candidates of each block; the stochastic scale rounding's mean against the corrected
+scale; and the whole quantizer's mean over random rotations against its input (a bound that
+rounding to nearest fails)."""
+
+import pathlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -19,6 +23,11 @@ from tests.references import reference_ms_eden as ref
 
 SPEC = fp8jax.preset("nvfp4").replace(backward=None, rounding="ms_eden")
 _quantize = jax.jit(ms_eden.quantize_blocks)
+QUARTET2_H200 = (pathlib.Path(__file__).resolve().parents[1] / "references" / "data"
+                 / "ms_eden_quartet2_h200.npz")
+ZERO_SIGN_BLOCKS = 19
+"""Blocks of the recorded subset holding an element +0 (all in ``zero_block``): the Triton
+kernel gives it -0 (docs/formats.md, "Conformance", MS-EDEN)."""
 
 
 @jax.jit
@@ -42,6 +51,58 @@ def test_payload_and_scales_match_the_reference_bit_for_bit(data, magnitude):
   np.testing.assert_array_equal(np.asarray(q), want_q)
   np.testing.assert_array_equal(np.asarray(scale_inv), want_inv)
   assert np.float32(d) == want_d
+
+
+def test_quartet2_triton_output_is_one_of_the_two_candidates_bit_for_bit():
+  """The output of ``eden_1x16s_fp4_kernel_wrapper`` (IST-DASLab/Quartet-II 8776a90, an H200,
+  4 kernel seeds; 40 groups of 128 of each of six inputs, the group of each input's largest
+  magnitude among them, so that ``D`` is the whole tensor's; written by
+  ``scripts/gpu/reference_bits_ms_eden.py --check ... --subset``) is, in every block and
+  draw, ``(q * down) * D`` or ``(q * up) * D`` of fp8jax bit for bit, but for the sign of
+  the zeros of an element +0 (Triton: -0) in exactly :data:`ZERO_SIGN_BLOCKS` blocks per
+  draw. The upper candidate is drawn as often as ``p = (c - down) / (up - down)`` predicts,
+  separately for the blocks of ``p < 1/2`` and ``p >= 1/2``, within 5 standard errors."""
+  data = np.load(QUARTET2_H200)
+  names = sorted({k.split("/")[0] for k in data.files if "/" in k})
+  assert len(names) == 6
+  sign_only, ups, expected, var = 0, np.zeros(2), np.zeros(2), np.zeros(2)
+  for name in names:
+    x, ys = data[f"{name}/x"], data[f"{name}/y"]
+    never = np.full((x.shape[0], x.shape[1] // 16), 0xFFFFFFFF, np.uint32)
+    q, _, lo, d, scaled = (np.asarray(v) for v in _quantize(jnp.asarray(x), jnp.asarray(never)))
+    hi = np.asarray(_quantize(jnp.asarray(x), jnp.asarray(never * 0))[2])
+    step = [v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(int) for v in (hi, lo)]
+    assert np.isin(step[0] - step[1], [0, 1]).all()  # neighbours on the E4M3 grid
+    qb, xb = q.reshape(*lo.shape, 16), x.reshape(*lo.shape, 16)
+    cands = [((qb * s[..., None]) * np.float32(d)).view(np.uint32) for s in (lo, hi)]
+    plus_zero = (xb == 0) & ~np.signbit(xb)
+    p = _up_probability(xb, scaled.reshape(xb.shape), qb, d, lo, hi)
+    differ = (cands[0] != cands[1]).any(-1)
+    for y in ys:
+      yb = y.reshape(xb.shape).view(np.uint32)
+      sign_only += int((~(yb == cands[0]).all(-1) & ~(yb == cands[1]).all(-1)).sum())
+      assert (yb[plus_zero] == 0x80000000).all()  # Triton's sign of x = +0 is -1
+      yb = np.where(plus_zero, np.uint32(0), yb)
+      is_lo, is_hi = (yb == cands[0]).all(-1), (yb == cands[1]).all(-1)
+      assert (is_lo | is_hi).all(), (name, np.argwhere(~(is_lo | is_hi))[:5])
+      for k, part in enumerate((differ & (p < 0.5), differ & (p >= 0.5))):
+        ups[k] += is_hi[part].sum()
+        expected[k] += p[part].sum()
+        var[k] += (p * (1 - p))[part].sum()
+  assert sign_only == ZERO_SIGN_BLOCKS * 4, sign_only
+  z = (ups - expected) / np.sqrt(var)
+  assert np.all(np.abs(z) < 5), (ups, expected, z)
+
+
+def _up_probability(xb, v, q, d, lo, hi):
+  """``(c - down) / (up - down)`` per block (float64), ``c = sd * S`` from the reference's
+  ``sd`` and the group's ``S = sum(v v) / sum(v q)`` of fp8jax's scaled values."""
+  amax = np.max(np.abs(xb), -1)
+  sd = np.vectorize(lambda a: ref.e4m3(ref.over(ref.over(a, ref.VAL_MAX), d)) or 1.0)(amax)
+  v64 = v.astype(np.float64).reshape(v.shape[0], -1, 128)
+  corr = (v64 * v64).sum(-1) / (v64 * q.reshape(v64.shape)).sum(-1)
+  c = sd * np.repeat(corr, 8, axis=-1)
+  return (c - lo) / np.where(hi > lo, hi - lo, 1.0)
 
 
 def test_quantize_draws_one_word_per_block_from_its_key():
@@ -109,7 +170,7 @@ def _corrected(x):
   sds = []
   num = den = 0.0
   for b in blocks:
-    sd = ref.e4m3(np.float32(np.float32(np.max(np.abs(b)) / ref.VAL_MAX) / d)) or np.float32(1)
+    sd = ref.e4m3(ref.over(ref.over(np.max(np.abs(b)), ref.VAL_MAX), d)) or np.float32(1)
     s = np.float32(np.float32(1) / np.float32(sd * d))
     v = (b * s).astype(np.float32)
     q = np.array([ref.e2m1(e) for e in v])

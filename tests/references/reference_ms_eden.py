@@ -1,8 +1,9 @@
 """An independent NumPy reference of MS-EDEN (Quartet II, arXiv 2601.22813), written from
 Quartet II's Triton kernel ``eden_1x16s_fp4_kernel`` (IST-DASLab/Quartet-II commit 8776a90)
-with the conventions fp8jax states (docs/formats.md): elements rounded to nearest even,
-scaled by the float32 reciprocal of the block scale (the CUDA kernel's order), the group
-sums element after element per 16-element block and then a tree over the eight blocks.
+with the conventions fp8jax states (docs/formats.md): every division of the kernel as
+Triton compiles it (PTX ``div.full.f32``: the dividend times a reciprocal of the divisor),
+modelled as ``a * float32(1 / b)``; elements rounded to nearest even, the group sums element
+after element per 16-element block and then a tree over the eight blocks.
 
 Explicit loops over the groups and blocks of one row at a time, float32 scalars
 (``np.float32`` arithmetic rounds every operation), E4M3 and E2M1 through ml_dtypes casts,
@@ -19,6 +20,11 @@ F32 = np.float32
 VAL_MAX = F32(6.0 / ((17.0 / 16.0) * 0.93))
 SCALES_MAX = F32(255.99)
 GROUP, BLOCK = 128, 16
+
+
+def over(a, b) -> np.float32:
+  """Triton's float32 ``a / b``: ``a`` times the float32 reciprocal of ``b``."""
+  return F32(F32(a) * F32(F32(1.0) / F32(b)))
 
 
 def e4m3(v) -> np.float32:
@@ -70,7 +76,7 @@ def ms_eden_row_major(x: np.ndarray, words: np.ndarray):
   x = np.asarray(x, F32)
   rows, cols = x.shape
   g = F32(np.max(np.abs(x))) if x.size else F32(0)
-  d = F32(1.0) if g == 0 else F32(F32(g / SCALES_MAX) / VAL_MAX)
+  d = F32(1.0) if g == 0 else over(over(g, SCALES_MAX), VAL_MAX)
   d = F32(min(max(d, F32(2.0**-126)), F32(2.0**126)))
   q = np.zeros_like(x)
   out = np.zeros((rows, cols // BLOCK), F32)
@@ -79,7 +85,7 @@ def ms_eden_row_major(x: np.ndarray, words: np.ndarray):
       sds, block_sums_vv, block_sums_vq = [], [], []
       for b0 in range(g0, g0 + GROUP, BLOCK):
         amax = F32(np.max(np.abs(x[r, b0:b0 + BLOCK])))
-        sd = e4m3(F32(F32(amax / VAL_MAX) / d))
+        sd = e4m3(over(over(amax, VAL_MAX), d))
         if sd == 0:
           sd = F32(1.0)
         s = F32(F32(1.0) / F32(sd * d))
@@ -93,7 +99,7 @@ def ms_eden_row_major(x: np.ndarray, words: np.ndarray):
         block_sums_vv.append(vv)
         block_sums_vq.append(vq)
       num, den = _tree(block_sums_vv), _tree(block_sums_vq)
-      corr = F32(1.0) if den == 0 else F32(num / den)
+      corr = F32(1.0) if den == 0 else over(num, den)
       for k, sd in enumerate(sds):
         j = g0 // BLOCK + k
         out[r, j] = stochastic_e4m3(F32(sd * corr), int(words[r, j]))
