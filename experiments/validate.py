@@ -17,7 +17,10 @@ vmapped over seeds (one compilation per recipe). Writes ``<out>/summary.md``,
 seed bands). ``--one_step``: a folder of ``compare`` runs of the recipes on checkpoints of
 BF16 runs of the same config (``<folder>/s<seed>``, ``scripts/gpu/one_step_loop.sh``); the
 summary then says whether the one-step ranking of the recipes predicts the full runs'
-(Spearman over recipes). The logic is :mod:`fp8jax.study.runs.validation`.
+(Spearman over recipes). ``--config.train.eval_precision=bf16``: each run also logs the
+loss of every logged batch in the model's BF16 forward, and the summary compares those
+(trained in the recipe, evaluated in BF16; ``=train``: the same forward in the recipe;
+:mod:`fp8jax.train.evaluation`). The logic is :mod:`fp8jax.study.runs.validation`.
 """
 
 import pathlib
@@ -69,7 +72,7 @@ def main(argv):
     figure = None
     if summary["recipes"][validation.REFERENCE]["tail"]:  # a finished BF16 run to draw against
       from fp8jax.study.runs import validation_figures  # pylint: disable=import-outside-toplevel
-      figure = validation_figures.draw(_OUT.value, matrix)
+      figure = validation_figures.draw(_OUT.value, matrix, summary["column"] or _METRIC.value)
   except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -95,7 +95,10 @@ class Model:
       param_transform=None, **options) -> (logits, aux)``; ``tokens`` int32 [B, S] (or a
       batch pytree, for a model with its own ``loss``). ``aux`` may hold ``aux_loss`` (a
       scalar added to the objective), ``routing`` (``{layer: {"topk_ids",
-      "expert_counts", ...}}``: the MoE metrics) and ``gemm_telemetry``.
+      "expert_counts", ...}}``: the router's choices, ``topk_ids`` int [B, S, k] and
+      ``expert_counts`` int [E] per MoE layer, optionally ``topk_weights`` [B, S, k];
+      routing divergence and, with a classifier that marks expert stacks, per-expert
+      metrics come from them) and ``gemm_telemetry``.
       ``param_transform(tree, where)`` is applied to each part of the params where it is
       used (data-parallel gradient averaging, FSDP gathers;
       :mod:`fp8jax.train.data_parallel`); a model without layers of its own applies it to

@@ -6,6 +6,7 @@ Field names follow the HF ``config.json`` of ``deepseek-ai/deepseek-moe-16b-base
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -26,6 +27,10 @@ class ModelConfig:
   ``h`` reads key/value head ``h // (num_attention_heads // num_key_value_heads)``. None
   (the default) is multi-head attention; a value equal to ``num_attention_heads`` is
   stored as None, so equal models compare equal. :attr:`kv_heads` is the count.
+  ``swiglu_limit`` clamps every SwiGLU's pre-activations before ``silu(gate) * up`` (dense
+  layers, shared and routed experts), as DeepSeek-V4's experts do (``swiglu_limit`` 10 in
+  its config): the gate to ``min(gate, limit)``, the up path to ``[-limit, limit]``
+  (:func:`fp8jax.models.moe.glu`); None (the default) leaves them unclamped.
   """
 
   vocab_size: int
@@ -51,6 +56,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "bfloat16"
   attention_impl: str = "auto"
+  swiglu_limit: float | None = None
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -73,6 +79,12 @@ class ModelConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got "
                        f"{self.attention_impl!r}")
+    limit = self.swiglu_limit
+    if limit is not None:
+      if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < math.inf:
+        raise ValueError(f"swiglu_limit must be None (off) or a finite number > 0, got "
+                         f"{limit!r}")
+      object.__setattr__(self, "swiglu_limit", float(limit))  # 10 and 10.0: one model
     for name in ("param_dtype", "dtype"):
       jnp.dtype(getattr(self, name))  # raises TypeError on unknown dtypes
 

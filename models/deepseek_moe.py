@@ -102,13 +102,14 @@ class MLP(nnx.Module):
   """SwiGLU MLP (dense layers and the fused shared experts)."""
 
   def __init__(self, cfg: ModelConfig, width: int, rngs: nnx.Rngs):
+    self.limit = cfg.swiglu_limit  # the activation's clamp (moe.glu), None: off
     self.gate_proj = _linear(cfg, cfg.hidden_size, width, rngs)
     self.up_proj = _linear(cfg, cfg.hidden_size, width, rngs)
     self.down_proj = _linear(cfg, width, cfg.hidden_size, rngs)
 
   def __call__(self, x, gemms: Gemms, record=None):
     proj = lambda name, v: linear(getattr(self, name), v, gemms(name), record, name)  # noqa: E731
-    hidden = jax.nn.silu(proj("gate_proj", x)) * proj("up_proj", x)
+    hidden = moe.glu(proj("gate_proj", x), proj("up_proj", x), self.limit)
     return proj("down_proj", hidden)
 
 
@@ -165,13 +166,13 @@ class MoE(nnx.Module):
       if config is not None:
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
                          "moe_impl='dispatch'")
-      routed = moe.experts_reference(*args)
+      routed = moe.experts_reference(*args, limit=self.cfg.swiglu_limit)
     elif impl in DISPATCH_IMPLS:
       if b % groups:
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
       kernel = impl == "pallas" and config is None
-      routed = moe.dispatch_groups(args, groups, grouped_gemm.matmul_for(impl, config),
-                                   kernel, once=once).reshape(b * s, d)
+      routed = moe.dispatch_groups(args, groups, grouped_gemm.matmul_for(impl, config), kernel,
+                                   once=once, limit=self.cfg.swiglu_limit).reshape(b * s, d)
     else:
       raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")
     routed = site("moe_routed_out", routed.reshape(b, s, d))

@@ -72,7 +72,11 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-  """HF ``config.json`` dict for ``cfg``."""
+  """HF ``config.json`` dict for ``cfg`` (ValueError for a clamped SwiGLU, which HF's
+  DeepSeek-MoE v1 does not compute)."""
+  if cfg.swiglu_limit is not None:
+    raise ValueError(f"swiglu_limit={cfg.swiglu_limit}: HF's DeepSeek-MoE v1 has no clamped "
+                     "SwiGLU, so its checkpoint would compute another function")
   out = {k: getattr(cfg, k) for k in _CONFIG_FIELDS}
   out.update(model_type="deepseek", architectures=["DeepseekForCausalLM"],
              tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu",
@@ -204,6 +208,7 @@ def hf_to_params(cfg: ModelConfig, directory) -> dict:
 def params_to_hf(cfg: ModelConfig, params: dict, directory, *, dtype=np.float32,
                  shard_tensors: int = 500) -> None:
   """Writes ``params`` as HF safetensors shards plus index and config.json."""
+  config = config_to_hf(cfg)  # refuses what HF cannot compute before writing anything
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   f = cfg.moe_intermediate_size
@@ -244,4 +249,4 @@ def params_to_hf(cfg: ModelConfig, params: dict, directory, *, dtype=np.float32,
     weight_map.update({k: fname for k, _ in shard})
   (directory / "model.safetensors.index.json").write_text(
       json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-  (directory / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=1))
+  (directory / "config.json").write_text(json.dumps(config, indent=1))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from flax import nnx
 import jax
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 from fp8jax import rules as rules_lib
 from fp8jax.metrics import paths as paths_lib
-from fp8jax.models import api, rules_policy
+from fp8jax.models import api, moe, rules_policy
 from fp8jax.models.attention import attention_core, rope
 from fp8jax.models.norm import RMSNorm
 
@@ -36,7 +37,8 @@ LAYER_PATH = "layers/{i}/.*"
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """A Llama-style model (frozen, hashable)."""
+  """A Llama-style model (frozen, hashable). ``swiglu_limit``: the MLP's SwiGLU
+  pre-activations clamped as DeepSeek-V4's (:func:`fp8jax.models.moe.glu`), None: off."""
   vocab_size: int = 320
   hidden_size: int = 64
   num_layers: int = 2
@@ -49,11 +51,18 @@ class Config:
   initializer_range: float = 0.02
   param_dtype: str = "float32"
   dtype: str = "bfloat16"
+  swiglu_limit: float | None = None
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
       raise ValueError(f"llama: hidden_size {self.hidden_size} must split into num_heads "
                        f"{self.num_heads}, and those into num_kv_heads {self.num_kv_heads}")
+    limit = self.swiglu_limit
+    if limit is not None:
+      if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < math.inf:
+        raise ValueError(f"llama: swiglu_limit must be None (off) or a finite number > 0, "
+                         f"got {limit!r}")
+      object.__setattr__(self, "swiglu_limit", float(limit))
 
   @property
   def head_dim(self) -> int:
@@ -94,15 +103,18 @@ class MLP(nnx.Module):
     d, f = cfg.hidden_size, cfg.intermediate_size
     self.gate, self.up = _linear(cfg, d, f, rngs), _linear(cfg, d, f, rngs)
     self.down = _linear(cfg, f, d, rngs)
+    self.limit = cfg.swiglu_limit
 
   def __call__(self, x):
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+    return self.down(moe.glu(self.gate(x), self.up(x), self.limit))
 
 
 class Layer(nnx.Module):
+  mlp_cls = MLP  # the feed-forward block (a subclass may take another, e.g. an MoE)
+
   def __init__(self, cfg: Config, rngs: nnx.Rngs):
     self.attn_norm, self.attn = RMSNorm(cfg), Attention(cfg, rngs)
-    self.mlp_norm, self.mlp = RMSNorm(cfg), MLP(cfg, rngs)
+    self.mlp_norm, self.mlp = RMSNorm(cfg), self.mlp_cls(cfg, rngs)
 
   def __call__(self, h):
     h = h + self.attn(self.attn_norm(h))
@@ -111,13 +123,14 @@ class Layer(nnx.Module):
 
 class Llama(nnx.Module):
   """tokens int [B, S] -> logits float32 [B, S, V]."""
+  layer_cls = Layer  # the decoder layer (a subclass may take another)
 
   def __init__(self, cfg: Config, rngs: nnx.Rngs):
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype),
                            param_dtype=jnp.dtype(cfg.param_dtype),
                            embedding_init=nnx.initializers.normal(cfg.initializer_range),
                            rngs=rngs)
-    self.layers = nnx.List([Layer(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.layers = nnx.List([self.layer_cls(cfg, rngs) for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg)
     self.head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
@@ -149,7 +162,18 @@ def flops_per_token(cfg: Config, seq_len: int) -> float:
 
 def model(cfg: Config, name: str = NAME) -> api.Model:
   """The Llama-style model of ``cfg`` as a :class:`~fp8jax.models.api.Model`."""
-  skeleton = nnx.eval_shape(lambda: Llama(cfg, nnx.Rngs(0)))
+  return rules_model(cfg, Llama, CLASSIFIER, name, functools.partial(flops_per_token, cfg))
+
+
+def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, flops,
+                layer_path: str = LAYER_PATH) -> api.Model:
+  """The NNX model ``module_cls(cfg, rngs)``, quantized by rules, as a
+  :class:`~fp8jax.models.api.Model`: ``cfg`` has ``num_layers``, ``vocab_size`` and
+  ``max_len``; the module returns logits, or ``(logits, aux)`` (``aux_loss``,
+  ``routing``); ``flops``: ``seq_len -> FLOPs per token``; ``layer_path``: the regex of
+  layer ``{i}``'s modules."""
+  family = name.partition(":")[0]
+  skeleton = nnx.eval_shape(lambda: module_cls(cfg, nnx.Rngs(0)))
   graphdef, abstract_state = nnx.split(skeleton, nnx.Param)
   baseline = rules_policy.parse("bf16")
 
@@ -164,17 +188,18 @@ def model(cfg: Config, name: str = NAME) -> api.Model:
     del delayed, telemetry, unused  # no delayed scaling, no telemetry of its own
     state = jax.tree.map(lambda x: x, abstract_state)
     nnx.replace_by_pure_dict(state, api.transform_top_level(params, param_transform))
-    return nnx.merge(graph(policy.rules), state)(tokens), {}
+    out = nnx.merge(graph(policy.rules), state)(tokens)
+    return out if isinstance(out, tuple) else (out, {})
 
   def init(rng):
-    return nnx.to_pure_dict(nnx.state(Llama(cfg, nnx.Rngs(params=rng)), nnx.Param))
+    return nnx.to_pure_dict(nnx.state(module_cls(cfg, nnx.Rngs(params=rng)), nnx.Param))
 
   def parse(text):
-    return rules_policy.parse(text, cfg.num_layers, LAYER_PATH)
+    return rules_policy.parse(text, cfg.num_layers, layer_path)
 
   def check(policy):
     if not isinstance(policy, api.Variant):
-      raise TypeError(f"llama takes a Variant (rules), got {type(policy).__name__}")
+      raise TypeError(f"{family} takes a Variant (rules), got {type(policy).__name__}")
     graph(policy.rules)  # quantize_model raises on a rule that matches no module
 
   param_paths = tuple(paths_lib.flatten(nnx.to_pure_dict(abstract_state)))
@@ -183,15 +208,14 @@ def model(cfg: Config, name: str = NAME) -> api.Model:
   def direct(policy):
     plans = rules_lib.plans(skeleton, policy.rules) if len(policy.rules) else {}
     return api.direct_pairs((p for p, plan in plans.items() if not plan.empty),
-                            param_paths, CLASSIFIER)
+                            param_paths, classifier)
 
   def describe(policy):
     return {**api.variant_meta(policy), "direct": sorted(direct(policy), key=str)}
 
   return api.Model(
       name=name, abstract_params=lambda: nnx.to_pure_dict(abstract_state), apply=apply,
-      loss=api.next_token_loss, baseline=baseline, classifier=CLASSIFIER, init=init,
-      vocab_size=cfg.vocab_size, max_len=cfg.max_len,
-      flops_per_token=lambda seq_len: flops_per_token(cfg, seq_len), parse_policy=parse,
+      loss=api.next_token_loss, baseline=baseline, classifier=classifier, init=init,
+      vocab_size=cfg.vocab_size, max_len=cfg.max_len, flops_per_token=flops, parse_policy=parse,
       direct=direct, check=check, describe=describe, meta=dataclasses.asdict(cfg),
       config=cfg)

@@ -16,8 +16,14 @@ from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import grouped_operands, operand_telemetry, padding
 
 
+def router_logits(x: jax.Array, router: jax.Array) -> jax.Array:
+  """The router's logits [T, E]: ``x @ router`` in x's (the compute) dtype. No precision
+  policy reaches it: it is not a GEMM of the recipes (``fp8_dot_general``), nor a site."""
+  return jnp.dot(x, router.astype(x.dtype))
+
+
 def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
-  """Softmax router with greedy top-k.
+  """Softmax router (on :func:`router_logits`, in float32) with greedy top-k.
 
   Args:
     x: [T, d] router input (model dtype).
@@ -28,8 +34,7 @@ def route(x: jax.Array, router: jax.Array, k: int, norm_topk_prob: bool):
   Returns:
     ``(scores [T, E] float32, weights [T, K] float32, ids [T, K] int32)``.
   """
-  logits = jnp.dot(x, router.astype(x.dtype))
-  scores = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  scores = jax.nn.softmax(router_logits(x, router).astype(jnp.float32), axis=-1)
   weights, ids = lax.top_k(scores, k)
   if norm_topk_prob and k > 1:
     weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
@@ -57,19 +62,32 @@ def balance_loss(scores: jax.Array, ids: jax.Array, batch: int, alpha: float,
   return alpha * jnp.mean(jnp.sum(f * p, axis=-1))
 
 
-def swiglu(x, gate, up, down, dot):
-  """``down(silu(x gate) * (x up))`` with the matmul ``dot(a, b)``."""
-  return dot(jax.nn.silu(dot(x, gate)) * dot(x, up), down)
+def glu(gate, up, limit: float | None = None):
+  """SwiGLU's activation ``silu(gate) * up``. With ``limit`` (DeepSeek-V4's
+  ``swiglu_limit``) the pre-activations are clamped first, as V4's experts do: the gate
+  from above only, ``min(gate, limit)``, the up (linear) path to ``[-limit, limit]``; a
+  value at the limit keeps its gradient (``torch.clamp``'s), one past it gets none. The
+  limit as the operands' dtype represents it; None: unclamped (the same ops as without)."""
+  if limit is not None:
+    gate = jnp.where(gate > limit, limit, gate).astype(gate.dtype)
+    up = jnp.where(up > limit, limit, jnp.where(up < -limit, -limit, up)).astype(up.dtype)
+  return jax.nn.silu(gate) * up
 
 
-def experts_reference(x, weights, ids, gate, up, down):
-  """Every token through every expert, then the top-k combination (tests only).
+def swiglu(x, gate, up, down, dot, limit: float | None = None):
+  """``down(glu(x gate, x up, limit))`` with the matmul ``dot(a, b)``."""
+  return dot(glu(dot(x, gate), dot(x, up), limit), down)
+
+
+def experts_reference(x, weights, ids, gate, up, down, limit: float | None = None):
+  """Every token through every expert, then the top-k combination (tests only);
+  ``limit``: :func:`glu`'s.
 
   Returns:
     [T, d] in x's dtype.
   """
   e = gate.shape[0]
-  h = jax.nn.silu(jnp.einsum("td,edf->tef", x, gate)) * jnp.einsum("td,edf->tef", x, up)
+  h = glu(jnp.einsum("td,edf->tef", x, gate), jnp.einsum("td,edf->tef", x, up), limit)
   out = jnp.einsum("tef,efd->ted", h, down)
   combine = jnp.sum(jax.nn.one_hot(ids, e, dtype=jnp.float32) * weights[..., None], axis=1)
   return jnp.einsum("ted,te->td", out.astype(jnp.float32), combine).astype(x.dtype)
@@ -102,7 +120,7 @@ permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 def experts_dispatch(x, weights, ids, gate, up, down,
                      grouped_matmul=grouped_gemm.tiled_matmul, group_multiple: int = 1,
-                     fuse_gate_up: bool = False, once=None):
+                     fuse_gate_up: bool = False, once=None, limit: float | None = None):
   """Dropless sort-based dispatch with static shapes.
 
   The T*K (token, slot) pairs are sorted by expert, pushed through ``grouped_matmul``
@@ -124,7 +142,8 @@ def experts_dispatch(x, weights, ids, gate, up, down,
 
   ``once``: the three weights as already quantized for ``fp8_ragged_dot`` (its ``w_once``;
   :func:`experts_weights_once`), or None; with ``fuse_gate_up`` the GEMM quantizes the
-  concatenated weights itself and only the down projection's is used.
+  concatenated weights itself and only the down projection's is used. ``limit``: the
+  activation's clamp (:func:`glu`).
 
   Returns:
     [T, d] in x's dtype.
@@ -150,10 +169,10 @@ def experts_dispatch(x, weights, ids, gate, up, down,
   if fuse_gate_up:
     f = gate.shape[-1]
     both = grouped_matmul(x_sorted, jnp.concatenate([gate, up], -1).astype(x.dtype), sizes)
-    h = jax.nn.silu(both[:, :f]) * both[:, f:]
+    h = glu(both[:, :f], both[:, f:], limit)
   else:
-    h = jax.nn.silu(mm(x_sorted, gate.astype(x.dtype), sizes, qg)) * \
-        mm(x_sorted, up.astype(x.dtype), sizes, qu)
+    h = glu(mm(x_sorted, gate.astype(x.dtype), sizes, qg),
+            mm(x_sorted, up.astype(x.dtype), sizes, qu), limit)
   out_sorted = mm(h, down.astype(x.dtype), sizes, qd)
   out = permute_rows(out_sorted, inverse, order).reshape(t, k, -1)
   return jnp.einsum("tkd,tk->td", out.astype(jnp.float32), weights).astype(x.dtype)
@@ -165,7 +184,7 @@ def expert_counts(ids: jax.Array, num_experts: int) -> jax.Array:
 
 
 def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
-                    fuse_gate_up: bool = False, once=None):
+                    fuse_gate_up: bool = False, once=None, limit: float | None = None):
   """Sorted dropless dispatch per group of sequences (vmapped over the groups), with
   ``grouped`` = (grouped GEMM, group row multiple) from
   :func:`fp8jax.gemm.grouped.matmul_for`.
@@ -175,7 +194,8 @@ def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
   group in a ``shard_map``: XLA cannot partition a kernel's custom call and would
   otherwise gather every group onto every device.
 
-  ``once``: the routed weights as quantized once (:func:`experts_dispatch`), or None.
+  ``once``: the routed weights as quantized once (:func:`experts_dispatch`), or None;
+  ``limit``: the activation's clamp (:func:`glu`).
 
   Returns:
     [groups, T / groups, d].
@@ -183,7 +203,8 @@ def dispatch_groups(args, groups: int, grouped: tuple, per_device: bool,
   split = lambda a: a.reshape(groups, a.shape[0] // groups, *a.shape[1:])  # noqa: E731
   matmul, multiple = grouped
   dispatch = functools.partial(experts_dispatch, grouped_matmul=matmul,
-                               group_multiple=multiple, fuse_gate_up=fuse_gate_up, once=once)
+                               group_multiple=multiple, fuse_gate_up=fuse_gate_up, once=once,
+                               limit=limit)
   per_group = jax.vmap(dispatch, in_axes=(0, 0, 0, None, None, None))
   mesh = jax.sharding.get_abstract_mesh()
   if per_device and groups > 1 and not mesh.empty and mesh.shape.get("data") == groups:

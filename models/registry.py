@@ -2,19 +2,23 @@
 
     registry.get("deepseek_moe:2b")                       # DeepSeek-MoE 2B
     registry.get("llama:tiny", overrides={"num_layers": 4})
+    registry.get("mixtral:tiny")                          # a Mixtral-style sparse MoE
     registry.get("tiny")                                  # DeepSeek-MoE's own names too
 
 A family is a factory ``(size, overrides, options) -> Model``: ``overrides`` change
 fields of the size's config (a field the config lacks is refused by name), ``options``
 say how the model computes (DeepSeek-MoE: ``moe_impl``, ``moe_groups``, ``deterministic``,
 ``scan``; a family refuses options it does not have). :func:`register` adds a family;
-a new model is one file and one ``register`` call.
+a new model is one file and one ``register`` call. A family not registered yet is
+imported as the module of its name (``my_lm:tiny``: ``import my_lm``), which registers it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 import dataclasses
+import functools
+import importlib
 from typing import Any
 
 from fp8jax.models import api
@@ -36,9 +40,24 @@ def _split(name: str) -> tuple[str, str]:
   if name in deepseek_config.CONFIGS:
     return "deepseek_moe", name
   family, colon, size = name.partition(":")
+  if colon and family not in _FAMILIES:
+    _import_family(family)
   if not colon or family not in _FAMILIES:
     raise ValueError(f"unknown model {name!r}; known: {known()}")
   return family, size
+
+
+def _import_family(family: str) -> None:
+  """Imports the module named ``family`` (on the Python path, e.g. ``my_lm.py`` in the
+  working directory), which registers it: a model of your own in every binary. A module
+  that does not exist leaves the family unknown."""
+  if not all(part.isidentifier() for part in family.split(".")):
+    return
+  try:
+    importlib.import_module(family)
+  except ModuleNotFoundError as e:
+    if e.name is None or not (family == e.name or family.startswith(e.name + ".")):
+      raise
 
 
 def known() -> list[str]:
@@ -95,22 +114,27 @@ def _deepseek_sizes() -> tuple[str, ...]:
   return tuple(n.removeprefix("deepseek_moe_") for n in config_lib.CONFIGS)
 
 
-def _llama(size, overrides, options):
-  from fp8jax.models import llama
-  _no_options("llama", options)
-  if size not in llama.CONFIGS:
-    raise ValueError(f"unknown llama size {size!r}; known: {sorted(llama.CONFIGS)}")
-  return llama.model(replace_fields(llama.CONFIGS[size], overrides),
-                     name=f"llama:{size}")
+def _rules_family(family: str, size, overrides, options):
+  """A family of ``fp8jax.models.<family>`` (its ``CONFIGS`` by size and ``model``):
+  the models quantized by rules that fp8jax ships (``llama``, ``mixtral``)."""
+  module = importlib.import_module(f"fp8jax.models.{family}")
+  _no_options(family, options)
+  if size not in module.CONFIGS:
+    raise ValueError(f"unknown {family} size {size!r}; known: {sorted(module.CONFIGS)}")
+  return module.model(replace_fields(module.CONFIGS[size], overrides),
+                      name=f"{family}:{size}")
 
 
-def _llama_sizes() -> tuple[str, ...]:
-  from fp8jax.models import llama
-  return tuple(llama.CONFIGS)
+def _rules_family_sizes(family: str) -> tuple[str, ...]:
+  return tuple(importlib.import_module(f"fp8jax.models.{family}").CONFIGS)
 
 
 def _builtin() -> None:
   """Registers the families fp8jax ships (once; imports happen at first use)."""
   if "deepseek_moe" not in _FAMILIES:
     register("deepseek_moe", _deepseek, _deepseek_sizes)
-    register("llama", _llama, _llama_sizes)
+    for family in ("llama", "mixtral"):
+      register(family, functools.partial(_rules_family, family),
+               functools.partial(_rules_family_sizes, family))
+    nano_moe = lambda: importlib.import_module("fp8jax.models.thirdparty_nano_moe")
+    register("nano_moe", lambda *args: nano_moe().family(*args), lambda: nano_moe().sizes())

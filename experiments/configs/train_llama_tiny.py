@@ -11,12 +11,16 @@ checkpoints at 0, 50, 100, 150, 200. Its policies are rules over its module path
 (fp8jax.models.rules_policy: ``gemm:RECIPE[@REGEX]``, ``output:SPEC@REGEX``, ...).
 """
 
+from ml_collections import config_dict
+
 from fp8jax.train import run_config
 
 
 def get_config():
   c = run_config.defaults()
   c.model = "llama:tiny"
+  c.model_overrides.swiglu_limit = config_dict.placeholder(float)  # DeepSeek-V4's SwiGLU
+  # clamp on the command line (--config.model_overrides.swiglu_limit=10); None: off
   c.data.source = "embedded"
   c.data.seq_len = 128
   c.data.global_batch = 8

@@ -10,6 +10,8 @@ every expert on every token (``moe_impl="reference"``, exact and quick to compil
 this size; the sorted dispatch is for real sizes).
 """
 
+from ml_collections import config_dict
+
 from fp8jax.train import run_config
 
 
@@ -18,6 +20,8 @@ def get_config():
   c.model = "tiny"
   c.model_overrides.num_hidden_layers = 4
   c.model_overrides.first_k_dense_replace = 0
+  c.model_overrides.swiglu_limit = config_dict.placeholder(float)  # DeepSeek-V4's SwiGLU
+  # clamp on the command line (--config.model_overrides.swiglu_limit=10); None: off
   c.data.source = "embedded"
   c.data.seq_len = 128
   c.data.global_batch = 8

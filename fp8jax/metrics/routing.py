@@ -1,7 +1,9 @@
 """Routing divergence between two variants on the same batch (pure JAX, jittable).
 
-The routing of a variant is ``aux["routing"]`` of ``deepseek_moe.apply``: per MoE layer,
-``topk_ids`` int [B, S, k] (distinct experts per token) and ``expert_counts`` int [E].
+The routing of a variant is ``aux["routing"]`` of a model's ``apply``
+(:class:`fp8jax.models.api.Model`: DeepSeek-MoE's, the Mixtral-style model's, any model
+with a router): per MoE layer, ``topk_ids`` int [B, S, k] (distinct experts per token) and
+``expert_counts`` int [E], the model's own record of its router's choices.
 """
 
 from __future__ import annotations

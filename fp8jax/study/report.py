@@ -8,11 +8,12 @@ writes ``report.md``: the grid, the non-finite FP8 rows (listed, never averaged)
 from them, the non-finite BF16 baselines (a data problem), the conditioning per checkpoint
 (:mod:`fp8jax.study.comparison.conditioning`), the per-policy summary, every policy against
 the noise floor and its noise-matched control (:mod:`fp8jax.study.comparison.floor`), the
-answers, the figures and the method. Per checkpoint, positive metrics are geometric means
-over the batches with the t-interval of the logs, signed ones arithmetic means with
-t-intervals; across checkpoints, medians with bootstrap intervals over the batches. Given
-the folder of the branch-off study (``branch=``, or found at
-``<folder>/../branch/branches.jsonl``, the pipeline's layout), the report also answers "Does
+answers, routing and experts for a model with a router
+(:mod:`fp8jax.study.comparison.experts`), the figures and the method. Per checkpoint,
+positive metrics are geometric means over the batches with the t-interval of the logs,
+signed ones arithmetic means with t-intervals; across checkpoints, medians with bootstrap
+intervals over the batches. Given the folder of the branch-off study (``branch=``, or found
+at ``<folder>/../branch/branches.jsonl``, the pipeline's layout), the report also answers "Does
 the one-step perturbation predict the trajectory?" (:mod:`fp8jax.study.branches.trajectory`).
 Typical notebook use::
 
@@ -37,7 +38,7 @@ from fp8jax.study.branches import trajectory, trajectory_figures
 from fp8jax.study.common import metric_registry
 from fp8jax.study.common.results import Results, load
 from fp8jax.study.common.stats import fmt_stat, overall, stat, table
-from fp8jax.study.comparison import conditioning, figures, floor, questions
+from fp8jax.study.comparison import conditioning, experts, figures, floor, questions
 from fp8jax.study.runs import one_step_ranking
 
 SUMMARY_METRICS = metric_registry.summary_names()
@@ -126,6 +127,7 @@ def render(res: Results, ans: dict[str, dict], figures: dict[str, Any],
   lines += floor.floor_markdown(res) + floor.controls_markdown(res)
   lines += [f"![noise_floor]({figures['noise_floor']})", ""] if "noise_floor" in figures else []
   lines += questions.markdown(ans, figures)
+  lines += experts.markdown(res)
   lines += list(extra)
   lines += ["## Figures", ""] + [f"![{k}]({v})" for k, v in figures.items()] + [""]
   lines += ["## Method", "", METHOD, ""]

@@ -47,7 +47,9 @@ optimizer and the state as :func:`train` does, for other code (branch, verify) t
 Several processes (``jax.distributed``) run the same loop, each on its share of every
 batch (:mod:`fp8jax.train.multihost`); process 0 alone writes the files and prints, and
 holds the workdir's lock (:mod:`fp8jax.data.folder_lock`): a second ``train`` on it fails
-at once naming the holder. ``train.noise_probe_every``: :mod:`fp8jax.train.noise_probe`.
+at once naming the holder. ``train.noise_probe_every``: :mod:`fp8jax.train.noise_probe`;
+``train.eval_precision`` (the loss of each logged batch in BF16 or the run's policy):
+:mod:`fp8jax.train.evaluation`.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from fp8jax.models.config import ModelConfig
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
   determinism,
+  evaluation,
   flops,
   metrics_log,
   multihost,
@@ -230,8 +233,10 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
             if cfg.train.checkpoints else ckpt_lib.NoCheckpointer(workdir / "checkpoints"))
     writer = (metrics_log.MetricsWriter(workdir, cfg.train.tensorboard) if main
               else metrics_log.NoWriter())
-    meta = {"config": json.loads(cfg.to_json()), "model": dict(model.meta),
-            "policy": policy.name, ckpt_lib.POLICY: model.record(policy, cfg.policy)}
+    config = json.loads(cfg.to_json())
+    meta = {"config": config, "model": dict(model.meta), "policy": policy.name,
+            ckpt_lib.POLICY: model.record(policy, cfg.policy),
+            "eval_precision": evaluation.precision_of(config)}
     try:
       if has_run:
         start, state, position = _restore_latest(ckpt, restore_target(abstract, sharding),
@@ -263,8 +268,9 @@ def _run(cfg, model, policy, opt_cfg, state, start, step_fn, data, ckpt, writer,
   tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
   peak = cfg.train.peak_tflops * 1e12 or flops.peak_flops(jax.devices()[0].device_kind)
   progress = metrics_log.Progress(total, start, stream)
-  step_fn = metrics_log.FirstCalls("train", stream).wrap(noise_probe.wrap(
-      step_fn, cfg, model, policy, mesh, start), "step", "the step")
+  step_fn = metrics_log.FirstCalls("train", stream).wrap(evaluation.wrap(noise_probe.wrap(
+      step_fn, cfg, model, policy, mesh, start), cfg, model, policy, mesh, start),
+      "step", "the step")
   weight_norms = jax.jit(lambda p: weights.norms_by_module(layer_stack.unstack(p),
                                                            model.classifier))
   batch = next(data) if start < total else None
@@ -294,7 +300,7 @@ def _run(cfg, model, policy, opt_cfg, state, start, step_fn, data, ckpt, writer,
            **{f"weight_norm/{k}": float(v)
               for k, v in jax.device_get(weight_norms(state.params)).items()}}
     row.update({k: float(v) for k, v in jax.device_get(
-        {k: v for k, v in m.items() if k.startswith("probe/")}).items()})
+        {k: v for k, v in m.items() if k.startswith(("probe/", evaluation.PREFIX))}).items()})
     if "loss_scale" in m:
       row["loss_scale"], row["skipped_steps"] = float(m["loss_scale"]), skipped
     if "skipped" in position:  # shards: bad records skipped so far, over all processes

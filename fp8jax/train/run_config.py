@@ -29,7 +29,7 @@ import ml_collections
 
 from fp8jax.models import api, layer_scan, registry
 from fp8jax.models import config as model_config_lib
-from fp8jax.train import full_state, optim
+from fp8jax.train import evaluation, full_state, optim
 from fp8jax.train import loss_scale as loss_scale_lib
 
 RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_every",
@@ -116,6 +116,11 @@ def defaults() -> ml_collections.ConfigDict:
                                         # rest is recomputed), "" for everything
       deterministic=False,              # GPU: bit-identical reruns (XLA's deterministic
                                         # ops; fp8jax.train.determinism), at a cost in speed
+      eval_precision="",                # "train" or "bf16": every logged step also logs its
+                                        # batch's loss at the params before the update, a
+                                        # forward in the run's policy or in the model's BF16
+                                        # baseline (eval/loss, eval/lm_loss; "": none), which
+                                        # validate compares (fp8jax.train.evaluation)
       peak_tflops=0.0))                 # per-device bf16 peak for MFU (0: by device kind)
   return c
 
@@ -311,6 +316,9 @@ def check(cfg) -> tuple[api.Model, object]:
                      f"train.log_every {t.log_every}, got {t.noise_probe_every}")
   if not isinstance(t.checkpoints, bool):
     raise ValueError(f"train.checkpoints must be a bool, got {t.checkpoints!r}")
+  if t.get("eval_precision", "") not in evaluation.PRECISIONS:
+    raise ValueError(f"train.eval_precision must be one of {evaluation.PRECISIONS} ('': no "
+                     f"evaluation forward), got {t.eval_precision!r}")
   _check_full_state(t)
   gather = t.get("fsdp_gather_dtype", "")
   if gather and (gather not in FLOAT_DTYPES or not t.fsdp or cfg.precision.fp8_param_gather):

@@ -32,6 +32,7 @@ from fp8jax.metrics import weights
 from fp8jax.models import layer_stack
 from fp8jax.train import (
   determinism,
+  evaluation,
   flops,
   loop,
   metrics_log,
@@ -101,6 +102,10 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
     if every and policy != model.baseline:
       probe = noise_probe.make_probe(model, policy)
       step = noise_probe.Probed(step, jax.vmap(probe, in_axes=(0, 0, None)), every, 0)
+    evaluate = evaluation.evaluator(cfg, model, policy)  # train.eval_precision
+    if evaluate is not None:
+      step = evaluation.Evaluated(step, jax.jit(jax.vmap(evaluate, in_axes=(0, 0, None))), 0,
+                                  cfg.train.steps, cfg.train.log_every)
     label = f"train seeds {','.join(map(str, seeds))}"
     step = metrics_log.FirstCalls(label, stream).wrap(step, "step", "the step")
     return _run(cfg, model, state, step, data, mesh, seeds, writers, dirs,
@@ -129,14 +134,15 @@ def _run(cfg, model, state, step_fn, data, mesh, seeds, writers, dirs, progress)
     tps = tokens_per_step * since / (now - t_last)
     t_last, since = now, 0
     keys = ("loss", "lm_loss", "aux_loss", "grad_norm")
+    extra = ("probe/", evaluation.PREFIX)
     got = jax.device_get({**{k: m[k] for k in keys}, "norms": norms(state.params),
-                          **{k: v for k, v in m.items() if k.startswith("probe/")}})
+                          **{k: v for k, v in m.items() if k.startswith(extra)}})
     common = {"lr": float(lr_at(i)), "tokens_per_s": tps,
               "mfu": flops.mfu(tps * len(seeds), model, cfg.data.seq_len, peak, 1)}
     for j, s in enumerate(seeds):
       row = {"step": done, **{k: float(got[k][j]) for k in keys}, **common,
              **{f"weight_norm/{k}": float(v[j]) for k, v in got["norms"].items()},
-             **{k: float(v[j]) for k, v in got.items() if k.startswith("probe/")}}
+             **{k: float(v[j]) for k, v in got.items() if k.startswith(extra)}}
       writers[s].write(row)
       rows[s] = row
     progress.show(rows[seeds[0]])

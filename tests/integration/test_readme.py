@@ -1,9 +1,12 @@
 """The README's and docs/library.md's Python examples run as written; the map of the design
 (docs/architecture.md) lists every folder."""
 
+import os
 import pathlib
 import re
+import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -29,7 +32,48 @@ def test_readme_python_blocks_run():
   assert str(qt.data.dtype) == "float8_e4m3fn" and qt.scale_inv.shape == (4, 8)
   q4 = namespace["q4"]
   assert str(q4.data.dtype) == "float4_e2m1fn" and str(q4.scale_inv.dtype) == "float8_e4m3fn"
-  assert (pathlib.Path(namespace["out"]) / "report.md").is_file()
+  assert namespace["get_config"]().model == "my_lm:tiny"
+  from fp8jax.models import registry
+  assert "my_lm:tiny" in registry.known()  # the README's model, registered by its block
+
+
+SMALL = {"train": ["--config.train.steps=4", "--config.train.save_every=2",
+                   "--config.train.log_every=2", "--config.optim.warmup_steps=1",
+                   "--config.data.seq_len=32", "--config.data.global_batch=4"],
+         "compare": ["--steps=0,4", "--batches=1", "--batch_size=4"],
+         "branch": ["--from_steps=2", "--k=2"], "report": []}
+SMALL["validate"] = SMALL["train"]
+
+
+def readme_pipeline() -> tuple[str, list[list[str]]]:
+  """The README's "Use it on your model": the source of ``my_lm.py`` and its commands,
+  one argument list per stage (continued lines joined, comments dropped)."""
+  section = README.read_text().split("### Use it on your model", 1)[1].split("\n### ", 1)[0]
+  source = re.search(r"```python\n(# my_lm\.py.*?)```", section, flags=re.S).group(1)
+  script = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+  commands = [shlex.split(line, comments=True)
+              for line in script.replace("\\\n", " ").splitlines() if line.strip()]
+  return source, commands
+
+
+@pytest.mark.slow
+def test_readme_runs_the_pipeline_on_its_own_model(tmp_path):
+  """The README's model through train, compare, branch, validate and report: its commands
+  as written, from the folder of ``my_lm.py``, with smaller sizes appended."""
+  source, commands = readme_pipeline()
+  (tmp_path / "my_lm.py").write_text(source)
+  stages = [c[2].rpartition(".")[2] for c in commands]
+  assert stages == ["train", "compare", "branch", "validate", "report"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  for stage, command in zip(stages, commands):
+    assert command[:2] == ["python", "-m"]
+    out = subprocess.run([sys.executable, *command[1:], *SMALL[stage]], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"{stage}: {out.stderr[-3000:]}"
+  report = (tmp_path / "out" / "my_lm" / "compare" / "report.md").read_text()
+  assert "my_lm:tiny" in report and "| gemm:nvfp4 (`nvfp4`) | 4 |" in report
+  assert "### Full training runs" in report  # the validation matrix, read by the report
+  assert "mlp" in report and "routed_experts" not in report  # its own classifier
 
 
 @pytest.mark.slow

@@ -81,7 +81,6 @@ COVERED_BY = {
     "fp8jax.models.deepseek_model": "tests/models/test_api.py",
     "fp8jax.models.embedding": "tests/train/test_determinism.py",
     "fp8jax.models.llama": "tests/models/test_api.py",
-    "fp8jax.models.moe": "tests/gemm/test_grouped_operands.py",
     "fp8jax.models.norm": "tests/models/test_deepseek_moe.py",
     "fp8jax.models.param_paths": "tests/metrics/test_metrics.py",
     "fp8jax.models.policy": "tests/models/test_api.py",

@@ -60,9 +60,10 @@ def _linked_from(page):
 
 
 def test_pages_link_to_something():
-  """The README links every docs page, so none is orphaned."""
+  """The README links every docs page, so none is orphaned (but docs/index.md, the
+  documentation site's home page, which is the README itself)."""
   linked = _linked_from(REPO / "README.md")
-  orphans = [p.name for p in TOP_PAGES if p.resolve() not in linked]
+  orphans = [p.name for p in TOP_PAGES if p.resolve() not in linked and p.name != "index.md"]
   assert not orphans, f"docs pages the README does not link: {orphans}"
 
 

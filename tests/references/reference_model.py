@@ -29,8 +29,12 @@ def _silu(x):
   return x / (1 + np.exp(-x))
 
 
-def _swiglu(x, g, u, d):
-  return (_silu(x @ g) * (x @ u)) @ d
+def _swiglu(x, g, u, d, limit=None):
+  """SwiGLU; ``limit``: DeepSeek-V4's clamp, the gate from above, the up path both ways."""
+  gate, up = x @ g, x @ u
+  if limit is not None:
+    gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
+  return (_silu(gate) * up) @ d
 
 
 def forward(params, tokens, cfg):
@@ -41,6 +45,7 @@ def forward(params, tokens, cfg):
   nh, hd = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
   nkv = cfg.num_key_value_heads or nh  # None: multi-head attention
   aux_total = 0.0
+  limit = getattr(cfg, "swiglu_limit", None)
   for i in range(cfg.num_hidden_layers):
     lp = params["layers"][i]
     x = _rms(h, p(lp["input_layernorm"]["weight"]), cfg.rms_norm_eps)
@@ -59,7 +64,7 @@ def forward(params, tokens, cfg):
     mlp = lp["mlp"]
     if not cfg.is_moe_layer(i):
       h = h + _swiglu(x, p(mlp["gate_proj"]["kernel"]), p(mlp["up_proj"]["kernel"]),
-                      p(mlp["down_proj"]["kernel"]))
+                      p(mlp["down_proj"]["kernel"]), limit)
       continue
     flat = x.reshape(b * s, -1)
     logits = flat @ p(mlp["gate"])
@@ -75,12 +80,12 @@ def forward(params, tokens, cfg):
         w = w / (w.sum() + 1e-20)
       for ex, wt in zip(top, w):
         out[t] += wt * _swiglu(flat[t], p(mlp["experts_gate"][ex]), p(mlp["experts_up"][ex]),
-                               p(mlp["experts_down"][ex]))
+                               p(mlp["experts_down"][ex]), limit)
         picks[t // s if cfg.seq_aux else 0, ex] += 1
     if cfg.n_shared_experts:
       sh = mlp["shared_experts"]
       out += _swiglu(flat, p(sh["gate_proj"]["kernel"]), p(sh["up_proj"]["kernel"]),
-                     p(sh["down_proj"]["kernel"]))
+                     p(sh["down_proj"]["kernel"]), limit)
     if cfg.aux_loss_alpha > 0:
       if cfg.seq_aux:
         ce = picks / (s * kk / e)

@@ -277,6 +277,7 @@ def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
     output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
   if not bool(jax.device_get(base.finite)):
     return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
+  routed = expert_tokens(base.routing)
   written = 0
   for name in names:
     with first.timed(name, f"policy {name}"):
@@ -285,7 +286,7 @@ def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
             floor_seed, step, *key)))
       else:
         res = jax.device_get(evaluator.variant(name, params, tokens, base, delayed[name]))
-    row, details = _result_rows(res, params, {**ids, "policy": name})
+    row, details = _result_rows(res, params, {**ids, "policy": name}, routed)
     output.append("details.jsonl", details)
     output.append("rows.jsonl", row)
     written += 1
@@ -301,9 +302,23 @@ def _baseline_row(base: paired.Baseline, params) -> dict:
           "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
 
 
-def _result_rows(res: dict, params, ids: dict) -> tuple[dict, dict]:
+EXPERT_METRICS = ("diff_norm", "rel_err", "cosine")
+"""Per-expert metrics of a details line (``by_expert``: ``{layer: {metric: [E]}}``)."""
+
+
+def expert_tokens(routing) -> dict[str, list[int]]:
+  """``{layer: tokens routed to each expert}`` of a pass's routing (``{}``: no router)."""
+  counts = jax.device_get({str(layer): r["expert_counts"] for layer, r in routing.items()
+                           if "expert_counts" in r})
+  return {layer: [int(c) for c in v] for layer, v in counts.items()}
+
+
+def _result_rows(res: dict, params, ids: dict, routed: dict | None = None
+                 ) -> tuple[dict, dict]:
   """(rows.jsonl row, details.jsonl line) of one variant result (host arrays) against a
-  finite baseline."""
+  finite baseline; a model with routed experts adds to the details line its per-expert
+  metrics (``by_expert``) and the BF16 pass's tokens per expert (``routed``, from
+  :func:`expert_tokens`)."""
   finite = bool(res["finite"])
   where = None
   if not finite:
@@ -322,6 +337,12 @@ def _result_rows(res: dict, params, ids: dict) -> tuple[dict, dict]:
   details = {**ids, "per_param": metrics.per_param(res["compare"]),
              "module_layer": {k: float(v) for k, v in
                               res["compare"]["by_module_layer"].column("diff_norm").items()}}
+  by_expert = res["compare"]["by_expert"]
+  if len(by_expert):
+    details["by_expert"] = {layer: {m: [float(v) for v in by_expert.columns[m][i]]
+                                    for m in EXPERT_METRICS}
+                            for i, layer in enumerate(by_expert.names)}
+    details["expert_tokens"] = dict(routed or {})
   if "telemetry" in res:  # a GEMM recipe: its operands' block-scale telemetry
     tel = {k: {m: float(v) for m, v in st.items()} for k, st in res["telemetry"].items()}
     row.update({f"tel/{m}": v for m, v in tel.pop("global").items()})

@@ -9,7 +9,10 @@ The runs (:class:`Matrix`, :func:`run_matrix`, re-exported here) are
 :mod:`fp8jax.study.runs.matrix`.
 
 The summary: per run the mean ``metric`` over the last ``tail`` share of its logged steps
-(the overlay's tail mean; nats per token); per recipe the relative gap to BF16 of the same
+(the overlay's tail mean; nats per token), as the runs evaluated it
+(``train.eval_precision``, :mod:`fp8jax.train.evaluation`: the training forward's loss, or
+the evaluation forward's in the run's policy or in BF16, ``eval/<metric>``; the summary
+says which, and refuses runs evaluated differently); per recipe the relative gap to BF16 of the same
 seed, ``(loss - loss_bf16) / loss_bf16``, with its mean and 95% t-interval over seeds, next
 to BF16's own seed-to-seed spread (the relative standard deviation of the BF16 tail means):
 the yardstick a gap must exceed to mean anything. A verdict against a bound (e.g. DeepSeek-V3's
@@ -39,12 +42,12 @@ from fp8jax.study.runs.matrix import (  # noqa: F401  (re-exported: the matrix's
     run_name,
 )
 from fp8jax.study.runs.overlay import load_run, tail_count
-from fp8jax.train import determinism, noise_probe
+from fp8jax.train import determinism, evaluation, noise_probe
 
 
 def tail_value(workdir, metric: str = "lm_loss", tail: float = 0.1) -> float:
-  """The mean of ``metric`` over the last ``tail`` share of a run's logged steps (NaN when a
-  value there is not finite)."""
+  """The mean of ``metric`` (a metrics column) over the last ``tail`` share of a run's
+  logged steps (NaN when a value there is not finite or absent)."""
   run = load_run(workdir)
   values = run.series(metric)
   values = values[-tail_count(len(values), tail):]
@@ -111,7 +114,7 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
   the gaps (:mod:`fp8jax.study.runs.one_step_ranking`). Writes ``<out>/summary.json`` and
   ``<out>/summary.md``. Unfinished runs are left out and listed."""
   out = pathlib.Path(out)
-  value, missing, nonfinite, modes, probes = {}, [], [], {}, {}
+  value, missing, nonfinite, modes, probes, evaluated = {}, [], [], {}, {}, {}
   for recipe, seed in matrix.runs():
     workdir = out / "runs" / run_name(recipe, seed)
     if not (workdir / DONE).exists():
@@ -122,9 +125,16 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
     modes[mode] = modes.get(mode, 0) + 1
     if any("probe/ratio" in r for r in run.rows):
       probes.setdefault(recipe, {})[seed] = _probe_summary(run.rows)
-    value[(recipe, seed)] = v = tail_value(workdir, metric, tail)
+    key = (evaluation.precision_of(run.config), evaluation.column(metric, run.config))
+    evaluated.setdefault(key, []).append(run_name(recipe, seed))
+    value[(recipe, seed)] = v = tail_value(workdir, key[1], tail)
     if math.isnan(v):
       nonfinite.append(run_name(recipe, seed))
+  if len(evaluated) > 1:
+    raise ValueError("the runs were evaluated differently (train.eval_precision), so their "
+                     "gaps do not compare: " + "; ".join(
+                         f"{p} ({c}): {', '.join(names)}" for (p, c), names in evaluated.items()))
+  precision, column = next(iter(evaluated), (None, None))
   ref = {s: value.get((REFERENCE, s), math.nan) for s in matrix.seeds}
   ref_ok = [v for v in ref.values() if math.isfinite(v)]
   spread = (float(np.std(ref_ok, ddof=1) / np.mean(ref_ok)) if len(ref_ok) >= 2 else math.nan)
@@ -139,7 +149,8 @@ def summarize(out, matrix: Matrix, metric: str = "lm_loss", tail: float = 0.1,
                        "verdict": "reference" if recipe == REFERENCE else verdict(gap, bound),
                        "gap_over_spread": (abs(gap.mean) / spread
                                            if spread and math.isfinite(spread) else math.nan)}
-  summary = {"metric": metric, "tail": tail, "bound": bound, "seeds": list(matrix.seeds),
+  summary = {"metric": metric, "eval_precision": precision, "column": column, "tail": tail,
+             "bound": bound, "seeds": list(matrix.seeds),
              "bf16_spread": spread, "recipes": recipes, "missing": missing,
              "nonfinite": nonfinite, "modes": modes, "probes": probes,
              "contrasts": [contrast(recipes, a, b) for a, b in contrasts]}
@@ -165,13 +176,26 @@ def _pct(v: float) -> str:
   return "n/a" if not math.isfinite(v) else f"{100 * v:+.2f}%"
 
 
+def _evaluated(summary: dict[str, Any]) -> str:
+  """How the runs' loss was evaluated, in words (summaries from before the key: trained)."""
+  column = summary.get("column") or summary["metric"]
+  if summary.get("eval_precision") == "bf16":
+    return (f"evaluated in BF16 (`{column}`: the model's BF16 forward of each logged batch "
+            "at the params before its update, the runs trained in their recipes)")
+  if column.startswith(evaluation.PREFIX):
+    return (f"evaluated in the training precision (`{column}`: each recipe's forward of each "
+            "logged batch at the params before its update)")
+  return f"evaluated in the training precision (`{column}`: the training forward's loss)"
+
+
 def render(summary: dict[str, Any]) -> str:
   """The summary as markdown: one row per recipe."""
   lines = [f"Tail mean of {summary['metric']} over the last {summary['tail']:.0%} of the "
-           f"logged steps; gap = (loss - loss_bf16) / loss_bf16 of the same seed, mean "
-           f"[95% t-interval] over seeds {summary['seeds']}. BF16's seed-to-seed spread "
-           f"(relative sd of its tail means): {_pct(summary['bf16_spread'])}. Verdict "
-           f"against +-{summary['bound']:.2%}. GPU mode of the runs: "
+           f"logged steps, {_evaluated(summary)}; gap = (loss - loss_bf16) / loss_bf16 of "
+           f"the same seed, mean [95% t-interval] over seeds {summary['seeds']}. BF16's "
+           f"seed-to-seed spread (relative sd of its tail means): "
+           f"{_pct(summary['bf16_spread'])}. Verdict against +-{summary['bound']:.2%}. GPU "
+           f"mode of the runs: "
            + (", ".join(f"{m} ({n})" for m, n in sorted(summary.get("modes", {}).items()))
               or "none finished")
            + " (docs/determinism.md: a default-mode run differs from itself by about 0.1% "
