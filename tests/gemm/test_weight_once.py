@@ -65,7 +65,7 @@ def test_weight_once_only_where_the_bits_cannot_change():
 
 @pytest.mark.parametrize("recipe,transpose,f", [
     pytest.param("fp32_blockwise", "requant", 384, marks=pytest.mark.slow),
-    ("fp32_blockwise_mma", "scaling_aware", 384),
+    pytest.param("fp32_blockwise_mma", "scaling_aware", 384, marks=pytest.mark.slow),
     pytest.param("fp32_blockwise_e8m0", "requant", 320, marks=pytest.mark.slow)])
 def test_fprop_and_dgrad_read_one_quantization_with_the_same_bits(recipe, transpose, f,
                                                                    monkeypatch):

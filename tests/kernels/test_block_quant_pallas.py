@@ -84,7 +84,7 @@ def test_payload_scales_and_stats_equal_the_references(fmt, b, dtype, in_dtype):
   assert s["finite"][0, 0, 1] == b * b - 3 and np.isnan(np.asarray(scale_inv)[0, 0, 1])
 
 
-@settings(max_examples=hs.examples(4, 10), deadline=None)
+@settings(max_examples=hs.examples(2, 10), deadline=None)
 @given(st.data())
 def test_random_stacks_equal_the_references(data):
   """Hypothesis: shapes, formats, block sides, dtypes and magnitudes."""

@@ -85,6 +85,7 @@ def test_finite_probe_is_finite_only_where_every_element_is():
   assert "fp8_sq_finite" not in metrics.compare_grads(gb, gf, classifier=DS)
 
 
+@pytest.mark.slow
 def test_variant_pass_attributes_the_first_nonfinite_leaf():
   from fp8jax.study.comparison import paired
   gb, gf, _, _ = _hand_case()
