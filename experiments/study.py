@@ -33,7 +33,7 @@ _DELAYED_WARMUP = flags.DEFINE_integer(
     "delayed_warmup", 4, "Warm-up passes of each delayed-scaling policy over its evaluation "
     "window, filling its amax histories (0: empty histories).")
 _BRANCH_K = flags.DEFINE_integer(
-    "branch_k", 8, "Training steps of each policy's branch from every checkpoint, with a BF16 "
+    "branch_k", 4, "Training steps of each policy's branch from every checkpoint, with a BF16 "
     "reference and a noise-floor branch (0: no branch-off runs).")
 _SITE_CONTROLS = flags.DEFINE_bool(
     "site_controls", True, "Also compare the noise-matched controls of the all-layer E4M3 "
