@@ -7,10 +7,12 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import fp8jax
 
 
+@pytest.mark.slow
 def test_weight_blocks_share_one_scale_both_ways():
   cfg = fp8jax.recipe("mxfp8_2d")
   spec = cfg.roles.weight

@@ -160,6 +160,7 @@ def test_block_error_sums_rows_in_order_then_as_a_tree():
 _VALUES = st.one_of(st.just(0.0), st.floats(1e-3, 1e3), st.floats(-1e3, -1e-3))
 
 
+@pytest.mark.slow
 @settings(max_examples=hs.examples(10, 25), deadline=None)
 @given(x=hnp.arrays(np.float32, (3, 64), elements=_VALUES),
        rule=st.sampled_from(["mae", "mse"]), e=st.sampled_from([256, 448]))

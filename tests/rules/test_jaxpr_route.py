@@ -79,6 +79,7 @@ def _as_fn(model):
   return (lambda p, x: nnx.merge(graphdef, p, rest)(x)), params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["matmul_op", "jnp.matmul", "jnp.dot", "jnp.einsum",
                                   "tied_head", "weight_left"])
 def test_own_code_gemms_equal_an_independent_reference_bit_for_bit(case):
