@@ -56,7 +56,7 @@ def test_both_quantizations_equal_quantize_bit_for_bit(fmt, tile, dtype):
   assert np.isnan(np.asarray(s)[0, 0]) and np.isnan(np.asarray(st)[0, 0])
 
 
-@settings(max_examples=hs.examples(4, 12), deadline=None)
+@settings(max_examples=hs.examples(2, 12), deadline=None)
 @given(st.data())
 def test_drawn_inputs_and_specs(data):
   tile = data.draw(st.sampled_from([16, 32]))

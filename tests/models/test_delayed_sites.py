@@ -186,6 +186,7 @@ def test_policy_expressions_grid_and_their_errors():
       pl.parse_policy(f"attn@0:{text}")
 
 
+@pytest.mark.slow
 def test_state_that_does_not_fit_the_policy_is_named():
   cfg, params, tokens = _setup()
   state = delayed_sites.init(cfg, MIXED)
