@@ -17,7 +17,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def _run(part: str) -> dict:
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   env.pop("XLA_FLAGS", None)
-  out = subprocess.run([sys.executable, str(REPO / "tests" / "multidevice_step.py"), part],
+  out = subprocess.run([sys.executable, str(REPO / "tests" / "integration" / "multidevice_step.py"),
+                        part],
                        capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout)

@@ -28,7 +28,7 @@ import pytest
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-CONFIG = [f"--config={REPO / 'tests' / 'multihost_config.py'}"]
+CONFIG = [f"--config={REPO / 'tests' / 'integration' / 'multihost_config.py'}"]
 STUDY = ["--offsets=0", "--batches=1", "--batch_size=8", "--branch_k=0"]  # no branch stage
 POLICIES = "--policies=attn@0:e5m2"  # its gradient difference is not tiny: rtol 1e-4 holds
 STEPS = 30  # the two-process run's final step
@@ -44,7 +44,7 @@ def _env(devices=None):
 
 
 def _worker(record, watched, module, *flags):
-  return [sys.executable, str(REPO / "tests" / "multihost_worker.py"), str(record),
+  return [sys.executable, str(REPO / "tests" / "integration" / "multihost_worker.py"), str(record),
           str(watched), "-m", module, *flags]
 
 

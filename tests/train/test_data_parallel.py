@@ -24,7 +24,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def _programs() -> dict:
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   env.pop("XLA_FLAGS", None)
-  out = subprocess.run([sys.executable, str(REPO / "tests" / "data_parallel_programs.py")],
+  out = subprocess.run([sys.executable,
+                        str(REPO / "tests" / "integration" / "data_parallel_programs.py")],
                        capture_output=True, text=True, env=env, check=True, timeout=900)
   return json.loads(out.stdout)
 

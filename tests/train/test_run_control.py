@@ -111,7 +111,8 @@ def test_distributed_without_a_cluster_or_environment_says_what_to_set(tmp_path)
 @pytest.mark.slow
 def test_binaries_keep_library_info_logs_off_the_terminal(tmp_path):
   args = [sys.executable, "-m", "fp8jax.experiments.train",
-          f"--config={REPO / 'tests' / 'multihost_config.py'}", "--config.train.steps=2"]
+          f"--config={REPO / 'tests' / 'integration' / 'multihost_config.py'}",
+          "--config.train.steps=2"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   quiet = subprocess.run([*args, f"--workdir={tmp_path / 'quiet'}"], env=env, text=True,
                          capture_output=True, timeout=600)
