@@ -68,11 +68,17 @@ RENAMED = {"seed": "sites"}
 
 
 def site_controls(policies) -> list[str]:
-  """The noise-matched controls (``noise(NAME)``) of the all-layer E4M3 site-grid policies
-  among ``policies`` (expanded): is FP8's error worse or better for the gradient than noise
-  of its size?"""
-  return [f"noise({p.name})" for p in policies
-          if p.name.endswith("_e4m3") and p.name.startswith(("attn_l0-", "moe_l0-"))]
+  """The noise-matched controls (``noise(NAME)``) of the policies among ``policies``
+  (expanded) whose numerics are an all-layer E4M3 cell of the site grid (their record's
+  :func:`~fp8jax.models.deepseek_model.site_cell`, whatever their names): is FP8's error
+  worse or better for the gradient than noise of its size?"""
+  out = []
+  for p in policies:
+    cell = (deepseek_model.site_cell(p) if isinstance(p, policy_lib.PrecisionPolicy)
+            else None)
+    if cell and cell["format"] == "e4m3" and cell["depth"].startswith("l0-"):
+      out.append(f"noise({p.name})")
+  return out
 
 
 def expand_policies(specs, num_layers) -> list:
