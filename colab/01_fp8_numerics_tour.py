@@ -61,8 +61,8 @@ import numpy as np
 
 import fp8jax
 from fp8jax.study import notebook
+from fp8jax.study.formats import fp8_sections
 from fp8jax.study.notebook import show_table
-from fp8jax.study.numerics import fp8_study
 
 NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's small one
 SMOKE = NB.smoke
@@ -156,7 +156,7 @@ bulk = np.ones(x.shape, bool)
 bulk[TOKENS // 3, CHANNELS // 5] = False
 
 tile_rows = []
-for name, gran in fp8_study.GRANULARITIES.items():
+for name, gran in fp8_sections.GRANULARITIES.items():
   row = {"granularity": name}
   for fmt in ("e4m3", "e5m2"):
     spec = fp8jax.QuantSpec(format=fmt, granularity=gran)
@@ -165,7 +165,7 @@ for name, gran in fp8_study.GRANULARITIES.items():
     x_hat = np.asarray(x_hat, np.float64)
     row["scale_inv shape"] = str(tuple(qt.scale_inv.shape))
     row["block"] = "x".join(map(str, qt.full_block))
-    row[f"{fmt} bulk SNR dB"] = fp8_study.snr_db(x[bulk].astype(np.float64), x_hat[bulk])
+    row[f"{fmt} bulk SNR dB"] = fp8_sections.snr_db(x[bulk].astype(np.float64), x_hat[bulk])
     row[f"{fmt} flushed"] = float(tel.underflow_frac)
   tile_rows.append(row)
 print(f"x: {x.shape} N(0, 1), one value = {OUTLIER:g}")
@@ -174,16 +174,16 @@ show_table(tile_rows, ["granularity", "scale_inv shape", "block", "e4m3 bulk SNR
 
 # %%
 # More outliers: a fraction 1e-3 of the values set to ±ratio, for growing ratios
-# (`fp8_study.quantization_snr`, behind the repository's numerics report). A 128x128
+# (`fp8_sections.quantization_snr`, behind the repository's numerics report). A 128x128
 # block then usually holds several outliers, a 1x128 tile rarely more than one.
-snr_sizes = fp8_study.StudySizes(
+snr_sizes = fp8_sections.StudySizes(
     tokens=TOKENS, channels=CHANNELS,
     outlier_ratios=(1e1, 1e3, 1e5) if SMOKE else (1e1, 1e2, 1e3, 1e4, 1e5, 1e6))
-snr_rows = fp8_study.quantization_snr(snr_sizes)
+snr_rows = fp8_sections.quantization_snr(snr_sizes)
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
 for ax, fmt in zip(axes, ("e4m3", "e5m2")):
-  for name in fp8_study.GRANULARITIES:
+  for name in fp8_sections.GRANULARITIES:
     rows = [r for r in snr_rows if r["format"] == fmt and r["granularity"] == name]
     ax.plot([r["outlier_ratio"] for r in rows], [r["bulk_snr_db"] for r in rows], marker="o",
             label=name)
@@ -250,7 +250,7 @@ for name, spec in SCALE_RULES.items():
   scale_rows.append({
       "scale rule": name, "scale_inv dtype": str(qt.scale_inv.dtype),
       "bytes per scale": qt.scale_inv.dtype.itemsize,
-      "SNR dB": fp8_study.snr_db(x_rows.astype(np.float64), x_hat),
+      "SNR dB": fp8_sections.snr_db(x_rows.astype(np.float64), x_hat),
       "saturated": float(tel.saturated_frac), "flushed": float(tel.underflow_frac),
       "range used": float(np.mean(payload.max(-1)) / E4M3.max)})
 show_table(scale_rows)
@@ -300,7 +300,7 @@ assert all(np.isfinite(r["e4m3 saturating"]) and np.isfinite(r["e5m2 saturating"
            for r in cast_rows if not np.isnan(r["x"]))
 # Tiles against outliers: one outlier ...
 no_outlier = rng.standard_normal(x.shape).astype(np.float32)
-clean_snr = fp8_study.snr_db(
+clean_snr = fp8_sections.snr_db(
     no_outlier.astype(np.float64),
     np.asarray(fp8jax.quantize_dequantize(jnp.asarray(no_outlier), TILE), np.float64))
 one = by_name(tile_rows, "granularity", "e4m3 bulk SNR dB")

@@ -70,7 +70,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from fp8jax.experiments.configs import train_tiny
-from fp8jax.study import notebook, report
+from fp8jax.study import notebook, sweep_report
 from fp8jax.study.common import results, stats
 from fp8jax.study.comparison import conditioning, figures, floor, questions, sweep
 from fp8jax.study.notebook import show_markdown
@@ -95,7 +95,7 @@ NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's
 # `fp8jax.study.pipeline.run_study`, the function behind that command: `loop.train` trains
 # the tiny demo model (`experiments/configs/train_tiny.py`: every layer MoE, byte tokens) and
 # saves checkpoints on the way, `sweep.run` compares the policies on every checkpoint and
-# `report.write_report` writes `report.md` with its figures, all in a temporary folder that is
+# `sweep_report.write_report` writes `report.md` with its figures, all in a temporary folder that is
 # removed when the kernel stops. The full demo compares the whole site grid (attention or MoE
 # output x first or every layer x E4M3 or E5M2) on two evaluation windows; the smoke version
 # trains a shallower model for fewer steps and compares an attention and a MoE policy of the
@@ -123,7 +123,7 @@ if RESULTS_DIR is None:
   loop.train(train_cfg, study_dir / "train", stream=sys.stdout)
   sweep.run(study_dir / "train", sweep_dir, policies=POLICIES, windows=WINDOWS,
             moe_impl=train_cfg.train.moe_impl, stream=sys.stdout)
-  print("report:", report.write_report(sweep_dir))
+  print("report:", sweep_report.write_report(sweep_dir))
 else:
   folder = pathlib.Path(RESULTS_DIR)
   sweep_dir = folder / "compare" if (folder / "compare" / "meta.json").exists() else folder
@@ -136,7 +136,8 @@ print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}
 # ## 2. Grid and summary
 #
 # `results.load` reads the sweep into a `Results` object (`fp8jax.study.common.results`);
-# `report.grid_markdown` and `report.summary_markdown` are the first sections of `report.md`:
+# `sweep_report.grid_markdown` and `sweep_report.summary_markdown` are the first sections of
+# `report.md`:
 # the model, the checkpoints, the evaluation windows, the policies with their directly
 # quantized modules (and the noise floor and controls, when the sweep has them), the rows that
 # were not finite (excluded from every statistic), and per policy each metric's median over
@@ -151,7 +152,7 @@ print(f"sweep {sweep_dir}: {len(res.policies)} policies, checkpoints {res.steps}
 # quantizes directly.
 
 # %%
-show_markdown(report.grid_markdown(res)[2:] + report.summary_markdown(res))
+show_markdown(sweep_report.grid_markdown(res)[2:] + sweep_report.summary_markdown(res))
 
 # %% [markdown]
 # `stats.summary(res, metric)` (`fp8jax.study.common.stats`) gives the same statistics as data,
@@ -329,7 +330,7 @@ else:
 # %% [markdown]
 # ## 5. Further
 #
-# `report.write_report(folder)` writes `report.md` and its figures into a sweep folder (the
+# `sweep_report.write_report(folder)` writes `report.md` and its figures into a sweep folder (the
 # demo study above already did); `fp8jax.study.comparison.figures` draws each figure of the report
 # separately, and `stats.compare(res, a, b, metric)` compares any two policies on the batches
 # they share: the paired ratio a / b per batch, its geometric mean per checkpoint and the

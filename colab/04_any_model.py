@@ -56,7 +56,7 @@ import jax
 from fp8jax.metrics.paths import Classifier
 from fp8jax.models import policy
 from fp8jax.rules import Rule, Rules, describe, quantize_model
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.comparison import model_api, model_sweep
 
 SMOKE = os.environ.get("FP8JAX_SMOKE") == "1"
@@ -124,6 +124,6 @@ batches = [{"images": jax.random.normal(jax.random.fold_in(key, i), (4, 16, 16, 
            for i in range(BATCHES)]
 out = pathlib.Path(tempfile.mkdtemp()) / "compare"
 model_sweep.evaluate(model, out, variants, params, batches)
-path = report.write_report(out)
+path = sweep_report.write_report(out)
 text = path.read_text()
 print(text[:text.index("## Answers")] if "## Answers" in text else text[:4000])

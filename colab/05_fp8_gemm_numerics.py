@@ -54,8 +54,8 @@ import numpy as np
 import fp8jax
 from fp8jax.gemm import accumulate
 from fp8jax.study import notebook
+from fp8jax.study.formats import fp8_sections
 from fp8jax.study.notebook import show_table
-from fp8jax.study.numerics import fp8_study
 
 NB = notebook.start()  # versions, devices, and the size: FP8JAX_SMOKE=1 is CI's small one
 SMOKE = NB.smoke
@@ -67,7 +67,7 @@ SMOKE = NB.smoke
 # fp8jax offers FP32 accumulation and a bit-exact model of Hopper tensor-core accumulation
 # (blocks of 32 products aligned to the largest exponent, 13 fraction bits, truncation);
 # DeepSeek-V3 *promotes* the partial sum to FP32 every 128 elements of K.
-# `fp8_study.accumulation_error` quantizes A [M, K] and B [N, K] to E4M3 with
+# `fp8_sections.accumulation_error` quantizes A [M, K] and B [N, K] to E4M3 with
 # per-tensor scales and multiplies them with each accumulator (`accumulate.scaled_matmul`);
 # the reference is the float64 product of the same dequantized operands, so the error is the
 # accumulation's alone. Operands: "positive" U(0, 1) (one sign, the worst case for
@@ -80,10 +80,10 @@ SMOKE = NB.smoke
 TOKENS, CHANNELS = (256, 512) if SMOKE else (1024, 2048)
 KS = (256, 1024) if SMOKE else (256, 512, 1024, 2048, 4096, 8192, 16384)
 GEMM_ROWS = 16 if SMOKE else 64
-acc_rows = fp8_study.accumulation_error(
-    fp8_study.StudySizes(ks=KS, gemm_rows=GEMM_ROWS))
-dists = list(fp8_study.DISTRIBUTIONS)
-acc_names = list(fp8_study.ACCUMULATORS)
+acc_rows = fp8_sections.accumulation_error(
+    fp8_sections.StudySizes(ks=KS, gemm_rows=GEMM_ROWS))
+dists = list(fp8_sections.DISTRIBUTIONS)
+acc_names = list(fp8_sections.ACCUMULATORS)
 show_table([{"distribution": d, "K": k,
               **{n: r["norm_rel"] for n in acc_names for r in acc_rows
                  if (r["distribution"], r["k"], r["accumulator"]) == (d, k, n)}}
@@ -120,7 +120,7 @@ def fp8_gemm(a, b, config):
 K_RECIPE = KS[-1] if SMOKE else 4096
 rng = np.random.default_rng(1)
 a, b = (jnp.asarray(t, jnp.float32)
-        for t in fp8_study.gemm_operands("outliers", GEMM_ROWS * 2, K_RECIPE, rng))
+        for t in fp8_sections.gemm_operands("outliers", GEMM_ROWS * 2, K_RECIPE, rng))
 ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64).T
 RECIPES = {
     "bf16": fp8jax.gemm.dense.BF16,
@@ -133,7 +133,7 @@ RECIPES = {
 recipe_rows = []
 for name, cfg in RECIPES.items():
   y = np.asarray(fp8_gemm(a, b, cfg), np.float64)
-  metrics = fp8_study.error_metrics(y, ref)
+  metrics = fp8_sections.error_metrics(y, ref)
   recipe_rows.append({"GEMM": name, "config": cfg.describe(), "norm_rel": metrics["norm_rel"],
                       "max_over_range": metrics["max_over_range"]})
 show_table(recipe_rows, title=f"[{a.shape[0]}, {K_RECIPE}] x [{K_RECIPE}, {b.shape[0]}], "
@@ -148,11 +148,11 @@ show_table(recipe_rows, title=f"[{a.shape[0]}, {K_RECIPE}] x [{K_RECIPE}, {b.sha
 # `double` dequantizes the FP8 tensor and quantizes its transpose (two roundings);
 # `scaling_aware` re-expresses the FP8 payload with the new tiles' scales (with power-of-two
 # scales a shift of exponents, exact except below the smallest subnormal). First the
-# transposed tensor (`fp8_study.double_quant_error`) against the unquantized transpose:
+# transposed tensor (`fp8_sections.double_quant_error`) against the unquantized transpose:
 
 # %%
-dq_rows = fp8_study.double_quant_error(
-    fp8_study.StudySizes(tokens=TOKENS, channels=CHANNELS))
+dq_rows = fp8_sections.double_quant_error(
+    fp8_sections.StudySizes(tokens=TOKENS, channels=CHANNELS))
 show_table(dq_rows, ["scale_format", "policy", "snr_db", "changed_vs_requant",
                       "changed_vs_forward_values"])
 
@@ -195,7 +195,7 @@ for scale_format, roles in ROLE_SETS.items():
     cfg = fp8jax.GemmConfig(roles=roles, fprop="bf16", dgrad="bf16", transpose=policy)
     dw = np.asarray(weight_grad(x_act, w, dy, cfg), np.float64)
     wgrad_rows.append({"scale_format": scale_format, "policy": policy,
-                       "dW norm_rel": fp8_study.error_metrics(dw, dw_ref)["norm_rel"]})
+                       "dW norm_rel": fp8_sections.error_metrics(dw, dw_ref)["norm_rel"]})
 show_table(wgrad_rows)
 
 # %% [markdown]

@@ -58,7 +58,7 @@ import jax
 from fp8jax.experiments.configs import train_nano_moe_tiny
 from fp8jax.models import registry
 from fp8jax.rules import describe
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.comparison import sweep
 from fp8jax.train import loop
 
@@ -118,7 +118,7 @@ for r in rows:
 # grows from the 8-bit to the 4-bit recipes; its figures are in `figures/`.
 
 # %%
-path = report.write_report(WORK / "compare")
+path = sweep_report.write_report(WORK / "compare")
 text = path.read_text()
 summary_table = text.split("## Summary per policy", 1)[1].split("\n## ", 1)[0]
 display(Markdown("## Summary per policy" + summary_table))

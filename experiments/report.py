@@ -21,7 +21,7 @@ from __future__ import annotations
 from absl import flags
 
 from fp8jax.experiments import _cli
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.common import results as results_lib
 from fp8jax.train import multihost
 
@@ -48,7 +48,7 @@ def main(argv):
       results = results_lib.save(results_lib.merge(
           [results_lib.load(p) for p in _RESULTS.value]), _OUT.value)
       print(f"merged {len(_RESULTS.value)} parts into {results}")
-    path = report.write_report(results, out=_OUT.value, top_k=_TOP_K.value,
+    path = sweep_report.write_report(results, out=_OUT.value, top_k=_TOP_K.value,
                                branch=_BRANCH.value, validation=_VALIDATION.value)
   except (ValueError, FileNotFoundError) as e:  # a missing or damaged results folder
     _cli.fail(str(e))

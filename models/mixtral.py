@@ -72,7 +72,7 @@ class Experts(nnx.Module):
     self.gate = nnx.Param(init(rngs.params(), (e, d, f), pdt))
     self.up = nnx.Param(init(rngs.params(), (e, d, f), pdt))
     self.down = nnx.Param(init(rngs.params(), (e, f, d), pdt))
-    self.ragged_dot = grouped_gemm.tiled_matmul
+    self.ragged_dot = grouped_gemm.padded_grouped_matmul
     self.limit = cfg.swiglu_limit
 
   def __call__(self, x, weights, ids):

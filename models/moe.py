@@ -119,7 +119,7 @@ permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
 def experts_dispatch(x, weights, ids, gate, up, down,
-                     grouped_matmul=grouped_gemm.tiled_matmul, group_multiple: int = 1,
+                     grouped_matmul=grouped_gemm.padded_grouped_matmul, group_multiple: int = 1,
                      fuse_gate_up: bool = False, once=None, limit: float | None = None):
   """Dropless sort-based dispatch with static shapes.
 

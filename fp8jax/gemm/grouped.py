@@ -12,7 +12,7 @@ transpose policy of a :class:`fp8jax.GemmConfig`:
   quantized, so that no tile spans two experts, as when each expert's GEMM runs on its own
   rows.
 
-With FP32 accumulation the products run through :func:`tiled_matmul` on the dequantized
+With FP32 accumulation the products run through :func:`padded_grouped_matmul` on the dequantized
 operands in float32 (``lax.ragged_dot``'s dense rewrite runs out of memory at 2B shapes), or
 through the grouped blockwise-scaled kernel (:mod:`fp8jax.kernels.grouped_scaled_pallas`)
 where the scales are float32 tiles of 1 x 128 and 128 x 128 (DeepSeek-V3): ``config.impl``
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import grouped_operands, grouped_tensor_core, padding, rotation, transpose
-from fp8jax.gemm.tiled import tiled_matmul  # noqa: F401  (also this module's API)
+from fp8jax.gemm.grouped_padded import padded_grouped_matmul  # noqa: F401  (also this module's API)
 from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas
 from fp8jax.numerics import arguments
 from fp8jax.quant import qtensor
@@ -56,14 +56,14 @@ def _rdot(a, b, sizes, mode):
   if mode == "bf16":
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
   with jax.default_matmul_precision("highest"):
-    return tiled_matmul(a, b, sizes, out_dtype=jnp.float32)
+    return padded_grouped_matmul(a, b, sizes, out_dtype=jnp.float32)
 
 
 def _wgrad_product(a, b, sizes):
   """dW [E, K, F] = per group a_g^T b_g, for a [N, K], b [N, F] (float32)."""
   zeros = jnp.zeros((sizes.shape[0], a.shape[1], b.shape[1]), a.dtype)
   with jax.default_matmul_precision("highest"):
-    _, vjp = jax.vjp(lambda w: tiled_matmul(a, w, sizes, out_dtype=jnp.float32), zeros)
+    _, vjp = jax.vjp(lambda w: padded_grouped_matmul(a, w, sizes, out_dtype=jnp.float32), zeros)
     return vjp(b.astype(jnp.float32))[0].astype(jnp.float32)
 
 
@@ -388,7 +388,7 @@ def matmul_for(impl: str, config: gemm_lib.GemmConfig | None):
   and the row multiple its groups are laid out at: the FP8 GEMM simulation
   (:func:`fp8_ragged_dot`) with ``config`` when there is one (groups padded to
   :func:`group_multiple_of`), else XLA's tiled GEMM (``impl="dispatch"``,
-  :func:`tiled_matmul`) or the Pallas kernels (``impl="pallas"``, GPU: per direction the
+  :func:`padded_grouped_matmul`) or the Pallas kernels (``impl="pallas"``, GPU: per direction the
   faster of JAX's Mosaic GPU kernels and the Triton ones, see
   :mod:`fp8jax.kernels.grouped_gpu`), on unpadded groups."""
   if config is not None:
@@ -396,4 +396,4 @@ def matmul_for(impl: str, config: gemm_lib.GemmConfig | None):
     return functools.partial(fp8_ragged_dot, config=config, group_multiple=multiple), multiple
   if impl == "pallas":  # the dispatch routes every row: the sizes sum to N
     return functools.partial(grouped_gpu.grouped_matmul, covered=True), 1
-  return tiled_matmul, 1
+  return padded_grouped_matmul, 1

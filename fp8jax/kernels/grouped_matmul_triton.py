@@ -2,7 +2,7 @@
 
 ``grouped_matmul(x, w, group_sizes)`` computes ``y[n] = x[n] @ w[g(n)]`` for rows ``x``
 [N, d] sorted by group (expert) and stacked weights ``w`` [E, d, f]: the same function as
-:func:`fp8jax.gemm.grouped.tiled_matmul`, without copying any weight. Every program
+:func:`fp8jax.gemm.grouped.padded_grouped_matmul`, without copying any weight. Every program
 reads its expert's weight in place:
 
 * Forward and Dgrad: the rows are cut into tiles of ``block_m`` rows that never cross a

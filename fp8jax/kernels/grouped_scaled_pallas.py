@@ -4,7 +4,7 @@ The MoE experts' GEMMs of ``gemm:fp32_blockwise`` (DeepSeek-V3: FP8 operands, 1x
 for rows, 128x128 blocks for weights, FP32 promotion every 128 elements of the contraction)
 with the scales applied per promotion interval inside the kernel. Every program reads its
 expert's payload tiles and scales in place: there is no weight copy per row tile (the
-XLA simulation, ``fp8jax.gemm.grouped.tiled_matmul``, gathers a float32 weight per tile).
+XLA simulation, ``fp8jax.gemm.grouped.padded_grouped_matmul``, gathers a float32 weight per tile).
 
 * :func:`grouped_scaled_matmul` (Fprop ``Y = X W_g``, Dgrad ``dX = dY W_g^T``): rows
   ``a`` [N, K] sorted by group, ``y[n] = sum_j (a[n, I_j] . b[g(n)][I_j, :]) *

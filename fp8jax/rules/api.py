@@ -14,7 +14,7 @@ from __future__ import annotations
 from flax import linen as nn
 from flax import nnx
 
-from fp8jax.rules import gemms, linen_apply, nnx_apply, report
+from fp8jax.rules import description, gemms, linen_apply, nnx_apply
 from fp8jax.rules import rule as rule_lib
 
 
@@ -58,16 +58,16 @@ def describe(model, rules, *args, **kwargs) -> str:
   """
   rules = rule_lib.as_rules(rules)
   if isinstance(model, (nnx.Module, nn.Module)) and (args or kwargs):
-    return report.hook_report(model, rules, *args, **kwargs)
+    return description.hook_report(model, rules, *args, **kwargs)
   if not isinstance(model, (nnx.Module, nn.Module)) and callable(model):
-    return report.jaxpr_report(gemms.QuantizedGemms(model, rules, strict=False), *args,
+    return description.jaxpr_report(gemms.QuantizedGemms(model, rules, strict=False), *args,
                                **kwargs)
   found = plans(model, rules, *args, **kwargs)
   lines = []
   for path, plan in sorted(found.items()):
     if not plan.matched:
       continue
-    parts = [f"gemm[{op}]: {report.config_name(c)}" for op, c in plan.gemm]
+    parts = [f"gemm[{op}]: {description.config_name(c)}" for op, c in plan.gemm]
     if plan.output is not None:
       parts.append(f"output: {plan.output.describe()}")
     parts = parts or ["unquantized"]

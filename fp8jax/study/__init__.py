@@ -14,9 +14,9 @@ Each room imports only the rooms below it (``tests/project/test_layout.py`` chec
 * :mod:`fp8jax.study.branches`: the branch-off runs (K more steps under each policy from
   baseline checkpoints) and the trajectory analysis that joins them with a sweep;
 * :mod:`fp8jax.study.runs`: full training runs: their overlay and the validation matrix;
-* :mod:`fp8jax.study.numerics`: the FP8 / MX / NVFP4 numerics study (no model training).
+* :mod:`fp8jax.study.formats`: the FP8 / MX / NVFP4 numerics study (no model training).
 
-On top, this package holds the comparison study end to end: :mod:`~fp8jax.study.report`
+On top, this package holds the comparison study end to end: :mod:`~fp8jax.study.sweep_report`
 (``report.md``, with the trajectory section of the branch-off study) and
 :mod:`~fp8jax.study.pipeline` (baseline training, sweep, branch-off runs, report).
 

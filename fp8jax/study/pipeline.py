@@ -12,7 +12,7 @@ import pathlib
 import sys
 import time
 
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.branches import branch
 from fp8jax.study.comparison import sweep
 from fp8jax.train import loop, multihost
@@ -52,7 +52,7 @@ def run_study(train_config, out, policies=("sites",), windows: sweep.Windows | N
       stage(f"3/{n} branch-off runs: {branches.k} steps of each policy from every checkpoint")
       branch.run(train_dir, out / "branch", policies=policies, branches=branches, stream=stream)
     stage(f"{n}/{n} writing the report")
-    path = (report.write_report(out / "compare", branch=out / "branch" if branches else None)
+    path = (sweep_report.write_report(out / "compare", branch=out / "branch" if branches else None)
             if multihost.is_main()
             else out / "compare" / "report.md")
     stage(f"done: {path}")

@@ -68,8 +68,9 @@ def enable() -> None:
                   "set it before the first computation of the process", stacklevel=2)
 
 
-def record(deterministic: bool) -> dict:
-  """The mode as a run or a sweep records it (and :func:`enable` when it is on)."""
+def set_mode(deterministic: bool) -> dict:
+  """Sets the GPU mode (:func:`enable`: its XLA flag, when on) and returns its record, the
+  dict that a run's or a sweep's metadata keep."""
   if deterministic:
     enable()
   return {"deterministic": bool(deterministic)}

@@ -201,7 +201,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
   all); returns a summary dict (``final_step``, ``final_loss``, ``workdir``: the
   checkpoints folder). ``allow_policy_change``: a resume may change ``cfg.policy``.
   ``cfg.train.deterministic``: the deterministic mode (:mod:`fp8jax.train.determinism`)."""
-  determinism.record(cfg.train.deterministic)  # its XLA flag, before any computation
+  determinism.set_mode(cfg.train.deterministic)  # its XLA flag, before any computation
   workdir = pathlib.Path(workdir)
   main, stream = multihost.is_main(), multihost.main_stream(stream or sys.stderr)
   model, policy = run_config.check(cfg)

@@ -73,7 +73,7 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
   model, policy = check(cfg)
   if not workdirs:
     raise ValueError("train_seeds: no seeds")
-  determinism.record(cfg.train.deterministic)
+  determinism.set_mode(cfg.train.deterministic)
   stream = stream or sys.stderr
   seeds = sorted(int(s) for s in workdirs)
   dirs = {s: pathlib.Path(workdirs[s]) for s in seeds}

@@ -8,7 +8,7 @@ Zipf-skewed routing (max/mean expert load ~2.7) as in ``study_perf.py --parts=mo
 
 0. Ceiling: a bf16 [8192, 8192] x [8192, 8192] matmul, timed like the kernels.
 1. Checks: each Pallas kernel (forward, Dgrad, Wgrad, and the forward under ``vmap``) against
-   ``tiled_matmul`` in float32 on the same bf16 inputs, as ||out - ref|| / ||ref|| (bf16
+   ``padded_grouped_matmul`` in float32 on the same bf16 inputs, as ||out - ref|| / ||ref|| (bf16
    operands: expect ~1e-3), after filling the output memory with NaN (a NaN means an
    element was never written).
 2. Kernel sweep: each kernel alone for several block shapes, median ms and TFLOP/s over
@@ -80,9 +80,10 @@ def checks(p, interpret: bool):
   f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
   hi = jax.default_matmul_precision("highest")
   with hi:
-    ref_fwd = grouped_gemm.tiled_matmul(f32(xs), f32(p["gate"]), sizes)
-    ref_dgrad = grouped_gemm.tiled_matmul(f32(dys), jnp.swapaxes(f32(p["gate"]), 1, 2), sizes)
-    _, vjp = jax.vjp(lambda w: grouped_gemm.tiled_matmul(f32(xs), w, sizes), f32(p["gate"]))
+    ref_fwd = grouped_gemm.padded_grouped_matmul(f32(xs), f32(p["gate"]), sizes)
+    padded = grouped_gemm.padded_grouped_matmul
+    ref_dgrad = padded(f32(dys), jnp.swapaxes(f32(p["gate"]), 1, 2), sizes)
+    _, vjp = jax.vjp(lambda w: padded(f32(xs), w, sizes), f32(p["gate"]))
     ref_wgrad = vjp(f32(dys))[0]
   fwd = jax.jit(lambda a, w, s: gmp.rows_matmul(a, w, s, interpret=interpret))
   dgrad = jax.jit(lambda a, w, s: gmp.rows_matmul(a, w, s, transpose_w=True,
@@ -97,7 +98,7 @@ def checks(p, interpret: bool):
   x2 = xs[: 2 * half].reshape(2, half, -1)
   vm = jax.jit(jax.vmap(lambda a, s: gmp.rows_matmul(a, p["gate"], s, interpret=interpret)))
   with hi:
-    ref_vm = jax.vmap(lambda a, s: grouped_gemm.tiled_matmul(f32(a), f32(p["gate"]), s))(x2, s2)
+    ref_vm = jax.vmap(lambda a, s: padded(f32(a), f32(p["gate"]), s))(x2, s2)
   record("check_fwd_vmap", rel_err=rel_err(poisoned(vm, x2, s2), ref_vm))
   return xs, sizes, dys
 
@@ -136,7 +137,7 @@ def moe_layer(p, reps, interpret, fwd_blocks, wgrad_blocks):
   counts = np.asarray(jnp.bincount(p["ids"].reshape(-1), length=p["gate"].shape[0]))
   pallas = lambda a, w, s: gmp.grouped_matmul(  # noqa: E731
       a, w, s, fwd_blocks=fwd_blocks, wgrad_blocks=wgrad_blocks, interpret=interpret)
-  impls = {"tiled": grouped_gemm.tiled_matmul, "pallas": pallas}
+  impls = {"tiled": grouped_gemm.padded_grouped_matmul, "pallas": pallas}
   grads = {}
   for name, gm in impls.items():
     def loss(x, gate, up, down, gm=gm):

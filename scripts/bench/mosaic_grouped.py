@@ -92,9 +92,9 @@ def rows(p):
 def references(xs, w, sizes, dys):
   f32 = lambda a: a.astype(jnp.float32)  # noqa: E731
   with jax.default_matmul_precision("highest"):
-    fwd = jax.jit(grouped_gemm.tiled_matmul)(f32(xs), f32(w), sizes)
-    dgrad = jax.jit(grouped_gemm.tiled_matmul)(f32(dys), jnp.swapaxes(f32(w), 1, 2), sizes)
-    wg = jax.jit(lambda a, b: jax.vjp(lambda w_: grouped_gemm.tiled_matmul(a, w_, sizes),
+    fwd = jax.jit(grouped_gemm.padded_grouped_matmul)(f32(xs), f32(w), sizes)
+    dgrad = jax.jit(grouped_gemm.padded_grouped_matmul)(f32(dys), jnp.swapaxes(f32(w), 1, 2), sizes)
+    wg = jax.jit(lambda a, b: jax.vjp(lambda w_: grouped_gemm.padded_grouped_matmul(a, w_, sizes),
                                       f32(w))[1](b)[0])(f32(xs), f32(dys))
   return {"fwd": fwd, "dgrad": dgrad, "wgrad": wg}
 
@@ -155,7 +155,7 @@ def moe_layer(name, p, f_true, reps, best):
   routed_flops = 3 * 2 * t * k * 3 * p["x"].shape[1] * f_true
   cfgs = tuple(best.get(kind, default) for kind, default in
                (("fwd", gmm.FORWARD), ("dgrad", gmm.DGRAD), ("wgrad", gmm.WGRAD)))
-  impls = {"tiled": grouped_gemm.tiled_matmul, "triton": gmp.grouped_matmul,
+  impls = {"tiled": grouped_gemm.padded_grouped_matmul, "triton": gmp.grouped_matmul,
            "mosaic": lambda a, w, s: gmm.grouped_matmul(a, w, s, configs=cfgs),
            "gpu": grouped_gpu.grouped_matmul}  # the model's moe_impl="pallas"
   grads = {}

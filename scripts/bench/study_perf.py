@@ -88,7 +88,7 @@ def moe_layer(tokens=16384):
   imbalance = float(counts.max() / counts.mean())
   routed_flops = 3 * 2 * tokens * K * 3 * D * F_TRUE
   impls = {
-      "tiled": grouped_gemm.tiled_matmul,
+      "tiled": grouped_gemm.padded_grouped_matmul,
       "ragged_dot": lambda a, b, s: jax.lax.ragged_dot(a, b, s),
       "capacity_padded": lambda a, b, s: _capacity_matmul(a, b, s, capacity),
       "pallas": grouped_matmul_triton.grouped_matmul,

@@ -70,11 +70,11 @@ def _problem(seed=0, n=40, d=32, f=48, e=4, total=None):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("total,covered", [(None, False), (None, True), (31, False)])
-def test_matches_tiled_matmul_with_gradients(fake_kernels, total, covered):
+def test_matches_padded_grouped_matmul_with_gradients(fake_kernels, total, covered):
   x, w, dy, sizes = _problem(total=total)
   f = lambda x, w: gmm.grouped_matmul(x, w, sizes, configs=CONFIGS,  # noqa: E731
                                       covered=covered)
-  ref = lambda x, w: grouped_gemm.tiled_matmul(x, w, sizes)  # noqa: E731
+  ref = lambda x, w: grouped_gemm.padded_grouped_matmul(x, w, sizes)  # noqa: E731
   y, vjp = jax.vjp(f, x, w)
   y_ref, vjp_ref = jax.vjp(ref, *(a.astype(jnp.float32) for a in (x, w)))
   np.testing.assert_allclose(f32(y), y_ref, **TOL)
@@ -91,7 +91,8 @@ def test_vmap_loops_over_groups(fake_kernels):
   xs, ss = jnp.stack([x, x[::-1]]), jnp.stack([sizes, sizes2])
   got = jax.jit(jax.vmap(lambda a, s: gmm.grouped_matmul(a, w, s, configs=CONFIGS)))(xs, ss)
   for i in range(2):
-    want = grouped_gemm.tiled_matmul(xs[i].astype(jnp.float32), w.astype(jnp.float32), ss[i])
+    want = grouped_gemm.padded_grouped_matmul(xs[i].astype(jnp.float32), w.astype(jnp.float32),
+                                              ss[i])
     np.testing.assert_allclose(f32(got[i]), want, **TOL)
 
 
@@ -101,7 +102,7 @@ def test_grouped_gpu_composes_directions(fake_kernels, impls):
   x, w, dy, sizes = _problem(seed=3, n=24, d=128, f=128, e=3)
   impls = dict(zip(grouped_gpu.DIRECTIONS, impls))
   f = lambda x, w: grouped_gpu.grouped_matmul(x, w, sizes, impls=impls)  # noqa: E731
-  ref = lambda x, w: grouped_gemm.tiled_matmul(x, w, sizes)  # noqa: E731
+  ref = lambda x, w: grouped_gemm.padded_grouped_matmul(x, w, sizes)  # noqa: E731
   y, vjp = jax.vjp(f, x, w)
   y_ref, vjp_ref = jax.vjp(ref, *(a.astype(jnp.float32) for a in (x, w)))
   np.testing.assert_allclose(f32(y), y_ref, **TOL)

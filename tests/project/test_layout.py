@@ -21,7 +21,7 @@ ROOTS = {"fp8jax": "fp8jax", "models": "fp8jax.models", "experiments": "fp8jax.e
 _BELOW_STUDY = {"numerics", "kernels", "quant", "gemm", "api", "rules", "models", "data",
                 "metrics", "train"}
 _STUDY_ROOMS = ("study.common", "study.comparison", "study.branches", "study.runs",
-                "study.numerics")
+                "study.formats")
 # Each layer may import itself and the layers it lists. "api" is fp8jax/__init__.py.
 ALLOWED = {
     "numerics": set(),
@@ -41,7 +41,7 @@ ALLOWED = {
     "study.comparison": _BELOW_STUDY | {"study.common"},
     "study.branches": _BELOW_STUDY | {"study.common", "study.comparison"},
     "study.runs": _BELOW_STUDY | {"study.common", "study.comparison"},
-    "study.numerics": _BELOW_STUDY | {"study.common"},
+    "study.formats": _BELOW_STUDY | {"study.common"},
     "study": _BELOW_STUDY | set(_STUDY_ROOMS),
     "experiments": _BELOW_STUDY | set(_STUDY_ROOMS) | {"study"},
 }
@@ -133,7 +133,7 @@ def test_find_cycle_finds_one():
 def test_layer_of_names_the_study_rooms():
   assert layer_of("fp8jax.study.comparison.sweep") == "study.comparison"
   assert layer_of("fp8jax.study.common") == "study.common"
-  assert layer_of("fp8jax.study.report") == "study"
+  assert layer_of("fp8jax.study.sweep_report") == "study"
   assert layer_of("fp8jax.models.policy") == "models"
   assert layer_of("fp8jax") == "api"
 
@@ -198,7 +198,7 @@ def test_metrics_know_no_deepseek_names():
 
 DEEPSEEK_IMPORTERS = {  # above models/, the DeepSeek-MoE-only tools
     "fp8jax.train.params_io": "HF <-> Orbax conversion of DeepSeek-MoE checkpoints",
-    "fp8jax.study.numerics.model_site": "the numerics study at DeepSeek-MoE's sites",
+    "fp8jax.study.formats.model_site": "the numerics study at DeepSeek-MoE's sites",
 }
 """The modules above ``models/`` that may import DeepSeek-MoE's own code
 (``models/deepseek_moe.py``); everything else reaches it through the model interface: its

@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.common import results, results_io
 from fp8jax.study.comparison import sweep
 from fp8jax.train import checkpoint, checkpoint_digest, loop, optim, run_config, verify
@@ -306,6 +306,6 @@ def test_a_nonfinite_baseline_is_a_data_problem_not_an_fp8_row(train_run, tmp_pa
   assert base["step"] == 6 and not base["finite"] and base["nonfinite"].startswith("grads/")
   assert results_io.read(out / "rows.jsonl") == []
   assert sweep.run(run, out, **kw)["rows_written"] == 0  # nothing left to do
-  md = "\n".join(report.grid_markdown(results.load(out)))
+  md = "\n".join(sweep_report.grid_markdown(results.load(out)))
   assert "## Non-finite rows\n\nNone." in md
   assert "## Non-finite BF16 baselines (data problem)" in md and "| 6 | 0 | 0 | grads/" in md

@@ -73,7 +73,7 @@ def test_the_mode_sets_its_xla_flag_before_the_first_computation(tmp_path):
   assert out.stdout.split() == [determinism.FLAG]
   assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["deterministic"]
   jnp.ones(1).block_until_ready()  # this process's backends run: too late for the flag
-  assert determinism.record(True) == {"deterministic": True}  # no error, no warning on CPU
+  assert determinism.set_mode(True) == {"deterministic": True}  # no error, no warning on CPU
   assert determinism.FLAG not in os.environ.get("XLA_FLAGS", "").split()
 
 

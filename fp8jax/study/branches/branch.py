@@ -207,7 +207,7 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
   train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
   if deterministic is not None:
     train_cfg.train.deterministic = bool(deterministic)
-  mode = determinism.record(train_cfg.train.deterministic)  # before any computation
+  mode = determinism.set_mode(train_cfg.train.deterministic)  # before any computation
   model, trained = run_config.check(train_cfg)  # the run's policy: its state layout
   pols = branch_policies(policies, model, branches)
   for p in pols:

@@ -154,7 +154,7 @@ def run(train_workdir, out, policies=("sites",), steps=None, windows: Windows | 
     fp8jax.train.checkpoint_digest.CheckpointError: a checkpoint is corrupt or incomplete (unless
       ``skip_corrupt``); the rows of the checkpoints before it are kept.
   """
-  mode = determinism.record(deterministic)  # its XLA flag, before any computation
+  mode = determinism.set_mode(deterministic)  # its XLA flag, before any computation
   stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or Windows()
   train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.branches import trajectory
 from fp8jax.study.common import correlation, results
-from tests.study.test_report import BAD, LAYERS, SEED, STEPS, build, floor_rel_err, rel_err
+from tests.study.test_sweep_report import BAD, LAYERS, SEED, STEPS, build, floor_rel_err, rel_err
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 K = 8
@@ -272,11 +272,12 @@ def _is_png(path: pathlib.Path) -> bool:
 @pytest.mark.slow
 def test_report_section_only_with_branch_data(sweep, tmp_path):
   title = f"## {trajectory.TITLE}"
-  plain = report.write_report(sweep, out=tmp_path / "plain", top_k=3)
+  plain = sweep_report.write_report(sweep, out=tmp_path / "plain", top_k=3)
   assert title not in plain.read_text()
   assert not (tmp_path / "plain" / "figures" / "trajectory.png").exists()
   branch = write_branches(tmp_path / "b", grid_lines(monotone))
-  path = report.write_report(sweep, out=tmp_path / "out", top_k=3, branch=branch, n_boot=N_BOOT)
+  path = sweep_report.write_report(sweep, out=tmp_path / "out", top_k=3, branch=branch,
+                                   n_boot=N_BOOT)
   text = path.read_text()
   assert title in text and "![trajectory](figures/trajectory.png)" in text
   assert _is_png(tmp_path / "out" / "figures" / "trajectory.png")
@@ -296,16 +297,16 @@ def test_report_section_only_with_branch_data(sweep, tmp_path):
 def test_branch_folder_is_found_next_to_the_sweep(tmp_path):
   sweep = build(tmp_path / "run" / "compare", policies=("moe_l0_e4m3", "moe_l0_e5m2"),
                 steps=(0, 100))
-  assert report.branch_folder(sweep) is None
+  assert sweep_report.branch_folder(sweep) is None
   title = f"## {trajectory.TITLE}"
-  assert title not in report.write_report(sweep).read_text()
+  assert title not in sweep_report.write_report(sweep).read_text()
   lines = [line(s, p, "policy", 0.1 * (1 + i), 0.01) for i, s in enumerate((0, 100))
            for p in ("moe_l0_e4m3", "moe_l0_e5m2")]
   write_branches(tmp_path / "run" / "branch", lines)
-  assert report.branch_folder(sweep) == (tmp_path / "run" / "branch").resolve()
-  text = report.write_report(sweep, n_boot=50).read_text()
+  assert sweep_report.branch_folder(sweep) == (tmp_path / "run" / "branch").resolve()
+  text = sweep_report.write_report(sweep, n_boot=50).read_text()
   assert title in text and "not enough data" in text and "nan" not in text.lower()
-  assert title not in report.write_report(sweep, find_branch=False).read_text()
+  assert title not in sweep_report.write_report(sweep, find_branch=False).read_text()
 
 
 @pytest.mark.slow

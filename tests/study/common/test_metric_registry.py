@@ -5,12 +5,12 @@ import dataclasses
 
 import pytest
 
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.branches import trajectory, trajectory_figures
 from fp8jax.study.common import metric_registry as reg
 from fp8jax.study.common import results, results_io, stats
 from fp8jax.study.comparison import conditioning, figures, floor
-from tests.study.test_report import SEED, build
+from tests.study.test_sweep_report import SEED, build
 
 IDS = frozenset(results.ROW_KEYS + results.STATUS_KEYS)
 """The columns of a row that identify it or say whether it is finite: not metrics."""
@@ -79,7 +79,7 @@ def test_the_report_reads_the_registry():
   assert {"rel_err", "diff_norm", "grad_norm", "curvature"} <= stats.POSITIVE
   assert not {"cosine", "share_direct", "topk_set_diff_frac", "kurtosis"} & stats.POSITIVE
   # The report's tables keep their columns and their order.
-  assert report.SUMMARY_METRICS == ("rel_err", "diff_norm", "cosine", "loss_rel_err",
+  assert sweep_report.SUMMARY_METRICS == ("rel_err", "diff_norm", "cosine", "loss_rel_err",
                                     "share_direct")
   assert floor.FLOOR_METRICS == ("rel_err", "loss_rel_err")
   assert list(trajectory.PREDICTORS) == ["rel_err", "share_direct", "routing"]
@@ -92,7 +92,7 @@ def test_the_report_reads_the_registry():
       "telemetry: kurtosis of the quantized activations")
   assert list(trajectory.OUTCOMES) == ["param_div", "loss_gap", "update_cos", "routing_div",
                                        "growth_rate"]
-  for view in (report.SUMMARY_METRICS, floor.FLOOR_METRICS, trajectory.PREDICTORS,
+  for view in (sweep_report.SUMMARY_METRICS, floor.FLOOR_METRICS, trajectory.PREDICTORS,
                trajectory.EXTRA_PREDICTORS, trajectory.OUTCOMES, conditioning.SIGNALS):
     assert all(reg.get(name) for name in view)
   # Figures are not metrics: each metric names the figures that plot it, and they exist.

@@ -1,5 +1,5 @@
 """fp8jax.study results and statistics on a synthetic sweep folder with known numbers
-(the builder of ``tests/study/test_report.py``): loading, torn lines and bad rows, the
+(the builder of ``tests/study/test_sweep_report.py``): loading, torn lines and bad rows, the
 t-intervals against SciPy, seed-policy names."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from fp8jax.study.common import results, stats
-from tests.study.test_report import BAD_WHERE, SEED, STEPS, build, rel_err
+from tests.study.test_sweep_report import BAD_WHERE, SEED, STEPS, build, rel_err
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from fp8jax.study.common import results
-from tests.study.test_report import REPO, build
+from tests.study.test_sweep_report import REPO, build
 
 FILES = ("rows", "details", "baseline", "weights")
 

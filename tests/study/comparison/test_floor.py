@@ -1,5 +1,5 @@
 """The noise floor, the noise-matched controls and the conditioning in the report, on
-synthetic sweep folders with known numbers (tests/study/test_report.py's builder)."""
+synthetic sweep folders with known numbers (tests/study/test_sweep_report.py's builder)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.common import results, stats
 from fp8jax.study.comparison import conditioning, figures, floor, questions
-from tests.study import test_report as synthetic
-from tests.study.test_report import SEED, STEPS, build, floor_rel_err, rel_err
+from tests.study import test_sweep_report as synthetic
+from tests.study.test_sweep_report import SEED, STEPS, build, floor_rel_err, rel_err
 
 LESS = (2.0, 2.2, 1.8, 2.1)  # control rel_err / policy rel_err per batch: policy below noise
 MORE = (0.5, 0.55, 0.45, 0.52)  # policy above noise
@@ -170,7 +170,7 @@ def test_report_with_floor_controls_and_telemetry(tmp_path):
   folder = build(tmp_path / "s", policies=SEED[:4], floor=True, grad_norm={100: 10.0},
                  controls={"attn_l0_e4m3": LESS}, fields={"attn_l0_e5m2": lambda i, j: tel})
   r = results.load(folder)
-  text = report.render(r, questions.answers(r, 3), {})
+  text = sweep_report.render(r, questions.answers(r, 3), {})
   for title in ("## Conditioning per checkpoint", "## Against the noise floor",
                 "## Against noise-matched controls", "## Summary per policy"):
     assert title in text
@@ -184,7 +184,7 @@ def test_report_with_floor_controls_and_telemetry(tmp_path):
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
   old = results.load(build(tmp_path / "old", policies=SEED[:2], steps=(0, 100)))
   assert old.floor is None and old.controls == {} and old.policies == SEED[:2]
-  text = report.render(old, questions.answers(old, 3), {})
+  text = sweep_report.render(old, questions.answers(old, 3), {})
   assert "This sweep has no noise floor" in text
   assert "Not available: this sweep has no noise floor" in text
   assert "noise-matched controls" not in text

@@ -16,7 +16,7 @@ from fp8jax import metrics
 from fp8jax.gemm import recipes
 from fp8jax.metrics import paths
 from fp8jax.rules import Rule, Rules
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.comparison import model_api, model_sweep
 
 
@@ -87,7 +87,7 @@ def test_sweep_and_report_on_a_dense_nnx_model(tmp_path):
   assert not any(k.startswith("routing/") for k in row)  # no MoE: no routing columns
   assert rows[(0, "floor")]["rel_err"] < row["rel_err"]
   assert model_sweep.evaluate(model, out, variants, params, batches)["rows_written"] == 0
-  path = report.write_report(out)
+  path = sweep_report.write_report(out)
   text = path.read_text()
   assert "blocks_fp8" in text and "`blocks/*: fp8_tensor`" in text
 
@@ -131,7 +131,7 @@ def test_canvit_from_its_package_quantized_by_rules(tmp_path, monkeypatch):
   assert rows[(0, "mlp_fp8")]["finite"] and rows[(0, "mlp_fp8")]["rel_err"] > 0
   details = [json.loads(line) for line in (out / "details.jsonl").read_text().splitlines()]
   assert any(k.startswith("mlp/") for k in details[0]["module_layer"])
-  assert "mlp_fp8" in report.write_report(out).read_text()
+  assert "mlp_fp8" in sweep_report.write_report(out).read_text()
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.common import results_io
 from fp8jax.study.comparison import figures as figs
 from fp8jax.study.comparison import sweep
@@ -91,7 +91,7 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   # A rerun skips everything.
   assert sweep.run(train_run, out, policies=POLICIES, windows=WINDOWS)["rows_written"] == 0
   # The report reads the sweep: every figure and the four answers.
-  md = pathlib.Path(report.write_report(out)).read_text()
+  md = pathlib.Path(sweep_report.write_report(out)).read_text()
   figures = sorted((out / "figures").glob("*.png"))
   assert len(figures) == len(figs.NAMES) and all(f.stat().st_size > 1000 for f in figures)
   for policy in POLICIES:
@@ -179,7 +179,7 @@ def test_formats_grid_end_to_end(train_run, tmp_path):
   assert by["gemm:fp32_blockwise"]["tel/saturated_frac"] == 0  # FP32 scales: amax -> max
   assert by["gemm:mxfp4"]["tel/saturated_frac"] > 0  # the OCP rule clips up to a binade
   assert "tel/kurtosis" not in by["floor"]
-  text = report.write_report(out).read_text()
+  text = sweep_report.write_report(out).read_text()
   section = text.split("## 5. Format width")[1].split("\n## ")[0]
   assert "grows by a factor" in section and "(`mxfp4`) | 4 |" in section
   assert (out / "figures" / "format_width.png").exists()

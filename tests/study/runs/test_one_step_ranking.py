@@ -187,7 +187,7 @@ def test_validation_summary_carries_the_ranking(tmp_path):
 def test_report_ranks_a_sweep_against_the_mean_gaps(tmp_path):
   """One sweep of no run of the matrix (seed None): set against each recipe's mean gap; the
   report's trajectory section carries the table."""
-  from fp8jax.study import report  # pylint: disable=import-outside-toplevel
+  from fp8jax.study import sweep_report  # pylint: disable=import-outside-toplevel
   values = {(r, 100): [0.1 * (i + 1), 0.1 * (i + 1) + 0.01] for i, r in enumerate(RECIPES)}
   _sweep(tmp_path / "sweep", values)
   gaps = {r: [0.001 * v, 0.003 * v, 0.002 * v] for v, r in zip((1, 3, 2, 5, 4), RECIPES)}
@@ -198,7 +198,7 @@ def test_report_ranks_a_sweep_against_the_mean_gaps(tmp_path):
   assert got["rho"] == pytest.approx(want) and got["n"] == 5
   summary_path = tmp_path / "summary.json"
   summary_path.write_text(json.dumps(_summary(gaps)))
-  text = report.write_report(tmp_path / "sweep", out=tmp_path / "report",
+  text = sweep_report.write_report(tmp_path / "sweep", out=tmp_path / "report",
                              validation=summary_path, find_branch=False).read_text()
   assert "does the one-step ranking predict them?" in text
   assert f"| 100 | 5 | mean gap: {want:+.2f} (" in text

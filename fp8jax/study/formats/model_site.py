@@ -1,7 +1,7 @@
 """The 240 -> 480 range jump at a model site: delayed vs current scaling in the tiny model.
 
 Section 4 of the numerics study jumps a synthetic tensor's range
-(:func:`fp8jax.study.numerics.fp8_study.delayed_vs_current`); here the jump happens at a real
+(:func:`fp8jax.study.formats.fp8_sections.delayed_vs_current`); here the jump happens at a real
 quantization site. The tiny DeepSeek-MoE (float32, two layers) runs one fixed batch for a
 number of steps with the site ``attn_out`` of layer 0 in E4M3 per-tensor, once with delayed scaling
 (its amax history carried from step to step through ``deepseek_moe.apply``'s

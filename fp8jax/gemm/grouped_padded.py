@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def tiled_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
+def padded_grouped_matmul(x, w, group_sizes, tile: int = 128, out_dtype=None):
   """Grouped GEMM with static shapes: each group is padded to whole tiles of ``tile``
   rows, every tile takes its group's weight, and one batched matmul runs over the tiles.
 

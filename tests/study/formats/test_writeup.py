@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax.study.numerics import formats_study, fp8_study
-from fp8jax.study.numerics import report as numerics_report
+from fp8jax.study.formats import fp8_sections, mx_sections, writeup
 
 pytestmark = pytest.mark.slow  # the tests share one run of the whole study
 
@@ -23,7 +22,7 @@ _draws = jax.jit(lambda x, keys, spec: jax.vmap(
 def quick_report(tmp_path_factory):
   """The whole study at smoke size, run once: ``(results, folder)``."""
   out = tmp_path_factory.mktemp("numerics")
-  return numerics_report.run(out, fp8_study.StudySizes.quick()), out
+  return writeup.run(out, fp8_sections.StudySizes.quick()), out
 
 
 def test_numerics_study_quick(quick_report):
@@ -68,7 +67,7 @@ def test_numerics_study_quick(quick_report):
   assert site[(2, "delayed")]["saturated"] == 0
   assert site[(3, "delayed")]["logits_rel_err"] > site[(3, "current")]["logits_rel_err"]
   assert "The same jump at a model site" in report
-  verdict = numerics_report.deepseek_verdict(results)
+  verdict = writeup.deepseek_verdict(results)
   assert verdict["bits_for_2pct"] in (13, 15) and np.isfinite(verdict["positive_norm"])
 
 
@@ -88,11 +87,11 @@ KEYS = {
 
 def test_format_sections_rows_have_their_keys_and_no_nan(quick_report):
   results, _ = quick_report
-  sizes = fp8_study.StudySizes.quick()
-  counts = {"formats_snr": len(formats_study.FORMATS) * len(sizes.format_ratios),
-            "sr_bias": 2 * len(formats_study.SR_FORMATS),
-            "sr_sum": 2 * len(formats_study.SR_FORMATS) * len(sizes.sr_ks)
-            * len(formats_study.SUM_DISTRIBUTIONS),
+  sizes = fp8_sections.StudySizes.quick()
+  counts = {"formats_snr": len(mx_sections.FORMATS) * len(sizes.format_ratios),
+            "sr_bias": 2 * len(mx_sections.SR_FORMATS),
+            "sr_sum": 2 * len(mx_sections.SR_FORMATS) * len(sizes.sr_ks)
+            * len(mx_sections.SUM_DISTRIBUTIONS),
             "hadamard": 4 * len(sizes.rht_magnitudes),
             "hadamard_exact": len(sizes.rht_magnitudes)}
   for table, keys in KEYS.items():
@@ -106,13 +105,13 @@ def test_format_sections_rows_have_their_keys_and_no_nan(quick_report):
 
 def test_ocp_rule_saturates_where_round_up_does_not(quick_report):
   rows = {(r["format"], r["outlier_ratio"]): r for r in quick_report[0]["formats_snr"]}
-  for ratio in fp8_study.StudySizes.quick().format_ratios:
+  for ratio in fp8_sections.StudySizes.quick().format_ratios:
     for ocp, up in (("mxfp8_ocp", "mxfp8"), ("mxfp4", "mxfp4_rceil")):
       assert rows[(ocp, ratio)]["saturated_frac"] > 0, (ocp, ratio)
       assert rows[(up, ratio)]["saturated_frac"] == 0, (up, ratio)
     for name in ("fp8 per-tensor", "deepseek-v3 1x128", "nvfp4"):
       assert rows[(name, ratio)]["saturated_frac"] == 0, (name, ratio)
-  hi = max(fp8_study.StudySizes.quick().format_ratios)
+  hi = max(fp8_sections.StudySizes.quick().format_ratios)
   # Clipped outliers cost overall SNR once they dominate; the ordinary channels keep it.
   assert rows[("mxfp8_ocp", hi)]["snr_db"] < rows[("mxfp8", hi)]["snr_db"] - 2
   assert rows[("mxfp8_ocp", hi)]["bulk_snr_db"] > 28
@@ -133,15 +132,15 @@ def test_stochastic_rounding_is_unbiased_and_round_to_nearest_is_not(quick_repor
       assert r["mean_abs_bias_steps"] < 0.05, r
     else:
       assert 0.2 < r["mean_abs_bias_steps"] <= 0.5, r
-  kmax = max(fp8_study.StudySizes.quick().sr_ks)
+  kmax = max(fp8_sections.StudySizes.quick().sr_ks)
   sums = {(r["distribution"], r["format"], r["rounding"], r["k"]): r for r in results["sr_sum"]}
   # Round to nearest accumulates a bias on positive data; rounding up-scaled SR does not.
   assert abs(sums[("narrow positive", "mxfp4", "nearest", kmax)]["bias_z"]) > 10
   for dist in ("narrow positive", "log-normal"):
     assert abs(sums[(dist, "mxfp4_rceil", "stochastic", kmax)]["bias_z"]) < 4
-    for name in formats_study.SR_FORMATS:
+    for name in mx_sections.SR_FORMATS:
       assert abs(sums[(dist, name, "stochastic", kmax)]["in_range_bias_z"]) < 4, (dist, name)
-  slope = formats_study.growth_exponent
+  slope = mx_sections.growth_exponent
   assert slope(results["sr_sum"], distribution="narrow positive", format="mxfp4",
                rounding="nearest") > 0.85
   assert slope(results["sr_sum"], distribution="narrow positive", format="mxfp4",
@@ -155,8 +154,8 @@ def test_stochastic_rounding_on_a_constructed_input():
   n = 2000
   keys = jax.random.split(jax.random.key(3), n)
   for name in ("nvfp4", "mxfp4_rceil"):
-    spec = formats_study.spec_of(name)
-    step, ok = formats_study.rounding_step(x, spec)
+    spec = mx_sections.spec_of(name)
+    step, ok = mx_sections.rounding_step(x, spec)
     small = x < 6
     np.testing.assert_allclose(step[small], 0.5)
     assert ok.all()
@@ -164,7 +163,7 @@ def test_stochastic_rounding_on_a_constructed_input():
     np.testing.assert_allclose(rn[small], 1.0)  # bias -0.3 steps everywhere
     draws = _draws(jnp.asarray(x), keys, spec.replace(rounding="stochastic"))
     bias = np.mean(np.asarray(draws, np.float64), axis=0) - x
-    bound = formats_study.hoeffding_steps(n, x.size, delta=1e-6)
+    bound = mx_sections.hoeffding_steps(n, x.size, delta=1e-6)
     assert bound < 0.1
     assert np.max(np.abs(bias) / step) <= bound, name
 
@@ -172,8 +171,8 @@ def test_stochastic_rounding_on_a_constructed_input():
 def test_rounding_step_is_the_grid_spacing_round_to_nearest_sees():
   x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
   for name in ("nvfp4", "mxfp4", "mxfp4_rceil", "mxfp6_e2m3"):
-    spec = formats_study.spec_of(name)
-    step, ok = formats_study.rounding_step(x, spec)
+    spec = mx_sections.spec_of(name)
+    step, ok = mx_sections.rounding_step(x, spec)
     err = np.abs(np.asarray(_qd(jnp.asarray(x), spec), np.float64) - x)
     ratio = err[ok] / step[ok]
     assert ratio.max() <= 0.5 + 1e-6 and ratio.max() > 0.45, name  # half a step, not less
@@ -187,7 +186,7 @@ def test_hadamard_alone_is_exact_to_float32_rounding(quick_report):
   had = {(r["magnitude"], r["format"], r["hadamard"]): r["norm_rel"]
          for r in results["hadamard"]}
   # No outliers: a Gaussian block stays Gaussian, the transform changes little.
-  for name in formats_study.HADAMARD_FORMATS:
+  for name in mx_sections.HADAMARD_FORMATS:
     assert abs(had[(1.0, name, True)] - had[(1.0, name, False)]) < 0.01, name
     assert all(0.01 < had[(m, name, h)] < 0.5 for m in (1.0, 64.0) for h in (False, True))
   # Outlier tokens: the transform helps MXFP4's power-of-two scales.

@@ -11,15 +11,15 @@ Four studies, each a function of :class:`StudySizes` returning JSON-ready rows:
   and power-of-two scales;
 * :func:`delayed_vs_current` - delayed vs current scaling when the range jumps, on a
   synthetic tensor and at a site of the tiny model
-  (:func:`fp8jax.study.numerics.model_site.delayed_at_model_site`).
+  (:func:`fp8jax.study.formats.model_site.delayed_at_model_site`).
 
-:func:`run_all` runs them all into the JSON table that :mod:`fp8jax.study.numerics.report`
+:func:`run_all` runs them all into the JSON table that :mod:`fp8jax.study.formats.writeup`
 turns into figures and markdown (``python -m fp8jax.experiments.numerics`` is its binary).
-The MX / NVFP4 sections are in :mod:`fp8jax.study.numerics.formats_study` (same sizes).
+The MX / NVFP4 sections are in :mod:`fp8jax.study.formats.mx_sections` (same sizes).
 From a notebook, one study at chosen sizes::
 
-  from fp8jax.study.numerics import fp8_study
-  rows = fp8_study.quantization_snr(fp8_study.StudySizes(tokens=256, channels=512))
+  from fp8jax.study.formats import fp8_sections
+  rows = fp8_sections.quantization_snr(fp8_sections.StudySizes(tokens=256, channels=512))
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 import fp8jax
 from fp8jax.gemm import accumulate, transpose
-from fp8jax.study.numerics import model_site
+from fp8jax.study.formats import model_site
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class StudySizes:
   outlier_ratios: tuple[float, ...] = (1e1, 1e2, 1e3, 1e4, 1e5, 1e6)
   steps: int = 8
   seed: int = 0
-  # MX / NVFP4 sections (fp8jax.study.numerics.formats_study):
+  # MX / NVFP4 sections (fp8jax.study.formats.mx_sections):
   format_ratios: tuple[float, ...] = (1, 4, 16, 64, 256, 1024)
   sr_keys: int = 512
   sr_trials: int = 32

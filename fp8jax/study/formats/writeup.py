@@ -1,14 +1,14 @@
 """The FP8 numerics study's report: figures, markdown, the run, the DeepSeek-V3 verdict.
 
-:func:`run` runs every study of :mod:`fp8jax.study.numerics.fp8_study` and of
-:mod:`fp8jax.study.numerics.formats_study` (MX / NVFP4; its figures and text are in
-:mod:`fp8jax.study.numerics.formats_report`) and writes ``numerics.json``, ``report.md``
+:func:`run` runs every study of :mod:`fp8jax.study.formats.fp8_sections` and of
+:mod:`fp8jax.study.formats.mx_sections` (MX / NVFP4; its figures and text are in
+:mod:`fp8jax.study.formats.mx_writeup`) and writes ``numerics.json``, ``report.md``
 and seven PNG figures to a folder;
 :func:`deepseek_verdict` extracts the numbers behind the answer to "which protocol gives
 ~2% at K = 4096". From a notebook::
 
-  from fp8jax.study.numerics import fp8_study, report
-  results = report.run(out, fp8_study.StudySizes.quick())
+  from fp8jax.study.formats import fp8_sections, report
+  results = report.run(out, fp8_sections.StudySizes.quick())
   report.deepseek_verdict(results)
 
 matplotlib is imported only inside :func:`write_figures`, when a figure is drawn.
@@ -22,7 +22,7 @@ import pathlib
 
 from fp8jax.data import folder_lock
 from fp8jax.study.common import results_io
-from fp8jax.study.numerics import formats_report, formats_study, fp8_study
+from fp8jax.study.formats import fp8_sections, mx_sections, mx_writeup
 
 TARGET = 0.02  # DeepSeek-V3: "maximum relative error of nearly 2%" at K = 4096
 METRICS = {"max_rel": "max elementwise relative error",
@@ -143,7 +143,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   results_io.save_figure(fig, out / names[-1], dpi=120)
   plt.close(fig)
   if "formats_snr" in results:
-    names += formats_report.write_figures(results, out)
+    names += mx_writeup.write_figures(results, out)
   return names
 
 
@@ -272,7 +272,7 @@ def markdown(results: dict, figures: list[str]) -> str:
             "every step.", "", f"![delayed]({figures[3]})", ""]
   lines += _model_site_lines(results.get("delayed_model_site"))
   if "formats_snr" in results:
-    lines += formats_report.markdown(results, figures[4:])
+    lines += mx_writeup.markdown(results, figures[4:])
   return "\n".join(lines)
 
 
@@ -298,11 +298,11 @@ def _model_site_lines(rows: list[dict] | None) -> list[str]:
                   "same weights.", ""]
 
 
-def run(out: pathlib.Path, sizes: fp8_study.StudySizes) -> dict:
+def run(out: pathlib.Path, sizes: fp8_sections.StudySizes) -> dict:
   """Runs every study and writes the JSON table, figures and markdown to ``out``."""
   out = pathlib.Path(out)
   with folder_lock.hold(out):  # one writer (created here, before the minutes of compute)
-    results = fp8_study.run_all(sizes) | formats_study.run_all(sizes)
+    results = fp8_sections.run_all(sizes) | mx_sections.run_all(sizes)
     (out / "numerics.json").write_text(json.dumps(results, indent=1))
     figures = write_figures(results, out)
     (out / "report.md").write_text(markdown(results, figures))

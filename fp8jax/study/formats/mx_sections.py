@@ -1,7 +1,7 @@
 """The MX / NVFP4 sections of the numerics study: outliers, stochastic rounding, the RHT.
 
-Each study is a function of :class:`fp8jax.study.numerics.fp8_study.StudySizes` returning
-JSON-ready rows (:func:`run_all` collects them; :mod:`fp8jax.study.numerics.formats_report`
+Each study is a function of :class:`fp8jax.study.formats.fp8_sections.StudySizes` returning
+JSON-ready rows (:func:`run_all` collects them; :mod:`fp8jax.study.formats.mx_writeup`
 draws and describes them):
 
 * :func:`format_outlier_snr` - quantize-dequantize SNR (overall, ordinary channels, outlier
@@ -15,8 +15,8 @@ draws and describes them):
 
 From a notebook::
 
-  from fp8jax.study.numerics import formats_study, fp8_study
-  rows = formats_study.sr_bias(fp8_study.StudySizes.quick())
+  from fp8jax.study.formats import mx_sections, fp8_sections
+  rows = mx_sections.sr_bias(fp8_sections.StudySizes.quick())
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import fp8jax
 from fp8jax.gemm import hadamard
 from fp8jax.numerics import blocks
-from fp8jax.study.numerics.fp8_study import StudySizes, error_metrics, snr_db
+from fp8jax.study.formats.fp8_sections import StudySizes, error_metrics, snr_db
 
 _fake = jax.jit(fp8jax.quantize_dequantize, static_argnums=1, static_argnames="telemetry")
 

@@ -18,7 +18,7 @@ import pytest
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import ranking
 from fp8jax.models import param_paths as deepseek_paths
-from fp8jax.study import report
+from fp8jax.study import sweep_report
 from fp8jax.study.common import results, stats
 from fp8jax.study.comparison import figures, questions
 
@@ -277,7 +277,7 @@ def _is_png(path: pathlib.Path) -> bool:
 
 @pytest.mark.slow
 def test_write_report_with_figures(sweep, tmp_path):
-  path = report.write_report(sweep, out=tmp_path / "out", top_k=3)
+  path = sweep_report.write_report(sweep, out=tmp_path / "out", top_k=3)
   assert path == tmp_path / "out" / "report.md"
   text = path.read_text()
   for name in figures.NAMES:
@@ -302,7 +302,7 @@ def test_write_report_with_figures(sweep, tmp_path):
     ({"policies": ("attn_l0_e4m3",)}, 5),
     ({"policies": ("custom",), "steps": (0,), "offsets": (0,), "batches": 1}, 6)])
 def test_small_grid_report(tmp_path, kw, unavailable):
-  path = report.write_report(build(tmp_path / "s", **kw))
+  path = sweep_report.write_report(build(tmp_path / "s", **kw))
   text = path.read_text()
   assert text.count("Not available") == unavailable
   assert all(_is_png(path.parent / "figures" / f"{n}.png") for n in figures.NAMES)
@@ -317,7 +317,7 @@ def test_binary_writes_report(sweep, tmp_path):
                         capture_output=True, text=True, env=env, cwd=REPO, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert (out / "report.md").exists() and "wrote" in proc.stdout
-  check = ("import sys; from fp8jax.study import report; "
+  check = ("import sys; from fp8jax.study import sweep_report; "
            "from fp8jax.study.comparison import figures, questions; "
            "from fp8jax.study.common import results, stats; "
            "assert 'matplotlib' not in sys.modules")
@@ -346,7 +346,7 @@ def test_nonfinite_baselines_are_a_data_problem_apart_from_nonfinite_fp8_rows(tm
   assert [r["policy"] for r in res.nonfinite()] == [BAD["policy"]]  # the FP8 one only
   assert len(res.rows) == len(SEED) * (len(STEPS) * len(OFFSETS) * BATCHES - 1)
   assert stats.stat(res, "rel_err", "attn_l0_e4m3", [200]).n_nonfinite == 0
-  text = "\n".join(report.grid_markdown(res))
+  text = "\n".join(sweep_report.grid_markdown(res))
   fp8_part, base_part = text.split("## Non-finite BF16 baselines (data problem)")
   assert "| 100 | 8 | 0 | moe_l0-8_e5m2 | " + BAD_WHERE + " |" in fp8_part
   assert "bf16 " + where not in fp8_part

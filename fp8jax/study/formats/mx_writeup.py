@@ -1,7 +1,7 @@
-"""Figures and markdown of the MX / NVFP4 sections (:mod:`fp8jax.study.numerics.formats_study`).
+"""Figures and markdown of the MX / NVFP4 sections (:mod:`fp8jax.study.formats.mx_sections`).
 
 :func:`write_figures` and :func:`markdown` take the results dict (the tables of
-``formats_study.run_all``, inside ``numerics.json``); :mod:`fp8jax.study.numerics.report`
+``mx_sections.run_all``, inside ``numerics.json``); :mod:`fp8jax.study.formats.writeup`
 calls them after its own sections. Every number in the text is computed from the rows.
 matplotlib is imported only inside :func:`write_figures`.
 """
@@ -12,7 +12,7 @@ import math
 import pathlib
 
 from fp8jax.study.common import results_io
-from fp8jax.study.numerics import formats_study
+from fp8jax.study.formats import mx_sections
 
 FIGURES = ("formats_snr.png", "stochastic_rounding.png", "hadamard_wgrad.png")
 
@@ -63,10 +63,10 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
   axes[0].set_xticks(range(len(bias)), labels, fontsize=7, rotation=45)
   axes[0].set(yscale="log", ylabel="mean |bias| / rounding step",
               title=f"per-element bias ({max(r['keys'] for r in bias)} keys)")
-  color = {n: f"C{i}" for i, n in enumerate(formats_study.SR_FORMATS)}
+  color = {n: f"C{i}" for i, n in enumerate(mx_sections.SR_FORMATS)}
   ks = sorted({r["k"] for r in sums})
   for ax, dist in zip(axes[1:], dists):
-    for (name, rounding) in formats_study.sr_specs():
+    for (name, rounding) in mx_sections.sr_specs():
       rows = _rows(sums, distribution=dist, format=name, rounding=rounding)
       ax.plot([r["k"] for r in rows], [r["rms"] for r in rows], marker="o", color=color[name],
               ls="-" if rounding == "stochastic" else "--", label=f"{name} {rounding}")
@@ -99,7 +99,7 @@ def write_figures(results: dict, out: pathlib.Path) -> list[str]:
 
 def _clip_threshold(preset: str) -> float:
   """Mantissa of a block amax above which the OCP rule clips it (round to nearest)."""
-  fmt = formats_study.spec_of(preset).fmt
+  fmt = mx_sections.spec_of(preset).fmt
   half_ulp = 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
   return (fmt.max + half_ulp) / 2.0**fmt.emax
 
@@ -215,26 +215,26 @@ def _sr_md(results: dict, figure: str) -> list[str]:
             "exponent |", "|---|---|---|---|---|---|---|"]
   exps = {}
   for dist in dict.fromkeys(r["distribution"] for r in sums):
-    for (name, rounding) in formats_study.sr_specs():
+    for (name, rounding) in mx_sections.sr_specs():
       r = _one(sums, distribution=dist, format=name, rounding=rounding, k=kmax)
-      exps[(dist, name, rounding)] = e = formats_study.growth_exponent(
+      exps[(dist, name, rounding)] = e = mx_sections.growth_exponent(
           sums, distribution=dist, format=name, rounding=rounding)
       lines.append(f"| {dist} | {name} | {rounding} | {r['rel_rms']:.2e} | "
                    f"{r['bias_z']:+.1f} | {r['in_range_bias_z']:+.1f} | {e:.2f} |")
 
   def at(dist, rounding, key):
     return {n: _one(sums, distribution=dist, format=n, rounding=rounding, k=kmax)[key]
-            for n in formats_study.SR_FORMATS}
+            for n in mx_sections.SR_FORMATS}
   zm = [v for (d, _, _), v in exps.items() if d == "zero-mean"]
   ratio = [at("zero-mean", "stochastic", "rms")[n] / at("zero-mean", "nearest", "rms")[n]
-           for n in formats_study.SR_FORMATS]
+           for n in mx_sections.SR_FORMATS]
   rn_np = at("narrow positive", "nearest", "bias_z")
   sr_np = at("narrow positive", "stochastic", "bias_z")
   sr_ln = at("log-normal", "stochastic", "bias_z")
   sr_ln_in = at("log-normal", "stochastic", "in_range_bias_z")
-  unbiased = [n for n in formats_study.SR_FORMATS
+  unbiased = [n for n in mx_sections.SR_FORMATS
               if abs(sr_np[n]) < 3 and abs(sr_ln[n]) < 3]
-  biased = [n for n in formats_study.SR_FORMATS if abs(sr_ln[n]) >= 3 or abs(sr_np[n]) >= 3]
+  biased = [n for n in mx_sections.SR_FORMATS if abs(sr_ln[n]) >= 3 or abs(sr_np[n]) >= 3]
   clipped = [n for n in biased if abs(sr_ln_in[n]) < 3
              and abs(at("narrow positive", "stochastic", "in_range_bias_z")[n]) < 3]
   lines += ["", f"- Zero-mean data: the errors grow like random walks (exponents {min(zm):.2f}-"
@@ -245,7 +245,7 @@ def _sr_md(results: dict, figure: str) -> list[str]:
             "- Positive data: round to nearest is biased (narrow positive: z = "
             + ", ".join(f"{n} {v:+.0f}" for n, v in rn_np.items()) + "; exponents "
             + ", ".join(f"{exps[('narrow positive', n, 'nearest')]:.2f}"
-                        for n in formats_study.SR_FORMATS)
+                        for n in mx_sections.SR_FORMATS)
             + ", where 1 means a relative error that does not shrink with K). Stochastic "
             "rounding is unbiased (|z| < 3 on both positive distributions) for "
             + (", ".join(unbiased) if unbiased else "none of the formats") + "."]
@@ -273,7 +273,7 @@ def _hadamard_md(results: dict, figure: str) -> list[str]:
   lines = ["## 7. The random Hadamard transform on Wgrad operands", "",
            f"dW = X^T dY over {results['sizes']['rht_tokens']} tokens, X and dY [tokens, 128] "
            "N(0, 1), 1/64 of X's tokens multiplied by m. Both operands quantized along the "
-           f"tokens (round to nearest), after the {formats_study.RHT_SIZE}-point random "
+           f"tokens (round to nearest), after the {mx_sections.RHT_SIZE}-point random "
            "Hadamard transform along the tokens or not; the dequantized product (float64) "
            "against the float64 product, normwise relative error:", "",
            "| m | " + " | ".join(f"{f} | {f} + RHT" for f in fmts) + " |",
