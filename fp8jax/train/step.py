@@ -190,8 +190,7 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
     # What the step reads and what it would write: a finite gradient can still overflow
     # its norm, and a finite update of a NaN optimizer state is not finite.
     finite_groups = {"params": all_finite(state.params), "grads": all_finite(grads),
-                     "grad_norm": jnp.isfinite(grad_norm),
-                     "new_params": all_finite(_recomputed_update(tx, grads, state))}
+                     "grad_norm": jnp.isfinite(grad_norm), "new_params": all_finite(params)}
     finite = jnp.isfinite(loss) & jnp.all(jnp.stack(jax.tree.leaves(finite_groups)))
     keep = lambda new, old: jax.tree.map(  # noqa: E731
         lambda a, b: jnp.where(finite, a, b), new, old)
@@ -211,18 +210,6 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
     return new_state, metrics
 
   return step
-
-
-def _recomputed_update(tx, grads, state):
-  """The params the update would write, computed again from the step's inputs behind an
-  optimization barrier: the same values, bit for bit, but a computation of their own, so
-  that XLA checks them in one pass over the inputs and writes the kept params in another,
-  instead of writing the new params out to read them twice (for the check, then for
-  keeping them or not)."""
-  grads, opt_state, params = jax.lax.optimization_barrier((grads, state.opt_state,
-                                                           state.params))
-  updates, _ = tx.update(grads, opt_state, _float32(params))
-  return optax.apply_updates(params, updates)
 
 
 def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=None,
