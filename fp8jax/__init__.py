@@ -4,7 +4,9 @@ sparse-MoE LLM training.
 A recipe on any Flax model, by rules over its module paths::
 
     import fp8jax
-    rules = fp8jax.Rules([fp8jax.Rule(r"layers/\d+/mlp/.*", fp8jax.recipe("nvfp4_recipe"))])
+    rules = fp8jax.Rules([fp8jax.Rule(r"layers/\d+/mlp/.*", fp8jax.recipe("mxfp8"))])
+    # a recipe with BF16 layers (NVFP4 keeps the last ~16%), its tail as rules too:
+    rules = fp8jax.rules.Recipe.named("nvfp4_recipe").rules(12, "layers/{i}/.*")
     model = fp8jax.quantize_model(model, rules)   # NNX; Linen: fp8jax.intercept(rules)
     print(fp8jax.describe(model, rules, x))       # each GEMM that ran, and its action
 

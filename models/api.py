@@ -11,7 +11,8 @@ them directly). A policy is whatever the model's ``apply`` takes: DeepSeek-MoE t
 :class:`fp8jax.models.policy.PrecisionPolicy`, a model quantized by rules takes a
 :class:`Variant` (a name and :class:`fp8jax.rules.Rules`). Each model parses its own
 ``--policy`` text (``parse_policy``) and records a policy as JSON (``record``), which
-checkpoints and ``meta.json`` keep.
+checkpoints keep; its ``meta.json`` entry (``describe``) carries the policy's record
+(:mod:`fp8jax.models.policy_record`), which checkpoints and the report read.
 
 Optional parts have defaults that mean "the model has none": no delayed-scaling state,
 no layers stored stacked (``layer_runs`` None), no directly quantized modules, no routing
@@ -29,15 +30,19 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.metrics import paths as paths_lib
+from fp8jax.models import policy_record
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """A named precision variant of a model quantized by rules: ``rules`` is an
-  :class:`fp8jax.rules.Rules` (static, hashable); ``expr`` its text for the report."""
+  :class:`fp8jax.rules.Rules` (static, hashable); ``expr`` its text for the report;
+  ``record`` its policy record (:mod:`fp8jax.models.policy_record`) where its text gave
+  one (None: built from the rules; not part of equality or hash)."""
   name: str
   rules: Any
   expr: str = ""
+  record: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _no_direct(policy) -> frozenset:
@@ -78,10 +83,13 @@ def _rules_record(policy, expression: str | None = None) -> dict:
 
 def variant_meta(variant) -> dict:
   """The ``meta.json`` entry of a :class:`Variant`: its expression, else a rule count
-  (never a long ``repr``)."""
+  (never a long ``repr``), and its policy ``record`` (:mod:`fp8jax.models.policy_record`:
+  the one its text gave, else :func:`~fp8jax.models.policy_record.of_rules`)."""
   rules = getattr(variant, "rules", ())
   expr = variant.expr or (f"{len(rules)} rule(s)" if len(rules) else "bf16 (no rules)")
-  return {"expr": expr, "direct": [], "kind": "policy"}
+  record = getattr(variant, "record", None) or policy_record.of_rules(
+      variant.name, rules, variant.expr or None)
+  return {"expr": expr, "direct": [], "kind": "policy", "record": record}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +129,8 @@ class Model:
       metrics; empty: none).
     check: policy -> None; raises on a policy that does not fit the model.
     delayed_init: policy -> its empty amax histories (``{}``: no delayed scaling).
-    describe: policy -> its ``meta.json`` entry (``expr``, ``direct``, ``kind``).
+    describe: policy -> its ``meta.json`` entry (``expr``, ``direct``, ``kind``,
+      ``record``: :mod:`fp8jax.models.policy_record`).
     meta: the model's description (JSON values), for ``meta.json`` and ``run.json``.
     layer_runs: policy -> the runs of alike layers its params may be stored stacked in
       (:mod:`fp8jax.models.layer_stack`), or None: the model stores no layers stacked.
@@ -161,6 +170,11 @@ class Model:
     return variant_meta(policy) if isinstance(policy, Variant) else {
         "expr": str(getattr(policy, "expr", policy)), "direct": sorted(self.direct(policy)),
         "kind": "policy"}
+
+  def policy_record(self, policy) -> dict | None:
+    """The policy record of ``policy`` (its ``meta.json`` entry's ``record``; None for a
+    model whose entries have none)."""
+    return self.policy_meta(policy).get("record")
 
   def policy(self, text: str):
     """The policy of the ``--policy`` text ``text`` (checked against the model)."""

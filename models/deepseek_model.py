@@ -21,9 +21,11 @@ from fp8jax.models import (
   layer_stack,
   param_paths,
   policy_expression,
+  policy_grid,
 )
 from fp8jax.models import config as config_lib
 from fp8jax.models import policy as policy_lib
+from fp8jax.models import policy_record as record_lib
 
 NAME = "deepseek_moe"
 
@@ -70,40 +72,59 @@ def flops_per_token(cfg: config_lib.ModelConfig, seq_len: int) -> float:
   return 6.0 * matmul_params(cfg) + attention
 
 
-SEED_MODULES = {"attn": "attn_out", "moe": "moe_out"}
-"""The site grid's modules and the sites they quantize."""
-SEED_FORMATS = ("e4m3", "e5m2")
-
-
 def site_cell(policy: policy_lib.PrecisionPolicy) -> dict | None:
   """The site grid's cell that ``policy`` computes, whatever its name: ``{"module": "attn"
   or "moe", "depth": "l0" or "l0-8", "format": "e4m3" or "e5m2"}`` when its numerics are
-  those of ``{module}@{layers}:{format}`` on consecutive layers; else None."""
+  those of ``{module}@{layers}:{format}`` (:mod:`fp8jax.models.policy_grid`) on
+  consecutive layers; else None."""
   if len(policy.rules) != 1 or policy.gemm is not None or policy.rules[0].layers is None:
     return None
   rule = policy.rules[0]
   lo, hi = min(rule.layers), max(rule.layers)
-  if rule.site not in SEED_MODULES.values() or tuple(rule.layers) != tuple(range(lo, hi + 1)):
+  modules = [m for m, site in policy_grid.MODULES.items() if site == rule.site]
+  if not modules or tuple(rule.layers) != tuple(range(lo, hi + 1)):
     return None
   depth = f"{lo}" if lo == hi else f"{lo}-{hi}"
-  module = next(m for m, site in SEED_MODULES.items() if site == rule.site)
-  for fmt in SEED_FORMATS:
-    if policy_expression.same_numerics(policy,
-                                       policy_lib.parse_policy(f"{module}@{depth}:{fmt}")):
-      return {"module": module, "depth": f"l{depth}", "format": fmt}
+  for fmt in policy_grid.FORMATS:
+    cell = policy_lib.parse_policy(policy_grid.cell_expression(modules[0], depth, fmt))
+    if policy_expression.same_numerics(policy, cell):
+      return {"module": modules[0], "depth": f"l{depth}", "format": fmt}
   return None
+
+
+def policy_record(policy: policy_lib.PrecisionPolicy, num_layers: int | None) -> dict:
+  """The policy's record (:mod:`fp8jax.models.policy_record`) on a model of ``num_layers``
+  layers (None: a depth not known, so ``bf16_layers`` None): its site rules, its GEMM
+  recipe (named by config and BF16 share; a control's by the config it controls), whether
+  it is a noise-matched control, and its site-grid cell (:func:`site_cell`; None for a
+  control)."""
+  try:
+    expr = policy_expression.to_expression(policy)
+  except ValueError:
+    expr = None
+  noise = policy_lib.is_noise_control(policy)
+  sites = [record_lib.site_entry(r.site, r.layers, r.spec) for r in policy.rules]
+  gemm = None
+  if policy.gemm is not None:
+    base = policy_lib.control_base(policy).gemm if noise else policy.gemm
+    bf16 = None if num_layers is None else range(
+        max(num_layers - policy.bf16_tail_layers(num_layers), 0), num_layers)
+    gemm = record_lib.gemm_entry(policy.gemm, record_lib.recipe_name(
+        base, policy.gemm_bf16_tail), policy.gemm_layers, bf16)
+  return record_lib.build(policy.name, expr, sites, gemm, noise,
+                          None if noise else site_cell(policy))
 
 
 def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
   """A policy's ``meta.json`` entry: its canonical expression, directly quantized modules,
   kind (``"policy"``, or ``"control"`` with ``control_of``, the name of the policy it
-  controls) and its site-grid ``cell`` (:func:`site_cell`, None for other numerics), which
-  the report reads instead of the name."""
+  controls) and its ``record`` (:func:`policy_record`: the site-grid cell and GEMM recipe
+  the report reads instead of the name)."""
   entry = {"expr": policy_expression.to_expression(policy),
            "direct": sorted(param_paths.direct_modules(policy, num_layers)), "kind": "policy"}
   if policy_lib.is_noise_control(policy):
     entry.update(kind="control", control_of=policy_lib.control_base(policy).name)
-  entry["cell"] = None if entry["kind"] == "control" else site_cell(policy)
+  entry["record"] = policy_record(policy, num_layers)
   return entry
 
 

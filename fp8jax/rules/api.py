@@ -14,7 +14,7 @@ from __future__ import annotations
 from flax import linen as nn
 from flax import nnx
 
-from fp8jax.rules import description, gemms, linen_apply, nnx_apply
+from fp8jax.rules import description, gemms, linen_apply, nnx_apply, recipe_rules
 from fp8jax.rules import rule as rule_lib
 
 
@@ -55,8 +55,16 @@ def describe(model, rules, *args, **kwargs) -> str:
   (``path  gemm[op]: recipe fp32_blockwise | output: ... (rules 0, 2)``; ``unquantized``
   where None actions undo the rest), then each rule that matches no module. It lists the
   hooks set, not the GEMMs that run: a GEMM in the model's own code is not seen.
+
+  Either report ends with a note when the rules give a recipe with BF16 layers and keep
+  no layer in BF16 (:func:`fp8jax.rules.recipe_rules.tail_note`).
   """
   rules = rule_lib.as_rules(rules)
+  note = recipe_rules.tail_note(rules)
+  return "\n".join([_report(model, rules, *args, **kwargs), *([note] if note else [])])
+
+
+def _report(model, rules: rule_lib.Rules, *args, **kwargs) -> str:
   if isinstance(model, (nnx.Module, nn.Module)) and (args or kwargs):
     return description.hook_report(model, rules, *args, **kwargs)
   if not isinstance(model, (nnx.Module, nn.Module)) and callable(model):

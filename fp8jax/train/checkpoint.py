@@ -65,8 +65,8 @@ LAYER_RUNS = "layer_runs"
 RUN = "run"
 """The meta key of the identity of the run that saved the checkpoint
 (:mod:`fp8jax.train.run_identity`)."""
-POLICY = "precision_policy"
-"""The meta key of the run's precision-policy record (``fp8jax.models.policy.record``)."""
+POLICY, POLICY_RECORD = "precision_policy", "policy_record"
+"""Meta keys: the run's ``fp8jax.models.policy.record``, its ``fp8jax.models.policy_record``."""
 
 
 class DelayedStateMismatchError(ValueError):

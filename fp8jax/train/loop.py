@@ -35,7 +35,8 @@ preemption notice (SIGTERM) saves a checkpoint at the next step boundary and rai
 :class:`~fp8jax.train.preemption.Preempted` (:mod:`fp8jax.train.preemption`); a run
 without checkpoints (``train.checkpoints=False``) then just ends (default SIGTERM).
 
-Every checkpoint's meta records the precision policy (``fp8jax.models.policy.record``).
+Every checkpoint's meta records the precision policy (``fp8jax.models.policy.record``)
+and its policy record (``model.policy_record``: :mod:`fp8jax.models.policy_record`).
 A resume under another policy than the latest checkpoint records (or, for checkpoints
 older than the records, than ``config.json`` names) fails before any compute with
 :class:`PolicyMismatchError` naming both, unless ``allow_policy_change=True``
@@ -236,6 +237,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
     config = json.loads(cfg.to_json())
     meta = {"config": config, "model": dict(model.meta), "policy": policy.name,
             ckpt_lib.POLICY: model.record(policy, cfg.policy),
+            ckpt_lib.POLICY_RECORD: model.policy_record(policy),
             "eval_precision": evaluation.precision_of(config)}
     try:
       if has_run:

@@ -17,7 +17,10 @@ import pytest
 
 from fp8jax.metrics import paths as paths_lib
 from fp8jax.metrics import ranking
+from fp8jax.models import deepseek_model
 from fp8jax.models import param_paths as deepseek_paths
+from fp8jax.models import policy as policy_lib
+from fp8jax.models import policy_record as record_lib
 from fp8jax.study import sweep_report
 from fp8jax.study.common import results, stats
 from fp8jax.study.comparison import figures, questions
@@ -46,8 +49,24 @@ def param_paths() -> list[str]:
   return out
 
 
+def seed_parts(name: str) -> tuple[str, ...] | None:
+  """``(module, depth, format)`` of a site-grid name of this builder (``moe_l0-8_e5m2``),
+  from which it makes its numbers; None for other names."""
+  parts = tuple(name.split("_"))
+  return parts if len(parts) == 3 and parts[0] in ("attn", "moe") else None
+
+
+def policy_record(name: str) -> dict:
+  """The record a sweep writes for the policy ``name`` parses to (an empty one for names
+  that are no policy: the floor, ``custom``)."""
+  try:
+    return deepseek_model.policy_record(policy_lib.parse_policy(name), LAYERS)
+  except ValueError:
+    return record_lib.build(name, None)
+
+
 def direct_pairs(policy: str) -> list[list]:
-  module, depth, _ = results.parse_seed_name(policy) or ("attn", "l0", "")
+  module, depth, _ = seed_parts(policy) or ("attn", "l0", "")
   layers = [0] if depth == "l0" else list(range(LAYERS))
   mods = ["attn_o"] if module == "attn" else ["routed_experts", "shared_experts"]
   return [[m, i] for m in mods for i in layers]
@@ -56,7 +75,7 @@ def direct_pairs(policy: str) -> list[list]:
 def rel_err(policy: str, i: int, j: int, flip: bool) -> float:
   """E4M3 half of E5M2; one module decays, the other persists; its depths differ 3x, the
   other's 1.05x (flip swaps the modules' roles and the formats)."""
-  module, depth, fmt = results.parse_seed_name(policy) or ("attn", "l0", "e4m3")
+  module, depth, fmt = seed_parts(policy) or ("attn", "l0", "e4m3")
   decaying = (module == "attn") != flip
   base = 0.2 * 0.3 ** i if decaying else 0.03
   base *= (3.0 if decaying else 1.05) if depth != "l0" else 1.0
@@ -108,13 +127,14 @@ def metric_row(ids: dict, name: str, r: float, lre: float, loss: float, i: int,
 
 def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSETS,
           batches=BATCHES, flip=False, floor=False, controls=None, grad_norm=None,
-          floor_scale=None, extra=None, fields=None) -> pathlib.Path:
+          floor_scale=None, extra=None, fields=None, records=False) -> pathlib.Path:
   """A sweep folder of known numbers. ``floor``: with a noise floor (:func:`floor_rel_err`);
   ``controls``: {policy: per-batch factors of its noise-matched control's rel_err over the
   policy's}; ``grad_norm``: {step: BF16 gradient norm} (default 2); ``floor_scale``: {step:
   factor on the floor}; ``extra``: {policy name: f(i, j) -> rel_err}; ``fields``: {policy:
-  f(i, j) -> further row fields}. Without floor and controls the meta has no kinds (the
-  format of earlier sweeps)."""
+  f(i, j) -> further row fields}. Without floor and controls the meta has no kinds, without
+  ``records`` no policy records (the formats of earlier sweeps); with ``records`` each
+  entry has the record of the policy its name parses to."""
   folder.mkdir(parents=True, exist_ok=True)
   controls, extra, fields = controls or {}, extra or {}, fields or {}
   kinds = bool(floor or controls)
@@ -127,6 +147,8 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
                               "kind": "control", "control_of": p}
   if floor:
     entries["floor"] = {"expr": "floor", "direct": [], "kind": "floor", "scale": 2.0 ** -8}
+  for name, entry in entries.items() if records else ():
+    entry["record"] = policy_record(name)
   meta = {"model": {"num_hidden_layers": LAYERS, "hidden_size": 32, "n_routed_experts": 4},
           "policies": entries,
           "steps": list(steps), "windows": {"offsets": list(offsets), "batches": batches,
@@ -143,7 +165,7 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
       base.append({**ids, "loss": loss, "lm_loss": loss, "aux_loss": 0.0,
                    "grad_norm": (grad_norm or {}).get(s, 2.0), "finite": True})
       for p in (*policies, *extra):
-        module, _, fmt = results.parse_seed_name(p) or ("attn", "l0", "e4m3")
+        module, _, fmt = seed_parts(p) or ("attn", "l0", "e4m3")
         r = extra[p](i, j) if p in extra else rel_err(p, i, j, flip)
         lre = 1e-3 * NOISE[j] * (1.0 if (fmt == "e4m3") != flip else 3.0)
         row = {**metric_row(ids, p, r, lre, loss, i, module == "moe"),

@@ -75,6 +75,9 @@ def test_resume_under_another_policy_fails_before_compute_unless_allowed(tmp_pat
   ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", 1)
   try:
     assert checkpoint.saved_policy(ckpt, 6)["expression"] == "attn@0:e4m3"
+    described = checkpoint.saved_meta(ckpt, 6)[checkpoint.POLICY_RECORD]  # the structured one
+    assert described["cell"] == {"module": "attn", "depth": "l0", "format": "e4m3"}
+    assert checkpoint.saved_meta(ckpt, 3)[checkpoint.POLICY_RECORD]["sites"] == []
   finally:
     ckpt.close()
 

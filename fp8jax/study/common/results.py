@@ -21,7 +21,10 @@ BF16 rounding level, ``w * (1 + 2^-8 U(-1, 1))``, against the BF16 one; its rows
 ``perturbation_norm`` and ``curvature`` = diff_norm / perturbation_norm) or ``"control"``
 (a noise-matched control ``noise(<policy>)``: each quantization error of the policy
 ``control_of`` replaced by unbiased noise of the same energy per block). Folders written
-before kinds existed have none: every entry is a policy and there is no floor.
+before kinds existed have none: every entry is a policy and there is no floor. A policy's
+entry carries its ``record`` (:mod:`fp8jax.models.policy_record`: sites, GEMM recipe,
+site-grid cell; :meth:`Results.record`), which the questions read instead of its name;
+entries written before records are read by :mod:`fp8jax.study.common.legacy_records`.
 :attr:`Results.policies` lists the policies only (the questions, grids and rankings are
 over them); :attr:`Results.floor` and :attr:`Results.controls` name the others.
 """
@@ -32,25 +35,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 import dataclasses
 import pathlib
-import re
 
 from fp8jax.metrics import paths as paths_lib
-from fp8jax.models import param_paths
-from fp8jax.study.common import results_io
+from fp8jax.models import param_paths, policy_record
+from fp8jax.study.common import legacy_records, results_io
 from fp8jax.train import metrics_log
 
 FILES = ("meta.json", "rows.jsonl", "details.jsonl", "baseline.jsonl", "weights.jsonl")
 """The files of a sweep folder."""
-
-_SEED_NAME = re.compile(r"^(attn|moe)_(l\d+(?:-\d+)?)_(e4m3|e5m2)$")
-
-
-def parse_seed_name(name: str) -> tuple[str, str, str] | None:
-  """``(module, depth, fmt)`` of a site-grid policy name, e.g. ``"moe_l0-8_e5m2"`` ->
-  ``("moe", "l0-8", "e5m2")``; None for other names."""
-  m = _SEED_NAME.match(name)
-  return (m.group(1), m.group(2), m.group(3)) if m else None
-
 
 def depth_layers(depth: str) -> int:
   """How many layers a depth label covers: ``"l0"`` -> 1, ``"l0-8"`` -> 9."""
@@ -117,6 +109,7 @@ class Results:
     for d in self.details:
       if row_key(d) in finite:
         self._details[(d["policy"], int(d["step"]))].append(d)
+    self._records: dict[str, dict] = {}
 
   @property
   def classifier(self) -> paths_lib.Classifier:
@@ -127,14 +120,29 @@ class Results:
       return paths_lib.Classifier.from_table(table)
     return param_paths.DEEPSEEK
 
+  def record(self, name: str) -> dict:
+    """The policy record of the entry ``name`` of ``meta["policies"]``
+    (:mod:`fp8jax.models.policy_record`: its sites, GEMM recipe and site-grid cell); an
+    entry written before entries had one is read by
+    :func:`fp8jax.study.common.legacy_records.legacy_record`.
+
+    Raises:
+      ValueError: the record is of another schema version, or an old entry is ambiguous.
+    """
+    if name not in self._records:
+      entry = self.meta["policies"].get(name, {})
+      if "record" in entry:
+        self._records[name] = policy_record.check(entry["record"],
+                                                  f"meta.json policies[{name!r}]")
+      else:
+        self._records[name] = legacy_records.legacy_record(name, entry,
+                                                           self.meta.get("model"))
+    return self._records[name]
+
   def cell(self, name: str) -> tuple[str, str, str] | None:
     """``(module, depth, format)`` of a policy of the site grid's numerics, from its
-    ``meta.json`` record (``cell``; None: other numerics); an entry written before records
-    had cells is read from its site-grid name (:func:`parse_seed_name`)."""
-    entry = self.meta["policies"].get(name, {})
-    if "cell" not in entry:
-      return parse_seed_name(name)
-    c = entry["cell"]
+    record's ``cell`` (:meth:`record`; None: other numerics)."""
+    c = self.record(name)["cell"]
     return None if c is None else (c["module"], c["depth"], c["format"])
 
   def kind(self, name: str) -> str:

@@ -1,5 +1,6 @@
-"""The policies of a sweep: the named grids (:data:`GRIDS`), grids and expressions
-expanded, and their ``meta.json`` records.
+"""The policies of a sweep: the named grids (:data:`GRIDS`; the site grid's cells are
+:mod:`fp8jax.models.policy_grid`'s), grids and expressions expanded, and their
+``meta.json`` entries (with each policy's record, :mod:`fp8jax.models.policy_record`).
 
     expand_policies(["sites", "noise(formats)"], num_layers=9)   # 8 + 6 policies
     expression(policy)                                           # "attn_out@0-8:e4m3/tensor"
@@ -9,18 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp8jax.models import api, deepseek_model, policy_expression
+from fp8jax.models import api, deepseek_model, policy_expression, policy_grid
 from fp8jax.models import config as config_lib
 from fp8jax.models import policy as policy_lib
 
-
-def site_grid(num_layers: int = 9) -> dict[str, str]:
-  """The site grid (the published study's): {attention, MoE} output x {layer 0, layers
-  0..L-1} x {E4M3, E5M2}, activations only (per-tensor current scaling, straight-through
-  backward). For the 2B model (9 layers) the depths are "0" and "0-8"."""
-  return {f"{module}_l{layers}_{fmt}": f"{module}@{layers}:{fmt}"
-          for module in ("attn", "moe") for layers in ("0", f"0-{num_layers - 1}")
-          for fmt in ("e4m3", "e5m2")}
+site_grid = policy_grid.site_grid
+"""The site grid (:func:`fp8jax.models.policy_grid.site_grid`): ``{name: expression}``."""
 
 
 def site_grid_small(num_layers: int = 9) -> dict[str, str]:
@@ -30,7 +25,9 @@ def site_grid_small(num_layers: int = 9) -> dict[str, str]:
   The demo's default; its one all-layer E4M3 policy has one noise-matched control."""
   full = site_grid(num_layers)
   every = f"0-{num_layers - 1}"
-  names = [f"moe_l{every}_e4m3", "moe_l0_e4m3", "attn_l0_e4m3", f"moe_l{every}_e5m2"]
+  cell = policy_grid.cell_name
+  names = [cell("moe", every, "e4m3"), cell("moe", "0", "e4m3"), cell("attn", "0", "e4m3"),
+           cell("moe", every, "e5m2")]
   return {name: full[name] for name in names}
 
 
@@ -44,18 +41,9 @@ def formats_grid(num_layers: int = 9) -> dict[str, str]:
           "nvfp4_recipe": "gemm:nvfp4_recipe"}
 
 
-def delayed_grid(num_layers: int = 9) -> dict[str, str]:
-  """Delayed vs current scaling on the site grid's sites and depths: {attention, MoE}
-  output x {layer 0, layers 0..L-1} in E4M3, with per-tensor current scaling (the site
-  grid's ``attn_l0_e4m3``, ...) and with Transformer Engine's per-tensor delayed scaling
-  (``attn_l0_e4m3_delayed``, ...: history 1024, max, margin 0), straight-through backward.
-  The sweep fills the histories by warm-up passes over each evaluation window."""
-  out = {}
-  for name, expr in site_grid(num_layers).items():
-    if name.endswith("_e4m3"):
-      out[name] = expr
-      out[f"{name}_delayed"] = f"{expr}/{policy_lib.DELAYED_SYNTAX}"
-  return out
+delayed_grid = policy_grid.delayed_grid
+"""Delayed vs current scaling on the site grid's cells
+(:func:`fp8jax.models.policy_grid.delayed_grid`)."""
 
 
 GRIDS = {"sites": site_grid, "sites_small": site_grid_small, "formats": formats_grid,

@@ -107,18 +107,15 @@ def test_summary_matches_scipy_and_excludes_nonfinite(res):
   assert 0 < over.lo <= over.median <= over.hi
 
 
-def test_parse_seed_name():
-  assert results.parse_seed_name("attn_l0_e4m3") == ("attn", "l0", "e4m3")
-  assert results.parse_seed_name("moe_l0-8_e5m2") == ("moe", "l0-8", "e5m2")
-  for name in ("bf16", "attn_l0_e4m3x", "mlp_l0_e4m3", "attn@0:e4m3", "custom"):
-    assert results.parse_seed_name(name) is None
+def test_depth_layers():
   assert results.depth_layers("l0") == 1 and results.depth_layers("l0-8") == 9
 
 
 def test_seed_cells_come_from_the_policy_records_not_the_names():
   """A policy's site-grid cell is what its numerics are (``deepseek_model.policy_meta``
   records it): an expression named by itself is a cell, a site-grid name over other
-  numerics is not; an entry written before cells were recorded reads its name."""
+  numerics is not; an entry written before records reads its expression
+  (tests/study/common/test_legacy_records.py)."""
   from fp8jax.models import deepseek_model
   from fp8jax.models import policy as policy_lib
   from fp8jax.study.comparison import questions

@@ -66,12 +66,15 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   meta = json.loads((out / "meta.json").read_text())
   assert meta["steps"] == [0, 2, 4] and set(meta["policies"]) == set(names)
   assert meta["policies"]["floor"]["kind"] == "floor"
-  assert meta["policies"]["noise(attn_l0_e4m3)"] == {
+  control = meta["policies"]["noise(attn_l0_e4m3)"]
+  assert {k: v for k, v in control.items() if k != "record"} == {
       "expr": "noise(attn_out@0:e4m3/tensor)", "kind": "control",
-      "control_of": "attn_l0_e4m3", "direct": meta["policies"]["attn_l0_e4m3"]["direct"],
-      "cell": None}
-  assert meta["policies"]["attn_l0_e4m3"]["cell"] == {"module": "attn", "depth": "l0",
-                                                      "format": "e4m3"}
+      "control_of": "attn_l0_e4m3", "direct": meta["policies"]["attn_l0_e4m3"]["direct"]}
+  assert control["record"]["noise"] and control["record"]["cell"] is None
+  assert meta["policies"]["attn_l0_e4m3"]["record"]["cell"] == {
+      "module": "attn", "depth": "l0", "format": "e4m3"}
+  assert meta["policies"]["moe_l1-2_e5m2"]["record"]["cell"] == {
+      "module": "moe", "depth": "l1-2", "format": "e5m2"}
   # The floor is reproducible: another sweep of one checkpoint draws the same perturbations.
   again = tmp_path / "again"
   said = io.StringIO()
@@ -182,4 +185,6 @@ def test_formats_grid_end_to_end(train_run, tmp_path):
   text = sweep_report.write_report(out).read_text()
   section = text.split("## 5. Format width")[1].split("\n## ")[0]
   assert "grows by a factor" in section and "(`mxfp4`) | 4 |" in section
+  gemm = json.loads((out / "meta.json").read_text())["policies"]["gemm:mxfp4"]["record"]["gemm"]
+  assert (gemm["recipe"], gemm["bits"]) == ("mxfp4", 4)
   assert (out / "figures" / "format_width.png").exists()
