@@ -47,9 +47,10 @@ import fp8jax
 from fp8jax import rules as fp8jax_rules
 from fp8jax.gemm import dense as gemm_lib
 from fp8jax.gemm import recipes
-from fp8jax.models import policy_rules
+from fp8jax.models import policy_grid, policy_rules
 from fp8jax.numerics.formats import FORMATS
 from fp8jax.numerics.presets import PRESETS
+from fp8jax.numerics.roles import OVERRIDES
 
 SITE_MODULES = {
     "attn_out": ("attn_o",), "mlp_out": ("dense_mlp",),
@@ -183,20 +184,24 @@ def record(policy: PrecisionPolicy, expression: str | None = None) -> dict:
   every QuantSpec field), ``gemm`` (every GemmConfig field, or None), ``gemm_layers``,
   ``gemm_bf16_tail``. Two policies that quantize alike and share the expression give
   equal records. The GEMM's ``impl`` and ``fp8_mma`` appear only when they are not the
-  defaults (``"auto"``, False), and a spec's ``four_over_six`` and ``four_over_six_max``
-  only when set (not None, 256), so records written before those fields existed still
-  match."""
+  defaults (``"auto"``, False), and a spec's ``four_over_six``, ``four_over_six_max`` and
+  ``row_scaled`` only when set (not None, 256, False), so records written before those
+  fields existed still match."""
   fields = dataclasses.asdict(policy)
   for name, default in (("impl", "auto"), ("fp8_mma", False), ("rht_gemms", "wgrad"),
-                        ("backward_from_forward", False)):
+                        ("backward_from_forward", False), ("from_forward", ())):
     if fields["gemm"] is not None and fields["gemm"][name] == default:
       del fields["gemm"][name]
+  for name in OVERRIDES:  # a backward copy's own spec, only where it has one
+    if fields["gemm"] is not None and fields["gemm"]["roles"][name] is None:
+      del fields["gemm"]["roles"][name]
   _drop_spec_defaults(fields)
   out = {"expression": policy.name if expression is None else expression.strip(), **fields}
   return json.loads(json.dumps(out, sort_keys=True))
 
 
-_SPEC_FIELDS_SINCE = (("four_over_six", None), ("four_over_six_max", 256))
+_SPEC_FIELDS_SINCE = (("four_over_six", None), ("four_over_six_max", 256),
+                      ("row_scaled", False))
 
 
 def _drop_spec_defaults(tree) -> None:
@@ -233,9 +238,7 @@ def _with_noise(policy: PrecisionPolicy, on: bool, name: str) -> PrecisionPolicy
   rules = tuple(dataclasses.replace(r, spec=_noise_spec(r.spec, on)) for r in policy.rules)
   gemm = policy.gemm
   if gemm is not None:
-    gemm = gemm.replace(roles=dataclasses.replace(
-        gemm.roles, **{r: _noise_spec(gemm.roles.spec(r), on) for r in ("input", "weight",
-                                                                          "grad")}))
+    gemm = gemm.replace(roles=gemm.roles.map(lambda s: _noise_spec(s, on)))
   return dataclasses.replace(policy, rules=rules, gemm=gemm, name=name)
 
 
@@ -258,7 +261,7 @@ def is_noise_control(policy: PrecisionPolicy) -> bool:
   """Whether ``policy`` is a noise-matched control (:func:`noise_policy`)."""
   specs = [r.spec for r in policy.rules]
   if policy.gemm is not None:
-    specs += [policy.gemm.roles.spec(r) for r in ("input", "weight", "grad")]
+    specs += list(policy.gemm.roles.specs())
   return bool(specs) and all(s.noise_control for s in specs)
 
 
@@ -281,7 +284,7 @@ GRANULARITIES = {"tensor": fp8jax.per_tensor,
 GEMMS = recipes.RECIPES
 
 
-DELAYED_SYNTAX = "delayed(h=1024,reduce=max,margin=0)"
+DELAYED_SYNTAX = policy_grid.DELAYED_SYNTAX
 """The delayed-scaling suffix of a spec with its defaults (each argument optional)."""
 
 
@@ -344,10 +347,9 @@ def parse_delayed(text: str, context: str = "") -> dict:
 
 
 def parse_policy(expr: str) -> PrecisionPolicy:
-  """A policy from an expression: ``bf16``, a grid name ``{attn,moe}_l<LAYERS>_{e4m3,e5m2}``
-  (the site grid's, :func:`fp8jax.study.comparison.policies.site_grid`, e.g.
-  ``moe_l0-8_e4m3``; with the suffix ``_delayed``: the delayed-scaling variant of
-  :func:`~fp8jax.study.comparison.policies.delayed_grid`), or
+  """A policy from an expression: ``bf16``, a site-grid cell's name
+  ``{attn,moe}_l<LAYERS>_{e4m3,e5m2}[_delayed]`` (e.g. ``moe_l0-8_e4m3``, named by its
+  expression looked up in :mod:`fp8jax.models.policy_grid`), or
   terms joined by ``+``: ``SITE@LAYERS:SPEC`` (SITE one of :data:`SITES` or an alias in
   :data:`SITE_ALIASES`; LAYERS as in :func:`parse_layers`; SPEC as in
   :func:`parse_spec`) and ``gemm:RECIPE[@LAYERS]`` (a recipe of ``fp8jax.gemm.recipes``,
@@ -364,11 +366,9 @@ def parse_policy(expr: str) -> PrecisionPolicy:
   noise = _NOISE.match(expr)
   if noise:
     return dataclasses.replace(noise_policy(parse_policy(noise.group(1))), name=expr)
-  grid = _GRID_NAME.match(expr)
-  if grid:
-    module, layers, fmt, delayed = grid.groups()
-    spec = fmt + ("/delayed()" if delayed else "")
-    return dataclasses.replace(parse_policy(f"{module}@{layers}:{spec}"), name=expr)
+  cell = policy_grid.expression_of(expr)
+  if cell is not None:
+    return dataclasses.replace(parse_policy(cell), name=expr)
   if expr.lower() == "bf16":
     return BF16
   rules, gemm, gemm_layers, tail = [], None, None, 0.0
@@ -386,8 +386,7 @@ def parse_policy(expr: str) -> PrecisionPolicy:
     layers, colon, spec = rest.partition(":")
     if not (at and colon):
       raise ValueError(f"bad policy term {term!r} in {expr!r}: use SITE@LAYERS:SPEC, "
-                       "gemm:NAME, 'bf16' or a site-grid name "
-                       "{attn,moe}_l<LAYERS>_{e4m3,e5m2}[_delayed] (e.g. moe_l0-8_e4m3)")
+                       f"gemm:NAME, 'bf16' or a site-grid name {policy_grid.NAME_FORMS}")
     rules.append(SiteRule(SITE_ALIASES.get(site, site), parse_layers(layers), parse_spec(spec)))
   if not rules and gemm is None:
     raise ValueError(f"empty policy expression {expr!r}")
@@ -395,4 +394,3 @@ def parse_policy(expr: str) -> PrecisionPolicy:
 
 
 _NOISE = re.compile(r"^noise\((.+)\)$")
-_GRID_NAME = re.compile(r"^(attn|moe)_l(\d+(?:-\d+)?)_(e4m3|e5m2)(_delayed)?$")

@@ -5,16 +5,18 @@
     gemm:mxfp8@layers/\\d+/mlp/.*           ... on the modules whose path fully matches
     gemm:nvfp4_recipe+output:e4m3@head     terms joined by '+'; later terms override
     weight:e5m2@layers/0/attn/q            one operand's spec inside the GEMM recipe
+    dgrad_weight:nvfp4                     ... of one backward copy (W^T for Dgrad)
 
 A term is ``ROLE:ACTION[@REGEX]``: ROLE one of :data:`fp8jax.rules.ROLES`; ACTION a
 recipe of :mod:`fp8jax.gemm.recipes` (or ``none``) for ``gemm``, a spec as
-:func:`fp8jax.models.policy.parse_spec` reads it (or ``none`` for ``output``) for the
-others; REGEX a module path that must match whole (``re.fullmatch``; default ``.*``,
+:func:`fp8jax.models.policy.parse_spec` reads it (or ``none`` for ``output`` and the
+backward copies ``dgrad_weight``, ``wgrad_input``, ``wgrad_grad``: their role's spec) for
+the others; REGEX a module path that must match whole (``re.fullmatch``; default ``.*``,
 every module). A ``+`` separates terms only where a ``ROLE:`` follows it, so a regex may
 hold ``\\d+``. A recipe that keeps its last layers in BF16 (``recipes.BF16_TAIL``) gets
-them as ``none`` GEMM rules on the model's last layers, where the model says how its
-layers are named (``layer_path``); a model that does not is refused such a recipe,
-never silently given it without its tail.
+them as ``none`` GEMM rules on the model's last layers (:class:`fp8jax.rules.Recipe`),
+where the model says how its layers are named (``layer_path``); a model that does not is
+refused such a recipe, never silently given it without its tail.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from __future__ import annotations
 import re
 
 from fp8jax.gemm import recipes
-from fp8jax.models import api
+from fp8jax.models import api, policy_record
 from fp8jax.models import policy as policy_lib
-from fp8jax.rules import ROLES, Rule, Rules
+from fp8jax.numerics.roles import OVERRIDES
+from fp8jax.rules import ROLES, Recipe, Rule, Rules
 
 _SPLIT = re.compile(r"\+(?=\s*(?:" + "|".join(ROLES) + r"):)")
 BASELINE = "bf16"
@@ -32,7 +35,7 @@ BASELINE = "bf16"
 
 def _action(role: str, text: str, term: str):
   if text.lower() == "none":
-    if role not in ("gemm", "output"):
+    if role not in ("gemm", "output", *OVERRIDES):
       raise ValueError(f"policy term {term!r}: role {role!r} takes a spec, not 'none'")
     return None
   if role == "gemm":
@@ -45,31 +48,30 @@ def _action(role: str, text: str, term: str):
 
 def tail_rules(name: str, num_layers: int, layer_path: str | None, expr: str) -> list[Rule]:
   """``none`` GEMM rules on the last layers that recipe ``name`` keeps in BF16 (its share
-  of ``num_layers``; ``layer_path``: the regex of layer ``{i}``'s modules, e.g.
-  ``"layers/{i}/.*"``)."""
-  share = recipes.BF16_TAIL.get(name, 0.0)
-  if not share:
-    return []
-  if not layer_path or num_layers < 1:
+  of ``num_layers``, :meth:`fp8jax.rules.Recipe.rules`; ``layer_path``: the regex of layer
+  ``{i}``'s modules, e.g. ``"layers/{i}/.*"``)."""
+  recipe = Recipe.named(name)
+  if recipe.bf16_tail and (not layer_path or num_layers < 1):
     raise ValueError(f"policy {expr!r}: the recipe {name!r} keeps its last "
-                     f"{share:.0%} of layers in BF16, and this model does not name its "
-                     "layers; give its modules explicitly (gemm:NAME@REGEX, then "
+                     f"{recipe.bf16_tail:.0%} of layers in BF16, and this model does not name "
+                     "its layers; give its modules explicitly (gemm:NAME@REGEX, then "
                      "gemm:none@REGEX for the layers to keep in BF16)")
-  tail = recipes.bf16_tail_layers(share, num_layers)
-  return [Rule(layer_path.format(i=i), None, role="gemm")
-          for i in range(num_layers - tail, num_layers)]
+  return list(recipe.rules(num_layers, layer_path))[1:]
 
 
 def parse(text: str, num_layers: int = 0, layer_path: str | None = None) -> api.Variant:
   """The :class:`fp8jax.models.api.Variant` of the policy text ``text`` (see the module
-  docstring), named ``text``. ``num_layers`` and ``layer_path``: how the model's layers
-  are named, for recipes with BF16 layers."""
+  docstring), named ``text``, with its policy record (:mod:`fp8jax.models.policy_record`:
+  the output terms as sites, a single ``gemm:NAME`` term's recipe with its BF16 layers).
+  ``num_layers`` and ``layer_path``: how the model's layers are named, for recipes with
+  BF16 layers."""
   if not isinstance(text, str):
     raise TypeError(f"a policy must be text, got {type(text).__name__} {text!r}")
   expr = text.strip()
   if expr.lower() == BASELINE:
-    return api.Variant(BASELINE, Rules([]), BASELINE)
-  rules = []
+    return api.Variant(BASELINE, Rules([]), BASELINE,
+                       policy_record.build(BASELINE, BASELINE))
+  rules, terms, recipes_named = [], [], []
   for term in (t.strip() for t in _SPLIT.split(expr)):
     head, colon, rest = term.partition(":")
     if not colon or head not in ROLES:
@@ -78,7 +80,21 @@ def parse(text: str, num_layers: int = 0, layer_path: str | None = None) -> api.
                        "output:e4m3@head, or 'bf16'")
     action_text, at, regex = rest.partition("@")
     action = _action(head, action_text.strip(), term)
-    rules.append(Rule(regex.strip() if at else ".*", action, role=head))
+    terms.append(Rule(regex.strip() if at else ".*", action, role=head))
+    rules.append(terms[-1])
     if head == "gemm" and action is not None:
+      recipes_named.append(action_text.strip())
       rules += tail_rules(action_text.strip(), num_layers, layer_path, expr)
-  return api.Variant(expr, Rules(rules), expr)
+  return api.Variant(expr, Rules(rules), expr, _record(expr, terms, recipes_named, num_layers))
+
+
+def _record(expr: str, terms: list[Rule], named: list[str], num_layers: int) -> dict:
+  """The record of the policy text ``expr`` (its term rules ``terms``, ``named`` the
+  recipes of its ``gemm`` terms): :func:`~fp8jax.models.policy_record.of_rules`, the
+  recipe named by the text and its BF16 layers on a model of ``num_layers`` layers."""
+  record = policy_record.of_rules(expr, terms, expr)
+  gemm = record["gemm"]
+  if gemm is not None and gemm["recipe"] is not None and len(named) == 1:
+    recipe = Recipe.named(named[0])
+    gemm.update(recipe=recipe.name, bf16_layers=list(recipe.bf16_layers(num_layers)))
+  return record

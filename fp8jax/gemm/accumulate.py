@@ -331,11 +331,27 @@ def scaled_matmul(a: qtensor.QTensor, bt: qtensor.QTensor,
   y = _scaled_matmul(a, bt, acc, impl, fp8_mma)
   if a.tensor_scale_inv is None and bt.tensor_scale_inv is None:
     return y
-  # Two-level (NVFP4) scales: the per-tensor levels scale the output, as a GEMM's alpha.
+  # Two-level (NVFP4) scales: the per-tensor levels scale the output, as a GEMM's alpha;
+  # row-scaled levels ([B, M, 1] and [B, N, 1]) scale its rows and columns.
   alpha = jnp.float32(1.0)
-  for t in (a.tensor_scale_inv, bt.tensor_scale_inv):
-    alpha = alpha if t is None else alpha * t.astype(jnp.float32)
+  for t, q, swap in ((a.tensor_scale_inv, a, False), (bt.tensor_scale_inv, bt, True)):
+    if t is not None:
+      alpha = alpha * row_level(t, q.shape, swap)
   return y * alpha
+
+
+def row_level(t: jax.Array, shape: tuple[int, ...], swap: bool) -> jax.Array:
+  """A two-level operand's second level ``t`` (float32) as a factor of its GEMM's output:
+  a scalar as it is; a row-scaled level of an operand ``shape`` [..., R, K], which must be
+  [..., R, 1] (one per row, constant along the contraction), as it is for the rows of
+  the output, or [..., 1, R] (``swap``) for its columns."""
+  t = t.astype(jnp.float32)
+  if t.ndim == 0:
+    return t
+  if tuple(t.shape) != (*shape[:-1], 1):
+    raise ValueError(f"a GEMM operand {tuple(shape)} needs its row-scaled level per row "
+                     f"along the contraction, shape {(*shape[:-1], 1)}, got {tuple(t.shape)}")
+  return jnp.swapaxes(t, -1, -2) if swap else t
 
 
 def _scaled_matmul(a, bt, acc, impl, fp8_mma=False):

@@ -7,8 +7,11 @@ operand plays the *input* role and right operand the *weight* role. With
 FP8 (per-tensor scales, ``lax.dot_general`` on float8 operands):
 
 * Fprop: ``Y  = Q_in(X) . Q_w(W)``
-* Dgrad: ``dX = Q_grad(dY) . Q_w(W)^T``
-* Wgrad: ``dW = Q_in(X)^T . Q_grad(dY)``
+* Dgrad: ``dX = Q_grad(dY) . Q_w'(W^T)``
+* Wgrad: ``dW = Q_in'(X^T) . Q_grad'(dY^T)``
+
+(the primed copies with their own specs where ``config.roles`` gives them, else the
+role's; see ``fp8jax.gemm.operands``)
 
 Operands are brought to *contraction-last* layout [B, rows, K] (batch dims first, free
 dims flattened) and every role's spec is applied in that layout, so ``tile(128)`` means
@@ -37,7 +40,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp8jax.gemm import accumulate, hadamard, rotation, transpose
+from fp8jax.gemm import accumulate, hadamard, operands, rotation, transpose
 from fp8jax.numerics import arguments
 from fp8jax.numerics import roles as roles_lib
 from fp8jax.quant import qtensor, rounding_bits
@@ -52,7 +55,9 @@ class GemmConfig:
   """Static, hashable description of one simulated FP8 linear layer.
 
   Attributes:
-    roles: per-role quantization specs (input X, weight W, output gradient dY).
+    roles: per-role quantization specs (input X, weight W, output gradient dY), and
+      optionally the specs of the backward copies W^T (Dgrad), X^T and dY^T (Wgrad):
+      :class:`~fp8jax.numerics.roles.RoleSpecs`.
     fprop, dgrad, wgrad: "bf16", "fp8" (simulated) or "fp8_native" (real FP8
       ``lax.dot_general``; per-tensor scales only).
     accumulation: accumulator model of the simulated FP8 GEMMs. The default, FP32 (also
@@ -70,6 +75,10 @@ class GemmConfig:
     backward_from_forward: Dgrad's W^T and Wgrad's X^T are re-quantized with the grad spec
       from the forward pass's quantized W and X (Quartet II: MS-EDEN for all four backward
       operands); needs ``rht_gemms`` "backward" or "all".
+    from_forward: the tensors ("input", "weight") whose backward copy (X^T, W^T) is
+      quantized from Fprop's quantized X or W, dequantized, instead of from the original
+      (Transformer Engine's ``columnwise_source="rowwise_dequantized"``; default ():
+      none; ``fp8jax.gemm.operands``).
     rht_signs: the transform's sign vector (``fp8jax.gemm.hadamard``): "te" (default;
       Transformer Engine's fixed 16 signs, size 16 only), "random" (drawn from
       ``hadamard_seed``), "none", or "step": drawn for every call from a key derived from
@@ -105,6 +114,7 @@ class GemmConfig:
   wgrad_hadamard: int = 0
   rht_gemms: str = "wgrad"
   backward_from_forward: bool = False
+  from_forward: tuple[str, ...] = ()
   rht_signs: str = "te"
   rht_dtype: str = "bfloat16"
   hadamard_seed: int = 0
@@ -126,7 +136,9 @@ class GemmConfig:
         self.backward_from_forward is not True or not h or self.rht_gemms == "wgrad"):
       raise ValueError("backward_from_forward (a bool) re-quantizes the rotated backward "
                        "operands: it needs wgrad_hadamard and rht_gemms 'backward' or 'all'")
-    if h and self.rht_gemms == "all" and self.roles.weight.granularity.kind == "block":
+    if h and self.rht_gemms == "all" and "block" in (
+        self.roles.weight.granularity.kind,
+        self.roles.operand("dgrad", "weight").granularity.kind):
       raise ValueError("rht_gemms='all' rotates W along K for Fprop and along N for Dgrad: "
                        "its blocks cannot be 2-D (one quantized weight for both)")
     if h and self.transpose != "requant":
@@ -134,6 +146,7 @@ class GemmConfig:
                        f"operands: it needs transpose='requant', got {self.transpose!r}")
     if not isinstance(self.roles, roles_lib.RoleSpecs):
       raise TypeError(f"roles must be a RoleSpecs, got {self.roles!r}")
+    operands.check(self)
     if not isinstance(self.accumulation, accumulate.Accumulation):
       raise TypeError(f"accumulation must be an Accumulation, got {self.accumulation!r}")
     if self.impl == "pallas" and self.accumulation.mode != "fp32":
@@ -151,7 +164,7 @@ class GemmConfig:
       if mode not in PRECISIONS:
         raise ValueError(f"unknown {direction} precision {mode!r}; choose one of {PRECISIONS}")
       for role in _OPERAND_ROLES[direction]:
-        spec = self.roles.spec(role)
+        spec = self.roles.operand(direction, role)
         if mode != "bf16" and spec.scaling != "current":
           raise ValueError(f"{direction}: the {role} spec uses {spec.scaling} scaling; the "
                            "GEMM simulation supports current scaling")
@@ -174,6 +187,7 @@ class GemmConfig:
       text += "" if self.rht_dtype == "bfloat16" else f"/{self.rht_dtype}"
       text += "" if self.rht_gemms == "wgrad" else f"/{self.rht_gemms}"
       text += "/from-forward" if self.backward_from_forward else ""
+    text += operands.describe(self)
     text += " fp8_mma" if self.fp8_mma else ""
     return text + (f" impl={self.impl}" if self.impl != "auto" else "")
 
@@ -272,8 +286,8 @@ def _dgrad(dy3, w3, cfg):
   r = cfg.roles
   if rotation.on(cfg, "dgrad"):
     return _fp8_matmul(*rotation.dgrad_operands(dy3, w_t, cfg), cfg, cfg.dgrad)
-  wq = qtensor.quantize(w3, r.weight, key=operand_key(w3, r.weight, 2))
-  wtq = transpose.transposed(w3, wq, r.weight, cfg.transpose, operand_key(w_t, r.weight, 3))
+  wq = qtensor.quantize(w3, r.weight, key=operand_key(w3, r.weight, 2))  # as Fprop's
+  wtq = operands.second_copy(w3, wq, cfg, "weight", w_t, 3)
   dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))
   return _fp8_matmul(dyq, wtq, cfg, cfg.dgrad)
 
@@ -286,10 +300,10 @@ def _wgrad(dy3, x3, cfg):
   if cfg.wgrad_hadamard:  # quantize the transformed operands [B, N|K, M_pad]
     xtq, dytq = rotation.wgrad_operands(x3, dy3, cfg)
     return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)
-  dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))
-  xq = qtensor.quantize(x3, r.input, key=operand_key(x3, r.input, 1))
-  dytq = transpose.transposed(dy3, dyq, r.grad, cfg.transpose, operand_key(dy3, r.grad, 5))
-  xtq = transpose.transposed(x3, xq, r.input, cfg.transpose, operand_key(x3, r.input, 6))
+  dyq = qtensor.quantize(dy3, r.grad, key=operand_key(dy3, r.grad, 4))  # as Dgrad's
+  xq = qtensor.quantize(x3, r.input, key=operand_key(x3, r.input, 1))  # as Fprop's
+  dytq = operands.second_copy(dy3, dyq, cfg, "grad", dy3, 5)
+  xtq = operands.second_copy(x3, xq, cfg, "input", x3, 6)
   return _fp8_matmul(dytq, xtq, cfg, cfg.wgrad)
 
 

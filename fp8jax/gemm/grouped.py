@@ -40,7 +40,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import grouped_operands, grouped_tensor_core, padding, rotation, transpose
+from fp8jax.gemm import grouped_operands, grouped_tensor_core, operands, padding, rotation
 from fp8jax.gemm.grouped_padded import padded_grouped_matmul  # noqa: F401  (also this module's API)
 from fp8jax.kernels import grouped_gpu, grouped_scaled_pallas
 from fp8jax.numerics import arguments
@@ -125,12 +125,11 @@ def _weight_q(w_t, spec):
 
 
 def _dgrad_weight_q(w_e, cfg):
-  """One expert's weight [K, F] quantized for Dgrad (contraction over F): the transpose of
-  the Fprop operand W_e^T [F, K] by ``cfg.transpose``."""
-  spec = cfg.roles.weight
-  w_t = w_e.T
-  return transpose.transposed(w_t, qtensor.quantize(w_t, spec, key=gemm_lib.operand_key(
-      w_t, spec, 2)), spec, cfg.transpose, gemm_lib.operand_key(w_e, spec, 3))  # [K, F]
+  """One expert's weight [K, F] quantized for Dgrad (contraction over F): W^T's copy
+  (``operands.second_copy``) of the Fprop operand W_e^T [F, K]."""
+  spec, w_t = cfg.roles.weight, w_e.T
+  return operands.second_copy(w_t, qtensor.quantize(w_t, spec, key=gemm_lib.operand_key(
+      w_t, spec, 2)), cfg, "weight", w_e, 3)  # [K, F]
 
 
 def _buffers(*arrays):
@@ -244,7 +243,8 @@ def group_multiple_of(config: gemm_lib.GemmConfig) -> int:
     return 1
   acc = config.accumulation
   multiple = (acc.promotion_interval or acc.block_size) if _tensor_core(config) else 1
-  for g in (_token_block(config.roles.input), _token_block(config.roles.grad),
+  for g in (_token_block(config.roles.operand("wgrad", "input")),
+            _token_block(config.roles.operand("wgrad", "grad")),
             config.wgrad_hadamard):
     multiple = math.lcm(multiple, g or 1)
   return multiple
@@ -281,15 +281,13 @@ def _wgrad_operands(x, dy, sizes, cfg, layout, rows_first: bool = False):
     dy, sizes = padding.pad_groups(dy, sizes, multiple)
   dy = dy.astype(jnp.float32)  # after the padding, which moves dY in its own dtype
   if rows_first:
-    return (transpose.quantize_columns(x, r.input), transpose.quantize_columns(dy, r.grad),
-            sizes)
+    return operands.second_copy_columns(x, cfg, "input"), operands.second_copy_columns(
+        dy, cfg, "grad"), sizes
   if cfg.wgrad_hadamard:  # X^T [K, rows] and dY^T [F, rows] rotated along the rows
     return (*rotation.wgrad_operands(x, dy, cfg), sizes)
   mask = (lambda q: q) if valid is None else (lambda q: padding.mask_padding_scales(q, valid))
-  xt = transpose.transposed(x, mask(qtensor.quantize(x, r.input)), r.input, cfg.transpose,
-                            gemm_lib.operand_key(x, r.input, 6))
-  dyt = transpose.transposed(dy, mask(qtensor.quantize(dy, r.grad)), r.grad, cfg.transpose,
-                             gemm_lib.operand_key(dy, r.grad, 5))
+  xt = operands.second_copy(x, mask(qtensor.quantize(x, r.input)), cfg, "input", x, 6)
+  dyt = operands.second_copy(dy, mask(qtensor.quantize(dy, r.grad)), cfg, "grad", dy, 5)
   return xt, dyt, sizes
 
 

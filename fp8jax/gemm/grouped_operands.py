@@ -17,7 +17,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from fp8jax.gemm import dense as gemm_lib
-from fp8jax.gemm import operand_telemetry
+from fp8jax.gemm import operand_telemetry, operands
 from fp8jax.kernels import block_quant_pallas, placement, tile_quant_pallas
 from fp8jax.kernels import scaled_matmul_pallas as smp
 from fp8jax.quant import qtensor
@@ -34,17 +34,19 @@ def rows_first(cfg: gemm_lib.GemmConfig) -> bool:
   """Whether Wgrad's operands may stay in the rows' layout, X [N, K] and dY [N, F] quantized
   in blocks of rows (``transpose.quantize_columns``) instead of transposed: the requant
   policy without a Hadamard transform, rounding to nearest, without a noise control (whose
-  noise, like stochastic rounding's bits, is drawn in the layout quantized). Also the
-  condition of :func:`one_pass`."""
-  specs = (cfg.roles.input, cfg.roles.grad)
-  return (cfg.transpose == "requant" and not cfg.wgrad_hadamard
+  noise, like stochastic rounding's bits, is drawn in the layout quantized), X^T from the
+  original X (not ``from_forward``). Also the condition of :func:`one_pass`."""
+  specs = (cfg.roles.operand("wgrad", "input"), cfg.roles.operand("wgrad", "grad"))
+  return (cfg.transpose == "requant" and not cfg.wgrad_hadamard and not cfg.from_forward
           and all(s.rounding == "nearest" and not s.noise_control for s in specs))
 
 
 def _tile(cfg: gemm_lib.GemmConfig) -> int | None:
-  """The one 1 x t tile spec of X and dY that the one-pass kernel takes, else None."""
-  t = tile_quant_pallas.tile_of(cfg.roles.input)
-  return t if t is not None and tile_quant_pallas.tile_of(cfg.roles.grad) == t else None
+  """The one 1 x t tile spec of Wgrad's copies of X and dY that the kernels take, else
+  None."""
+  r, tile_of = cfg.roles, tile_quant_pallas.tile_of
+  t = tile_of(r.operand("wgrad", "input"))
+  return t if t is not None and tile_of(r.operand("wgrad", "grad")) == t else None
 
 
 def fp8_wgrad(cfg: gemm_lib.GemmConfig) -> bool:
@@ -53,20 +55,23 @@ def fp8_wgrad(cfg: gemm_lib.GemmConfig) -> bool:
   and the kernel is the slower:
   docs/performance/archive/2026-11-26_grouped_blockwise_fp8_dots.md)."""
   t = _tile(cfg)
-  r = cfg.roles
+  x, dy = cfg.roles.operand("wgrad", "input"), cfg.roles.operand("wgrad", "grad")
   return (cfg.fp8_mma and kernels_on(cfg) and t is not None
-          and smp.fp8_dots_apply(r.input.fmt.storage_dtype, r.grad.fmt.storage_dtype, t))
+          and smp.fp8_dots_apply(x.fmt.storage_dtype, dy.fmt.storage_dtype, t))
 
 
 def one_pass(cfg: gemm_lib.GemmConfig, layout: int, n: int, k: int, f: int) -> bool:
   """Whether X [N, K] and dY [N, F] are each quantized for both of their GEMMs in one read
   (:func:`both_ways`): all three directions in FP8 on the kernels, :func:`rows_first`, one
   tile spec the kernel takes for both, groups laid out at whole tiles (``layout``, the
-  model's padding) and a conversion that rounds as XLA's does. The forward pass then keeps
-  X^T's 8-bit quantization for Wgrad instead of X."""
+  model's padding) and a conversion that rounds as XLA's does, each second copy the first's
+  quantization transposed. The forward pass then keeps X^T's 8-bit quantization for Wgrad
+  instead of X."""
   t = _tile(cfg)
   r, tq = cfg.roles, tile_quant_pallas
-  return (cfg.fprop == cfg.dgrad == cfg.wgrad == "fp8" and kernels_on(cfg)
+  same = not (operands.second_copies_differ(cfg, "input")
+              or operands.second_copies_differ(cfg, "grad"))
+  return (cfg.fprop == cfg.dgrad == cfg.wgrad == "fp8" and kernels_on(cfg) and same
           and rows_first(cfg) and t is not None and layout % t == 0
           and tq.supports((n, k), r.input) and tq.supports((n, f), r.grad)
           and tq.rounds_exactly())
@@ -77,7 +82,8 @@ def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
   Fprop (which reads it as W_e^T [F, K]) and Dgrad (contraction over F): FP8 Fprop and
   Dgrad on the kernels, square scale blocks (``b x b``: the blocks of W_e and of W_e^T are
   the same elements, so one quantization is the other's transpose, bit for bit), rounding
-  to nearest without a noise control, and a transpose policy that quantizes W_e itself
+  to nearest without a noise control, W^T's copy the same quantization (its spec W's, not
+  ``from_forward``), and a transpose policy that quantizes W_e itself
   ("requant") or leaves square blocks as they are ("scaling_aware", for the specs it
   takes; a block holding NaN gives NaN outputs either way). The forward pass then
   keeps the 8-bit weight for the backward one instead of quantizing it twice more: one
@@ -86,9 +92,10 @@ def weight_once(cfg: gemm_lib.GemmConfig) -> bool:
   axes = sorted(a - 2 if a >= 0 else a for a in g.axes)
   square = g.kind == "block" and axes == [-2, -1] and len(set(g.sizes)) == 1
   # what transpose.scaling_aware_transpose accepts (it refuses the others)
-  scaling_aware = (spec.scaling == "current" and spec.scale_format != "e4m3"
+  scaling_aware = (spec.scaling == "current" and not spec.two_level
                    and spec.fmt.has_nan)
   return (cfg.fprop == cfg.dgrad == "fp8" and kernels_on(cfg) and square
+          and not operands.second_copies_differ(cfg, "weight")
           and spec.rounding == "nearest" and not spec.noise_control
           and (cfg.transpose == "requant"
                or (cfg.transpose == "scaling_aware" and scaling_aware)))

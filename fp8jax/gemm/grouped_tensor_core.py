@@ -35,16 +35,24 @@ from fp8jax.quant import qtensor
 
 
 def _alpha(a_tensor, b_tensor, b_index):
-  """The two-level (NVFP4) per-tensor levels as the GEMM's alpha, multiplied in the order
-  of ``accumulate.scaled_matmul``; None without them."""
+  """The two-level (NVFP4) second levels as the GEMM's alpha, multiplied in the order of
+  ``accumulate.scaled_matmul``, broadcastable to the output [rows, cols] (or [E, rows,
+  cols]); None without them. ``a_tensor``: a scalar or per row [rows, 1] (row-scaled);
+  ``b_tensor``: one operand's, a scalar or [cols, 1], or with ``b_index`` (each output
+  row's group) per group, [E] or [E, cols, 1]."""
   if a_tensor is None and b_tensor is None:
     return None
   alpha = jnp.float32(1.0)
   if a_tensor is not None:
     alpha = alpha * a_tensor.astype(jnp.float32)
   if b_tensor is not None:
-    b_tensor = b_tensor.astype(jnp.float32)
-    alpha = alpha * (b_tensor if b_index is None else b_tensor[b_index])
+    b = b_tensor.astype(jnp.float32)
+    if b_index is not None:
+      b = b[b_index]
+      b = b[:, None] if b.ndim == 1 else b[..., 0]
+    elif b.ndim:
+      b = jnp.swapaxes(b, -1, -2)
+    alpha = alpha * b
   return alpha
 
 
@@ -85,7 +93,7 @@ def rows_product(aq: qtensor.QTensor, bq: qtensor.QTensor, sizes: jax.Array,
   alpha = _alpha(aq.tensor_scale_inv, bq.tensor_scale_inv, row_group)
   if alpha is None:
     return y
-  return y * (alpha[:, None] if alpha.ndim else alpha)
+  return y * alpha
 
 
 def wgrad_product(aq: qtensor.QTensor, bq: qtensor.QTensor, padded: jax.Array,

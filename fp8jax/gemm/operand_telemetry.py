@@ -9,6 +9,13 @@ addition and :func:`summarize` turns any total into the recorded statistics:
   (possible with power-of-two scale rules and delayed scaling);
 - ``underflow_frac``: the share of blocks with a nonzero finite element flushed to zero;
 - ``zero_block_frac``: the share of all-zero blocks (their scale is arbitrary);
+- ``four_frac`` / ``oas_raised_frac``: of the nonzero finite blocks quantized with Four
+  Over Six (OAS), the share scaled to 4 (whose scale OAS raised a binade above OCP's);
+  NaN where no operand uses the rule (:data:`fp8jax.quant.telemetry.SCALE_RULE_STATS`);
+- ``scale_subnormal_frac`` / ``scale_zero_frac``: two-level (NVFP4) scales only, the share
+  of blocks with a finite nonzero amax whose block scale is subnormal in its format (E4M3
+  below 2**-6, UE5M3 below 2**-14: fewer significant bits) or rounds to 0 (the block
+  dequantizes to zeros), next to the tensor's (row's) largest block;
 - ``scale_log2_p05`` / ``p50`` / ``p95``: quantiles of ``floor(log2)`` of the blocks'
   effective dequantization scale (``scale_inv``, times the tensor level of two-level NVFP4
   scales), over the nonzero blocks;
@@ -25,7 +32,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax.numerics import blocks
+from fp8jax.numerics import blocks, scales
 from fp8jax.numerics import spec as spec_lib
 from fp8jax.quant import qtensor
 from fp8jax.quant import telemetry as telemetry_lib
@@ -34,7 +41,12 @@ LOG2_LOW, LOG2_BINS = -160, 320
 """The log2-scale histogram covers floor(log2 scale) in [LOG2_LOW, LOG2_LOW + LOG2_BINS)."""
 
 COUNTS = ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elements",
-          "sum_q2", "sum_q4", "kurtosis_sum", "operands")
+          "sum_q2", "sum_q4", "kurtosis_sum", "operands", "scale_subnormal_blocks",
+          "scale_zero_blocks")
+RULE_COUNTS = tuple(f"{r.name}{part}_blocks" for r in telemetry_lib.SCALE_RULE_STATS
+                    for part in ("", "_rule"))
+"""The additive sums of the scale rules' choices (part of :data:`COUNTS`)."""
+COUNTS += RULE_COUNTS
 """The additive scalar sums of :func:`operand_sums` (float32); plus ``log2_hist``."""
 
 
@@ -60,7 +72,10 @@ def block_stats(x: jax.Array, spec: spec_lib.QuantSpec):
     ``scale_inv`` (one entry per block), named as
     :data:`fp8jax.kernels.block_quant_pallas.STATS` (which computes the same in one read):
     ``amax``, ``saturated`` (0/1), ``flushed`` (0/1), ``finite`` (count), ``sum_q2`` and
-    ``sum_q4`` (of the dequantized block, non-finite values as 0).
+    ``sum_q4`` (of the dequantized block, non-finite values as 0); for two-level specs
+    also ``scale_subnormal`` and ``scale_zero`` (0/1, see the module docstring), and the
+    0/1 arrays of the scale rules the spec uses
+    (:func:`fp8jax.quant.telemetry.scale_rule_blocks`).
   """
   x = lax.stop_gradient(x)
   spec = spec.replace(noise_control=False)
@@ -73,9 +88,17 @@ def block_stats(x: jax.Array, spec: spec_lib.QuantSpec):
   q = qtensor.dequantize(qt, f32)
   q2 = jnp.square(jnp.where(jnp.isfinite(q), q, 0.0))
   any_of = lambda v: (blocks.block_sum(v, block) > 0).astype(f32)  # noqa: E731
-  return qt, {"amax": blocks.block_amax(x, block), "saturated": any_of(sat),
-              "flushed": any_of(flushed), "finite": blocks.block_sum(jnp.isfinite(x), block),
-              "sum_q2": blocks.block_sum(q2, block), "sum_q4": blocks.block_sum(q2 * q2, block)}
+  amax = blocks.block_amax(x, block)
+  stats = {"amax": amax, "saturated": any_of(sat), "flushed": any_of(flushed),
+           "finite": blocks.block_sum(jnp.isfinite(x), block),
+           "sum_q2": blocks.block_sum(q2, block), "sum_q4": blocks.block_sum(q2 * q2, block)}
+  if spec.two_level:  # the block scales below their format's normals, or 0
+    sc, live_block = qt.scale_inv.astype(f32), (amax > 0) & jnp.isfinite(amax)
+    tiny = jnp.float32(scales.block_scale_min_normal(spec))
+    stats["scale_subnormal"] = (live_block & (sc > 0) & (sc < tiny)).astype(f32)
+    stats["scale_zero"] = (live_block & (sc == 0)).astype(f32)
+  stats.update(telemetry_lib.scale_rule_blocks(x, qt, spec, amax))  # 4/6, OAS: where used
+  return qt, stats
 
 
 def sums_of_blocks(qt: qtensor.QTensor, stats: dict[str, jax.Array],
@@ -104,7 +127,15 @@ def sums_of_blocks(qt: qtensor.QTensor, stats: dict[str, jax.Array],
           "underflow_blocks": jnp.sum(stats["flushed"] > 0, dtype=f32),
           "zero_blocks": jnp.sum(amax == 0, dtype=f32), "elements": jnp.sum(n),
           "sum_q2": jnp.sum(q2), "sum_q4": jnp.sum(q4), "kurtosis_sum": kurtosis,
-          "operands": f32(1), "log2_hist": hist}
+          "operands": f32(1), "log2_hist": hist,
+          **{f"{k}_blocks": jnp.sum(stats[k], dtype=f32) if k in stats else f32(0)
+             for k in ("scale_subnormal", "scale_zero")},
+          **{c: _count(stats, c.removesuffix("_blocks")) for c in RULE_COUNTS}}
+
+
+def _count(stats: dict[str, jax.Array], key: str) -> jax.Array:
+  """The blocks marked in the 0/1 ``stats[key]`` (0 where the operand has none)."""
+  return jnp.sum(stats[key], dtype=jnp.float32) if key in stats else jnp.float32(0)
 
 
 def operand_sums(x: jax.Array, spec: spec_lib.QuantSpec) -> dict[str, jax.Array]:
@@ -140,7 +171,11 @@ def summarize(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
   out = {"saturated_frac": ratio(sums["saturated_blocks"], sums["blocks"]),
          "underflow_frac": ratio(sums["underflow_blocks"], sums["blocks"]),
          "zero_block_frac": ratio(sums["zero_blocks"], sums["blocks"]),
-         "kurtosis": ratio(sums["kurtosis_sum"], sums["operands"])}
+         "scale_subnormal_frac": ratio(sums["scale_subnormal_blocks"], sums["blocks"]),
+         "scale_zero_frac": ratio(sums["scale_zero_blocks"], sums["blocks"]),
+         "kurtosis": ratio(sums["kurtosis_sum"], sums["operands"]),
+         **{f"{r.name}_frac": ratio(sums[f"{r.name}_blocks"], sums[f"{r.name}_rule_blocks"])
+            for r in telemetry_lib.SCALE_RULE_STATS}}
   for q in (5, 50, 95):
     out[f"scale_log2_p{q:02d}"] = _quantile(sums["log2_hist"], q / 100)
   return out

@@ -51,6 +51,14 @@ absolute error (``QuantSpec.four_over_six``; the per-tensor scale over an E4M3 m
 transform, which TE does not combine with 4/6; dY keeps 8-bit stochastic rounding and the
 last layers stay in BF16.
 
+``nvfp4_row_scaled`` and ``nvfp4_ue5m3`` are the NVFP4 recipe with one change each, as
+Transformer Engine defines it: ``nvfp4_row_scaled`` scales the activations X per row (each
+token's FP32 second level from its own amax, ``QuantSpec.row_scaled``; TE's
+``NVFP4BlockScaling(row_scaled_activation=True)``, PR #2931 and #3206: forward
+activations only, their Wgrad copy X^T per row of X^T), ``nvfp4_ue5m3`` stores every
+operand's block scales in UE5M3, the tensor level mapping the amax to 6 x 114688
+(``scale_format="ue5m3"``; TE PR #3325, the prototype in TE v2.21).
+
 ``nvfp4_quartet2`` is Quartet II (arXiv 2601.22813; IST-DASLab/Quartet-II commit 8776a90,
 ``schemes/quartet_2.py``): the forward GEMM on X and W in NVFP4 1x16 along K, each block
 scaled by Four Over Six with the squared error (``four_over_six="mse"``, E4M3 maximum 256,
@@ -69,6 +77,15 @@ rounding (24 bits: no hardware rounds E1M2) on dY only, 1x16 weights (rotated al
 Fprop and along N for Dgrad, one 16x16 quantization cannot serve both) and the last ~16%
 of layers in BF16 as the NVFP4 recipe. ``ufp4_int4`` takes INT4 (±7), the same grid
 times 4; ``ufp4_e2m1`` the same recipe on E2M1, the paper's contrast.
+
+``mxfp8_fwd_nvfp4_bwd`` is Transformer Engine's ``CustomRecipe(qfactory=
+mxfp8_fwd_nvfp4_bwd_factory)`` (``custom_recipes/quantizer_factory_zoo.py``, PR #2817):
+Fprop on MXFP8 X and W; Dgrad on NVFP4 dY (8-bit stochastic rounding) and a plain NVFP4
+1x16 W^T quantized from Fprop's MXFP8 W, dequantized (``from_forward=("weight",)``,
+TE's ``columnwise_source="rowwise_dequantized"``); Wgrad on NVFP4 X^T (from the original
+X) and dY^T behind the 16-point RHT (TE's signs, BF16), as the NVFP4 recipe's Wgrad. Each
+backward copy has its own spec (``RoleSpecs.dgrad_weight``, ``wgrad_input``); every
+layer quantized.
 
 The idealised forms of the recipe's two random elements stay available as fields:
 ``recipe("nvfp4_recipe").replace(rht_signs="random", rht_dtype="float32")`` (signs drawn
@@ -162,8 +179,22 @@ RECIPES["ufp4"] = _ufp4("e1m2")
 RECIPES["ufp4_int4"] = _ufp4("int4")
 RECIPES["ufp4_e2m1"] = _ufp4("e2m1")
 
+_MXFP8 = presets.preset("mxfp8").replace(backward=None)
+RECIPES["mxfp8_fwd_nvfp4_bwd"] = GemmConfig(
+    roles=RoleSpecs(input=_MXFP8, weight=_MXFP8, grad=RECIPES["nvfp4_recipe"].roles.grad,
+                    dgrad_weight=_NVFP4, wgrad_input=_NVFP4),
+    from_forward=("weight",), wgrad_hadamard=16, rht_signs="te", rht_dtype="bfloat16")
+
+RECIPES["nvfp4_row_scaled"] = RECIPES["nvfp4_recipe"].replace(roles=dataclasses.replace(
+    RECIPES["nvfp4_recipe"].roles, input=_NVFP4.replace(row_scaled=True)))
+RECIPES["nvfp4_ue5m3"] = RECIPES["nvfp4_recipe"].replace(roles=dataclasses.replace(
+    RECIPES["nvfp4_recipe"].roles,
+    **{role: getattr(RECIPES["nvfp4_recipe"].roles, role).replace(scale_format="ue5m3")
+       for role in ("input", "weight", "grad")}))
+
 BF16_TAIL = {"nvfp4_recipe": 0.16, "nvfp4_recipe_no_rht": 0.16, "nvfp4_recipe_no_2d": 0.16,
              "nvfp4_recipe_no_sr": 0.16, "nvfp4_recipe_ideal": 0.16, "nvfp4_4over6": 0.16,
+             "nvfp4_row_scaled": 0.16, "nvfp4_ue5m3": 0.16,
              "ufp4": 0.16, "ufp4_int4": 0.16, "ufp4_e2m1": 0.16}
 """Share of a model's final layers whose linear layers a recipe keeps in BF16 (the NVFP4
 recipe keeps about 16% of the linear layers, mostly the last blocks, in BF16)."""
@@ -176,7 +207,9 @@ def bf16_tail_layers(share: float, num_layers: int) -> int:
 
 
 def recipe(name: str) -> GemmConfig:
-  """The recipe called ``name``; raises ValueError listing the known names."""
+  """The GEMM config of the recipe called ``name``; raises ValueError listing the known
+  names. Its BF16 layers (:data:`BF16_TAIL`) are not in it: rules that keep them are
+  ``fp8jax.rules.Recipe.named(name).rules(num_layers, layer_path)``."""
   if name not in RECIPES:
     raise ValueError(f"unknown GEMM recipe {name!r}; known recipes: {sorted(RECIPES)}")
   return RECIPES[name]

@@ -17,7 +17,9 @@ dY and so draw the same, and the grouped GEMM's Wgrad from dY in its padded layo
 ``backward_from_forward``: Dgrad's W^T and Wgrad's X^T are the forward pass's quantized W
 and X, dequantized, rotated and quantized again with the grad spec: Quartet II keeps the
 forward's NVFP4 operands for the backward pass and re-quantizes all four backward operands
-with MS-EDEN (``schemes/quartet_2.py``, ``Quartet_II_fn.backward``).
+with MS-EDEN (``schemes/quartet_2.py``, ``Quartet_II_fn.backward``). ``from_forward``
+does the same for the tensors it names, with their backward copies' own specs
+(``fp8jax.gemm.operands``).
 """
 
 from __future__ import annotations
@@ -80,8 +82,12 @@ def forward_values(v: jax.Array, spec, stream: int) -> jax.Array:
   return qtensor.dequantize(qtensor.quantize(v, spec, key=key), jnp.float32)
 
 
-def _backward_spec(cfg, role: str):
-  return cfg.roles.grad if cfg.backward_from_forward else cfg.roles.spec(role)
+def _backward_spec(cfg, gemm: str, role: str):
+  return cfg.roles.grad if cfg.backward_from_forward else cfg.roles.operand(gemm, role)
+
+
+def _from_forward(cfg, role: str) -> bool:
+  return cfg.backward_from_forward or role in cfg.from_forward
 
 
 def _quantize(v, spec, stream):
@@ -92,23 +98,24 @@ def _quantize(v, spec, stream):
 def wgrad_operands(x: jax.Array, dy: jax.Array, cfg):
   """Wgrad's quantized operands ``(X^T, dY^T)`` [..., K|N, T_pad] from the rows ``x``
   [..., T, K] and ``dy`` [..., T, N], both rotated along the tokens T."""
-  if cfg.backward_from_forward:
+  if _from_forward(cfg, "input"):
     x = forward_values(x, cfg.roles.input, 1)
   xt, dyt = pair(_swap(x), _swap(dy.astype(jnp.float32)), cfg, dy)
-  return (_quantize(xt, _backward_spec(cfg, "input"), 6),
-          _quantize(dyt, cfg.roles.grad, 5))
+  return (_quantize(xt, _backward_spec(cfg, "wgrad", "input"), 6),
+          _quantize(dyt, cfg.roles.operand("wgrad", "grad"), 5))
 
 
 def dgrad_operands(dy: jax.Array, w_t: jax.Array, cfg, per_expert: bool = False):
   """Dgrad's quantized operands ``(dY, W^T)`` [..., M|K, N_pad] from ``dy`` [..., M, N] and
   ``w_t`` [..., K, N], rotated along N; ``per_expert``: ``w_t`` is [E, K, F], each expert's
   weight a tensor of its own (one tensor scale each, as the grouped GEMM's Fprop). With
-  ``backward_from_forward``, W is first quantized as the forward pass did."""
+  ``backward_from_forward`` or ``from_forward`` naming the weight, W is first quantized
+  as the forward pass did."""
   each = jax.vmap if per_expert else (lambda f: f)
-  if cfg.backward_from_forward:
+  if _from_forward(cfg, "weight"):
     w_t = _swap(each(lambda m: forward_values(m, cfg.roles.weight, 2))(_swap(w_t)))
   dyr, wr = pair(dy.astype(jnp.float32), w_t, cfg, dy)
-  spec = _backward_spec(cfg, "weight")
+  spec = _backward_spec(cfg, "dgrad", "weight")
   return _quantize(dyr, cfg.roles.grad, 4), each(lambda m: _quantize(m, spec, 3))(wr)
 
 

@@ -97,7 +97,7 @@ def scaling_aware_transpose(qt: qtensor.QTensor, spec: spec_lib.QuantSpec) -> qt
   """Transposes ``qt`` into ``spec``'s blocks without going through the amax again."""
   if spec.scaling != "current":
     raise ValueError("the scaling-aware transpose needs a current-scaling target spec")
-  if spec.scale_format == "e4m3" or qt.tensor_scale_inv is not None or \
+  if spec.two_level or qt.tensor_scale_inv is not None or \
       spec.rounding != "nearest" or not spec.fmt.has_nan:
     raise ValueError(
         "the scaling-aware transpose handles one-level scales, round-to-nearest and "

@@ -63,7 +63,8 @@ def tile_size(spec: spec_lib.QuantSpec) -> int | None:
   g = spec.granularity
   if spec.scaling != "current" or g.kind != "tile" or g.axes != (-1,):
     return None
-  if spec.rounding != "nearest" or spec.four_over_six:  # 4/6: the XLA route
+  if spec.rounding != "nearest" or spec.four_over_six or spec.row_scaled or \
+      spec.scale_format == "ue5m3":  # 4/6, row-scaled, UE5M3: the XLA route
     return None
   t = g.sizes[0]
   return t if t & (t - 1) == 0 else None

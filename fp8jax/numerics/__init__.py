@@ -9,7 +9,8 @@ The bottom layer of fp8jax; it imports nothing else from the package.
 * :mod:`~fp8jax.numerics.spec`: :class:`QuantSpec`, a static, hashable description of one
   quantization;
 * :mod:`~fp8jax.numerics.scales`: amax -> scale (FP32, power of two / E8M0 by the OCP or
-  the round-up rule, two-level E4M3 + FP32 for NVFP4) and the elementwise round trip;
+  the round-up rule, two-level E4M3 or UE5M3 + FP32, per tensor or per row, for NVFP4) and
+  the elementwise round trip; :mod:`~fp8jax.numerics.ue5m3` the UE5M3 block-scale format;
 * :mod:`~fp8jax.numerics.presets` and :mod:`~fp8jax.numerics.roles`: named specs and the
   per-GEMM-role specs of a recipe.
 

@@ -27,7 +27,10 @@ The sums run in the block's element order, one addition after another, as the re
 loops; for a 2-D block (16 x 16 weights) each row is summed so and the rows are added as
 a tree (rows 0-7 + 8-15, then 0-3 + 4-7, 0-1 + 2-3, 0 + 1), as TE's reference does. TE
 applies 4/6 to weights and activations, never to gradients, and not with the RHT or
-stochastic rounding (``QuantSpec`` refuses stochastic rounding with it).
+stochastic rounding (``QuantSpec`` refuses stochastic rounding with it). With
+``row_scaled``, ``G`` is each row's, in the scales and in the errors, as TE's reference
+takes it. TE's reference itself, run on recorded inputs, gives the same payloads and
+scales bit for bit (tests/references/test_te_nvfp4_bits.py; docs/formats.md).
 """
 
 from __future__ import annotations
@@ -92,12 +95,13 @@ def choose_scales(xs: jax.Array, amax: jax.Array, spec, inner: tuple[int, ...]):
   axes ``inner``) with per-block ``amax`` (keepdims, +inf for a block holding NaN or inf).
 
   Returns ``(s, scale_inv, tensor_scale_inv, chose_four)`` as
-  ``scales.compute_scales`` does (float32, shaped like ``amax``), and a bool per block:
-  True where the maximum was mapped to 4."""
+  ``scales.compute_scales`` does (float32, shaped like ``amax``; ``tensor_scale_inv`` per
+  row for a row-scaled spec, whose ``G`` is then each row's, also in the error, as TE's
+  reference takes it), and a bool per block: True where the maximum was mapped to 4."""
   raw = amax.astype(jnp.float32)
   finite = jnp.where(jnp.isfinite(raw), raw, 0.0)
   e = float(spec.four_over_six_max)
-  g = jnp.maximum(jnp.max(finite, initial=0.0), jnp.float32(spec.eps))
+  g = jnp.maximum(scales_lib.level_amax(raw, spec, blocked=True), jnp.float32(spec.eps))
   s_enc = jnp.clip(jnp.float32(6.0 * e) / g, 2.0**-126, 2.0**126)
   s_enc = jnp.where(g > 0, s_enc, jnp.float32(1.0))
   d = 1.0 / s_enc
@@ -120,12 +124,13 @@ def choose_scales(xs: jax.Array, amax: jax.Array, spec, inner: tuple[int, ...]):
 
 def scales_of(x: jax.Array, block: tuple[int, ...], spec):
   """:func:`choose_scales` for unblocked ``x``: ``(s, scale_inv, tensor_scale_inv,
-  chose_four)``, the per-block arrays shaped ``blocks.num_blocks(x.shape, block)``."""
+  chose_four)``, the per-block arrays shaped ``blocks.num_blocks(x.shape, block)`` (a
+  row-scaled ``tensor_scale_inv`` too, with the tile's axis 1)."""
   xs, inner, _ = blocks.split_blocks(x, block)
   amax = jnp.max(blocks.amax_abs(xs), axis=inner, keepdims=True, initial=0.0)
   s, scale_inv, d, four = choose_scales(xs, amax, spec, inner)
   squeeze = lambda v: jnp.squeeze(v, inner)  # noqa: E731
-  return squeeze(s), squeeze(scale_inv), d, squeeze(four)
+  return squeeze(s), squeeze(scale_inv), squeeze(d) if d.ndim else d, squeeze(four)
 
 
 __all__ = ["block_error", "candidates", "choose_scales", "scales_of"]

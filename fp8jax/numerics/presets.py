@@ -36,6 +36,12 @@ name                       recipe
                            per element, as Blackwell's ``cvt.rs`` and Transformer
                            Engine round (the recipe's gradients; ``sr_bits=24`` for
                            the nearly unbiased rounding)
+``nvfp4_row_scaled``       ``nvfp4`` with the FP32 level per row (Transformer
+                           Engine's ``row_scaled_nvfp4``, its activations with
+                           ``row_scaled_activation``); the cotangent as ``nvfp4``
+``nvfp4_ue5m3``            ``nvfp4`` with UE5M3 block scales, the tensor level
+                           mapping the amax to 6 x 114688 (Transformer Engine
+                           PR #3325); the cotangent the same
 =========================  ======================================================
 
 ``fp8jax.gemm.recipes`` combines them per GEMM operand (e.g. the full NVFP4 recipe with
@@ -86,6 +92,9 @@ PRESETS: dict[str, QuantSpec] = {
     "nvfp4_weight": _NVFP4.replace(granularity=gran.block((16, 16))),
     "nvfp4_sr": _NVFP4.replace(rounding="stochastic", sr_bits=8,
                                backward=_NVFP4.replace(rounding="stochastic", sr_bits=8)),
+    "nvfp4_row_scaled": _NVFP4.replace(row_scaled=True, backward=_NVFP4),
+    "nvfp4_ue5m3": _NVFP4.replace(scale_format="ue5m3",
+                                  backward=_NVFP4.replace(scale_format="ue5m3")),
 }
 
 

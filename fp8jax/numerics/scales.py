@@ -17,6 +17,18 @@ magnitude over its blocks free of NaN and inf, and every operation rounded to fl
     s_b   = min(1 / (sd_b * D), FLT_MAX)                    # the multiplier
     x_hat = (round(x * s_b) * sd_b) * D
 
+``scale_format="ue5m3"`` (Transformer Engine PR #3325) takes UE5M3 block scales instead:
+448 becomes UE5M3's largest value 114688 in ``S_enc`` and in the clamp, and ``e4m3``
+becomes the UE5M3 rounding (``fp8jax.numerics.ue5m3``); everything else is the same, as
+in TE's ``compute_global_encode_scaling_factor_FP4<ScaleType>`` and
+``compute_decoding_scaling_factor<ScaleType>``.
+
+Row-scaled two-level scales (``QuantSpec(row_scaled=True)``; TE's ``row_scaled_nvfp4``,
+PR #2931, ``reference_nvfp4.py``): ``G``, ``S_enc`` and ``D`` are taken per row, a row
+being the blocks of one line along the tile's axis (one token of an activation [..., K]
+tiled along K), so ``tensor_scale_inv`` has the shape of the block grid with the tile's
+axis of size 1. Each row is then quantized as a tensor of its own.
+
 Non-finite blocks: a block holding NaN or ±inf has amax +inf
 (``fp8jax.numerics.blocks.amax_abs``) and gets ``s = 1`` and a NaN ``scale_inv``, so the
 whole block dequantizes to NaN and every GEMM output it enters is NaN: an overflow is
@@ -31,7 +43,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from fp8jax.numerics import arguments, formats
+from fp8jax.numerics import arguments, formats, ue5m3
 from fp8jax.numerics import spec as spec_lib
 
 _MANTISSA_MASK = 0x007FFFFF
@@ -123,7 +135,7 @@ def compute_scale(amax: jnp.ndarray,
       block holding a non-finite value, whose ``scale_inv`` is NaN. Float32 subnormals
       count as 0 on every platform.
     spec: the quantization spec (format, eps, margin, scale format); two-level
-      (``"e4m3"``) specs need :func:`compute_scales`.
+      (``"e4m3"``, ``"ue5m3"``) specs need :func:`compute_scales`.
 
   Returns:
     ``(s, scale_inv)``, float32 arrays shaped like ``amax``: quantize with
@@ -131,8 +143,9 @@ def compute_scale(amax: jnp.ndarray,
   """
   amax = arguments.float_array(amax, "amax", "compute_scale")
   spec = arguments.quant_spec(spec, "spec", "compute_scale")
-  if spec.scale_format == "e4m3":
-    raise ValueError("two-level E4M3 scales need compute_scales (a per-tensor level too)")
+  if spec.two_level:
+    raise ValueError(f"two-level {spec.scale_format} scales need compute_scales (a "
+                     "per-tensor level too)")
   raw = amax.astype(jnp.float32)
   amax = jnp.maximum(jnp.where(jnp.isfinite(raw), raw, 0.0), jnp.float32(spec.eps))
   amax = jnp.where(amax >= jnp.float32(_FP32_SCALE_MIN), amax, 0.0)
@@ -160,38 +173,83 @@ _E4M3_MAX = 448.0
 _FLT_MAX = float(jnp.finfo(jnp.float32).max)
 
 
+def block_scale_max(spec: spec_lib.QuantSpec) -> float:
+  """The largest block scale of a two-level spec: 448 (E4M3) or 114688 (UE5M3)."""
+  return ue5m3.MAX if spec.scale_format == "ue5m3" else _E4M3_MAX
+
+
+def block_scale_min_normal(spec: spec_lib.QuantSpec) -> float:
+  """The smallest normal block scale of a two-level spec: 2**-6 (E4M3) or 2**-14 (UE5M3)."""
+  return ue5m3.MIN_NORMAL if spec.scale_format == "ue5m3" else 2.0**-6
+
+
+def round_block_scales(v: jnp.ndarray, spec: spec_lib.QuantSpec) -> jnp.ndarray:
+  """float32 block scales ``v`` (>= 0, at most :func:`block_scale_max`) rounded to the
+  spec's block-scale format (E4M3 or UE5M3, nearest even), as float32."""
+  if spec.scale_format == "ue5m3":
+    return ue5m3.round_to_ue5m3(v)
+  return formats.round_to_format(v, formats.get_format("e4m3"))
+
+
+def level_amax(amax: jnp.ndarray, spec: spec_lib.QuantSpec,
+               blocked: bool = False) -> jnp.ndarray:
+  """``G`` of two-level scales: the largest finite entry of the per-block ``amax`` (+inf
+  and NaN blocks skipped), over the tensor (a float32 scalar) or, with
+  ``spec.row_scaled``, over each row, kept as a size-1 axis.
+
+  Args:
+    amax: float per-block amax of one tensor: shaped like its block grid, or with
+      ``blocked`` in the blocked layout ``[n0, 1, n1, 1, ...]`` (``blocks.split_blocks``
+      reduced with keepdims).
+    spec: a two-level spec.
+    blocked: ``amax`` is in the blocked layout.
+  """
+  raw = amax.astype(jnp.float32)
+  finite = jnp.where(jnp.isfinite(raw), raw, 0.0)
+  if not spec.row_scaled:
+    return jnp.max(finite, initial=0.0)
+  rank = raw.ndim // 2 if blocked else raw.ndim
+  axis = spec.granularity.axes[0] % rank
+  return jnp.max(finite, axis=2 * axis if blocked else axis, keepdims=True, initial=0.0)
+
+
 def compute_scales(amax: jnp.ndarray, spec: spec_lib.QuantSpec,
-                   tensor_amax: jnp.ndarray | None = None):
+                   tensor_amax: jnp.ndarray | None = None, blocked: bool = False):
   """Scales for blocks whose largest magnitudes are ``amax``, any spec.
 
   Args:
-    amax: float array of the per-block amax values of ONE tensor (any shape: the
-      two-level rule takes the tensor's amax as the maximum of the finite ones); +inf
-      marks a non-finite block (NaN ``scale_inv``).
+    amax: float array of the per-block amax values of ONE tensor (any shape; row-scaled
+      specs: the block grid, or the blocked layout with ``blocked``): the two-level rule
+      takes the tensor's (row's) amax as the maximum of the finite ones; +inf marks a
+      non-finite block (NaN ``scale_inv``).
     spec: the quantization spec.
-    tensor_amax: the tensor's amax when ``amax`` holds only some of its blocks (a
-      kernel's tile); None: the largest finite entry of ``amax`` (blocks holding NaN or
-      inf are NaN as a whole and do not set the tensor scale).
+    tensor_amax: the tensor's amax (per row: broadcastable to ``amax``) when ``amax``
+      holds only some of its blocks (a kernel's tile); None: :func:`level_amax` (blocks
+      holding NaN or inf are NaN as a whole and do not set the tensor scale).
+    blocked: ``amax`` is in the blocked layout (see :func:`level_amax`).
 
   Returns:
     ``(s, scale_inv, tensor_scale_inv)``: float32 arrays shaped like ``amax`` (quantize
-    with ``x * s``, dequantize with ``q * scale_inv * tensor_scale_inv``) and a float32
-    scalar for two-level specs, None for the others.
+    with ``x * s``, dequantize with ``q * scale_inv * tensor_scale_inv``) and, for
+    two-level specs, float32 ``tensor_scale_inv`` (a scalar; per row for row-scaled
+    specs, ``amax``'s shape with the tile's axis 1), None for the others.
   """
   spec = arguments.quant_spec(spec, "spec", "compute_scales")
-  if spec.scale_format != "e4m3":
+  if not spec.two_level:
     return (*compute_scale(amax, spec), None)
   raw = arguments.float_array(amax, "amax", "compute_scales").astype(jnp.float32)
   amax = jnp.where(jnp.isfinite(raw), raw, 0.0)
   elem_max = spec.fmt.max
-  g = jnp.max(amax, initial=0.0) if tensor_amax is None else tensor_amax.astype(jnp.float32)
+  top = block_scale_max(spec)
+  g = level_amax(raw, spec, blocked) if tensor_amax is None else tensor_amax.astype(
+      jnp.float32)
   g = jnp.maximum(g, jnp.float32(spec.eps))
-  s_enc = jnp.clip(jnp.float32(_E4M3_MAX * elem_max) / g, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
+  s_enc = jnp.clip(jnp.float32(top * elem_max) / g, _FP32_SCALE_MIN, _FP32_SCALE_MAX)
   s_enc = jnp.where(g > 0, s_enc, jnp.float32(1.0))
   tensor_scale_inv = 1.0 / s_enc
   multiplier = s_enc * jnp.float32(1.0 / elem_max)
-  block = jnp.minimum(amax * multiplier, jnp.float32(_E4M3_MAX))
-  scale_inv = formats.round_to_format(block, formats.get_format("e4m3"))
+  block = jnp.minimum(amax * multiplier, jnp.float32(top))
+  scale_inv = round_block_scales(block, spec)
   s = jnp.minimum(1.0 / (scale_inv * tensor_scale_inv), jnp.float32(_FLT_MAX))
   return (*mark_nonfinite(s, scale_inv, raw), tensor_scale_inv)
 

@@ -13,8 +13,9 @@ Scale convention (as in Transformer Engine)::
 ``amax`` is the largest |x| in the block; a block holding NaN or ±inf gets a NaN
 ``scale_inv`` and dequantizes to NaN as a whole (``fp8jax.numerics.scales``).
 
-Two-level scales (``scale_format="e4m3"``, NVFP4) add a per-tensor FP32 level below the
-per-block E4M3 scales; see ``fp8jax.numerics.scales``. The format semantics and their
+Two-level scales (``scale_format="e4m3"`` or ``"ue5m3"``, NVFP4) add a per-tensor FP32
+level (per row with ``row_scaled``) below the per-block E4M3 (UE5M3) scales; see
+``fp8jax.numerics.scales``. The format semantics and their
 sources are collected in ``docs/formats.md``.
 """
 
@@ -28,7 +29,9 @@ from fp8jax.numerics import granularity as gran
 
 SCALINGS = ("current", "delayed")
 HISTORY_REDUCTIONS = ("max", "most_recent")
-SCALE_FORMATS = ("fp32", "pow2", "e4m3")
+SCALE_FORMATS = ("fp32", "pow2", "e4m3", "ue5m3")
+TWO_LEVEL = ("e4m3", "ue5m3")
+"""The two-level scale formats: block scales (E4M3 or UE5M3) over an FP32 tensor level."""
 POW2_ROUNDINGS = ("floor", "ceil", "rceil", "ocp", "oas")
 OAS_FORMATS = ("e4m3", "e2m1")
 ROUNDINGS = ("nearest", "stochastic", "ms_eden")
@@ -52,9 +55,12 @@ class QuantSpec:
       ``fp8jax.quant.delayed``).
     history_len: length of the amax history (delayed scaling only).
     history_reduce: "max" over the history or its "most_recent" entry.
-    scale_format: "fp32" scales, "pow2" scales rounded by ``pow2_rounding`` (MX), or
+    scale_format: "fp32" scales, "pow2" scales rounded by ``pow2_rounding`` (MX),
       "e4m3": two-level NVFP4 scales, E4M3 per block over an FP32 per-tensor scale
-      (current scaling, margin 0).
+      (current scaling, margin 0), or "ue5m3": the same with unsigned E5M3 block scales
+      under a tensor level that maps the amax to 6 x 114688, UE5M3's largest value
+      (Transformer Engine PR #3325; 4-bit element formats only;
+      ``fp8jax.numerics.ue5m3``).
     pow2_rounding: rule for power-of-two scales (default "floor"; must stay None
       with FP32 scales), by exponent arithmetic:
       "floor": s -> 2**floor(log2 s); never saturates (torchao's rule).
@@ -99,6 +105,11 @@ class QuantSpec:
       ``scale_format="e4m3"`` and rounding to nearest.
     four_over_six_max: the E4M3 maximum in the per-tensor scale under Four Over Six: 256
       (TE's default; the 4-scales never clip) or 448.
+    row_scaled: the FP32 second level of two-level scales per row instead of per tensor:
+      one for each line of blocks along the tile's axis (each token of an activation
+      [..., K] tiled along K), Transformer Engine's row-scaled NVFP4
+      (``row_scaled_nvfp4``, PR #2931; ``fp8jax.numerics.scales``). Needs two-level scales
+      and 1-D tiles. Off by default.
     noise_control: the noise-matched control of this quantization instead of the
       quantization itself: every block's rounding error is replaced by unbiased random
       noise of the same energy (see ``fp8jax.quant.noise_control``). Off by default.
@@ -119,6 +130,7 @@ class QuantSpec:
   backward: QuantSpec | None = None
   four_over_six: str | None = None
   four_over_six_max: int = 256
+  row_scaled: bool = False
   noise_control: bool = False
 
   def __post_init__(self):
@@ -147,11 +159,23 @@ class QuantSpec:
                          f"{self.format!r}, {self.scale_format!r}, {g.describe()}")
     if type(self.sr_bits) is not int or self.sr_bits not in formats.SR_BITS:
       raise ValueError(f"sr_bits must be one of {formats.SR_BITS}, got {self.sr_bits!r}")
-    if self.scale_format == "e4m3":
+    if self.scale_format in TWO_LEVEL:
       if self.scaling != "current":
-        raise ValueError("two-level E4M3 scales (NVFP4) need current scaling")
+        raise ValueError(f"two-level {self.scale_format} scales (NVFP4) need current scaling")
       if self.margin != 0:
-        raise ValueError(f"two-level E4M3 scales (NVFP4) take no margin, got {self.margin}")
+        raise ValueError(f"two-level {self.scale_format} scales (NVFP4) take no margin, got "
+                         f"{self.margin}")
+    if self.scale_format == "ue5m3" and self.fmt.bits != 4:
+      raise ValueError(f"scale_format='ue5m3' is NVFP4's UE5M3 block scale: it needs a 4-bit "
+                       f"element format, got {self.format!r}")
+    if not isinstance(self.row_scaled, bool):
+      raise TypeError(f"row_scaled must be a bool, got {self.row_scaled!r}")
+    if self.row_scaled and (self.scale_format not in TWO_LEVEL
+                            or self.granularity.kind != "tile" or self.rounding == "ms_eden"):
+      raise ValueError("row_scaled sets the FP32 level of two-level scales per row: it needs "
+                       f"scale_format in {TWO_LEVEL}, 1-D tiles and no MS-EDEN, got "
+                       f"{self.scale_format!r}, {self.granularity.describe()}, "
+                       f"{self.rounding!r}")
     if self.four_over_six is not None:
       _check_choice("four_over_six", self.four_over_six, FOUR_OVER_SIX_RULES)
       if self.scale_format != "e4m3" or self.format != "e2m1":
@@ -198,6 +222,11 @@ class QuantSpec:
         raise ValueError("a backward (cotangent) spec cannot have a backward spec itself")
 
   @property
+  def two_level(self) -> bool:
+    """Whether the scales are two-level (block scales over an FP32 tensor or row level)."""
+    return self.scale_format in TWO_LEVEL
+
+  @property
   def fmt(self) -> formats.FloatFormat:
     """The element format's static facts."""
     return formats.get_format(self.format)
@@ -211,8 +240,8 @@ class QuantSpec:
     scale = self.scale_format
     if scale == "pow2":
       scale += f"/{self.pow2_rounding}" + ("/e8m0" if self.store_e8m0 else "")
-    elif scale == "e4m3":
-      scale = "e4m3+fp32"
+    elif scale in TWO_LEVEL:
+      scale += "+fp32" + ("/row" if self.row_scaled else "")
     text = f"{self.format} {self.granularity.describe()} {self.scaling} {scale}"
     if self.rounding == "stochastic":
       text += " sr" if self.sr_bits == 24 else f" sr{self.sr_bits}"

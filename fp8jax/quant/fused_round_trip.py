@@ -60,7 +60,7 @@ def quantize_dequantize_fused(x: jax.Array, spec: spec_lib.QuantSpec,
   if spec.four_over_six:  # the scale of each block chosen by its error
     s, scale_inv, tensor_scale_inv, _ = four_over_six.choose_scales(xs, amax, spec, inner)
   else:
-    s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec)
+    s, scale_inv, tensor_scale_inv = scales.compute_scales(amax, spec, blocked=True)
   bits = rounding_bits.rounding_bits(x, spec, key)
   if bits is not None:
     bits = blocks.split_blocks(bits, block)[0]

@@ -35,15 +35,16 @@ class QTensor:
   Attributes:
     data: payload of the original shape ``S``, in the format's ``storage_dtype``
       (FP8, float4_e2m1fn, or E4M3 holding FP6 values).
-    scale_inv: per-block multipliers of shape ``ceil(S / block)``: float32,
-      float8_e8m0fnu (MX) or float8_e4m3fn (NVFP4 block scales). NaN marks a block
-      holding NaN in a format without a NaN code.
+    scale_inv: per-block multipliers of shape ``ceil(S / block)``: float32 (UE5M3
+      block scales too), float8_e8m0fnu (MX) or float8_e4m3fn (NVFP4 block scales). NaN
+      marks a block holding NaN in a format without a NaN code.
     block: block shape aligned to the trailing axes of ``data``; leading axes not
       covered (for example those added by ``jax.vmap`` with the default
       ``out_axes=0``; other ``out_axes`` are not supported) have block size 1.
     dtype: dtype that ``dequantize`` returns by default (the input's dtype).
-    tensor_scale_inv: float32 scalar, the per-tensor level of two-level (NVFP4)
-      scales; None for one-level scales.
+    tensor_scale_inv: float32, the second level of two-level (NVFP4) scales: a scalar
+      per tensor, or per row (``QuantSpec.row_scaled``: ``scale_inv``'s shape with the
+      tile's axis 1, broadcastable to ``data``); None for one-level scales.
   """
 
   data: jax.Array
@@ -202,8 +203,11 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
     return x_hat
   if spec.noise_control:  # the telemetry describes the format's own quantization
     qt = quantize(x, spec.replace(noise_control=False), history, key)
-    return x_hat, telemetry_lib.measure(x, scaled, qt.data, dequantize(qt), s, spec.fmt)
-  return x_hat, telemetry_lib.measure(x, scaled, qt.data, x_hat, s, spec.fmt)
+    rules = telemetry_lib.scale_rule_blocks(x, qt, spec)
+    return x_hat, telemetry_lib.measure(x, scaled, qt.data, dequantize(qt), s, spec.fmt,
+                                        rules)
+  rules = telemetry_lib.scale_rule_blocks(x, qt, spec)
+  return x_hat, telemetry_lib.measure(x, scaled, qt.data, x_hat, s, spec.fmt, rules)
 
 
 def quantize_and_update(x: jax.Array, spec: spec_lib.QuantSpec, history: jax.Array):

@@ -13,14 +13,17 @@ Fields:
   paths joined with ``/`` (``layers/0/mlp/up``), Linen ``module.path`` joined the same
   way; the root module's path is ``""``.
 * ``action``: a :class:`fp8jax.GemmConfig` (role ``gemm``), a :class:`fp8jax.QuantSpec`
-  (roles ``input``, ``weight``, ``grad``, ``output``), or None (roles ``gemm`` and
-  ``output``: undo what earlier rules set).
+  (the operand roles and ``output``), or None (roles ``gemm``, ``output`` and the copy
+  roles: undo what earlier rules set).
 * ``role`` (:data:`ROLES`; default ``gemm`` for a GemmConfig, ``output`` for a spec):
 
   - ``gemm``: route the module's matmul through :func:`fp8jax.fp8_dot_general` with the
     config, so Fprop, Dgrad and Wgrad are simulated;
   - ``input`` / ``weight`` / ``grad``: replace that operand's spec (X, W or dY) in the
     GEMM config an earlier rule gave the module;
+  - ``dgrad_weight`` / ``wgrad_input`` / ``wgrad_grad``: the same for one backward copy
+    (W^T for Dgrad, X^T or dY^T for Wgrad; None: the role's spec again), as
+    :class:`fp8jax.numerics.roles.RoleSpecs` holds them;
   - ``output``: :func:`fp8jax.fake_quant` of the module's output with the spec (its
     ``backward`` quantizes the cotangent there; None: straight-through).
 * ``op`` (:data:`OPS` or None for any): which matmul of the module a GEMM role applies to.
@@ -39,11 +42,12 @@ import re
 from typing import Any
 
 from fp8jax.gemm.dense import GemmConfig
+from fp8jax.numerics.roles import OVERRIDES
 from fp8jax.numerics.spec import QuantSpec
 
 OPS = ("dot_general", "einsum", "ragged_dot")
 """The matmul ops a module may expose for interception."""
-OPERAND_ROLES = ("input", "weight", "grad")
+OPERAND_ROLES = ("input", "weight", "grad", *OVERRIDES)
 ROLES = ("gemm", *OPERAND_ROLES, "output")
 
 
@@ -83,8 +87,9 @@ class Rule:
       raise ValueError(f"{self.label()}: unknown op {self.op!r}; ops: {OPS} or None (any)")
     if self.op is not None and self.role == "output":
       raise ValueError(f"{self.label()}: op applies to the GEMM roles, not to 'output'")
-    want = {"gemm": (GemmConfig, type(None)), "output": (QuantSpec, type(None))}.get(
-        self.role, (QuantSpec,))
+    nullable = ("gemm", "output", *OVERRIDES)
+    want = (GemmConfig if self.role == "gemm" else QuantSpec,) + (
+        (type(None),) if self.role in nullable else ())
     if not isinstance(self.action, want):
       names = " or ".join("None" if t is type(None) else t.__name__ for t in want)
       raise TypeError(f"{self.label()}: role {self.role!r} takes a {names} action, got "

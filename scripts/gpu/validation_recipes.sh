@@ -6,14 +6,16 @@
 # recipe, each training its 10 seeds as one vmapped group; the binaries run from the
 # installed wheel (PYTHONPATH), not from the checkout.
 #   bash scripts/gpu/validation_recipes.sh RESULTS DEADLINE_S SET [RECIPES...]
-# SET: 2026 (Four Over Six, OAS, 2-D MXFP8 and their references) or quartet2_ufp4 (Quartet
-# II with its SR baseline, UFP4 on three grids). RECIPES (default: the set's) as --recipes
-# takes them. Resumable: finished runs are skipped. Prints the set's summary, with its
+# SET: 2026 (Four Over Six, OAS, 2-D MXFP8 and their references), quartet2_ufp4 (Quartet
+# II with its SR baseline, UFP4 on three grids), te2026 (Transformer Engine's row-scaled
+# NVFP4 and UE5M3 block scales, each the NVFP4 recipe with that one change) or te_custom
+# (TE's CustomRecipe example: MXFP8 forward, NVFP4 backward). RECIPES (default: the
+# set's) as --recipes takes them. Resumable: finished runs are skipped. Prints the set's summary, with its
 # contrasts, when every run is done.
 set -uo pipefail
 out=${1:?usage: validation_recipes.sh RESULTS DEADLINE_S SET [RECIPES...]}
 deadline=${2:?DEADLINE_S}
-set_name=${3:?SET: 2026 or quartet2_ufp4}
+set_name=${3:?SET: 2026, quartet2_ufp4, te2026 or te_custom}
 shift 3
 case $set_name in
   2026)
@@ -35,7 +37,16 @@ case $set_name in
                --contrast="gemm:ufp4 vs gemm:ufp4_e2m1" --contrast="gemm:ufp4_int4 vs gemm:ufp4"
                --contrast="gemm:ufp4 vs gemm:nvfp4_recipe"
                --contrast="gemm:ufp4_e2m1 vs gemm:nvfp4_recipe") ;;
-  *) echo "unknown SET $set_name: 2026 or quartet2_ufp4" >&2; exit 2 ;;
+  te2026)
+    default=(gemm:nvfp4_row_scaled gemm:nvfp4_ue5m3)
+    all=bf16,gemm:nvfp4_recipe,gemm:nvfp4_row_scaled,gemm:nvfp4_ue5m3
+    contrasts=(--contrast="gemm:nvfp4_row_scaled vs gemm:nvfp4_recipe"
+               --contrast="gemm:nvfp4_ue5m3 vs gemm:nvfp4_recipe") ;;
+  te_custom)
+    default=(gemm:mxfp8_fwd_nvfp4_bwd)
+    all=bf16,gemm:nvfp4_recipe,gemm:mxfp8_fwd_nvfp4_bwd
+    contrasts=(--contrast="gemm:mxfp8_fwd_nvfp4_bwd vs gemm:nvfp4_recipe") ;;
+  *) echo "unknown SET $set_name: 2026, quartet2_ufp4, te2026 or te_custom" >&2; exit 2 ;;
 esac
 recipes=("$@")
 ((${#recipes[@]})) || recipes=("${default[@]}")

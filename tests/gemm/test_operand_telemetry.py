@@ -4,6 +4,10 @@ The reference quantizes E4M3 1x128 tiles with FP32 scales (s = 448 / amax) by an
 ml_dtypes cast, block by block, and counts in float64.
 """
 
+import functools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -12,6 +16,10 @@ import pytest
 
 import fp8jax
 from fp8jax.gemm import operand_telemetry as ot
+from fp8jax.study.common import metric_registry
+from tests import strategies as hs
+from tests.numerics.test_four_over_six import reference as four_over_six_reference
+from tests.references import reference_scale_rules as scale_rules
 
 
 def reference(x: np.ndarray, tile: int = 128) -> dict:
@@ -82,3 +90,44 @@ def test_histogram_counts_bins_as_bincount_does():
   want = np.bincount(bins[bins < ot.LOG2_BINS], minlength=ot.LOG2_BINS)
   np.testing.assert_array_equal(got, want)
   assert got.dtype == np.float32 and got.sum() < bins.size
+
+
+@functools.cache
+def _sums(spec):
+  return jax.jit(lambda v: ot.operand_sums(v, spec))
+
+
+@settings(max_examples=hs.examples(3, 20), deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), spread=st.sampled_from([0.5, 3.0]),
+       fmt=st.sampled_from(["e2m1", "e4m3"]))
+def test_scale_rule_shares_match_a_numpy_count(seed, spread, fmt):
+  """``four_frac`` and ``oas_raised_frac``: of the live blocks of the operands quantized
+  with Four Over Six (OAS), those scaled to 4 (raised a binade above the OCP rule), by the
+  NumPy references; an all-zero block and a block holding NaN count for neither; NaN for
+  a rule no operand uses; operands add."""
+  rng = np.random.default_rng(seed)
+  x = (rng.standard_normal((6, 64)) * np.exp(rng.uniform(-spread, spread, (6, 1)))
+       ).astype(np.float32)
+  x[0, :32] = 0.0
+  x_nan = x.copy()
+  x_nan[-1, 40] = np.nan
+  oas = fp8jax.preset("mxfp4" if fmt == "e2m1" else "mxfp8").replace(
+      backward=None, pow2_rounding="oas")
+  four = fp8jax.preset("nvfp4").replace(backward=None, four_over_six="mae")
+  s_oas, s_four = _sums(oas)(jnp.asarray(x_nan)), _sums(four)(jnp.asarray(x))
+  raised, live = scale_rules.oas_raised(x_nan, fmt), scale_rules.live_blocks(x_nan, 32)
+  chose = four_over_six_reference(x, "mae")[3][scale_rules.live_blocks(x, 16)]
+  got_oas, got_four = ot.summarize(s_oas), ot.summarize(s_four)
+  assert float(got_oas["oas_raised_frac"]) == pytest.approx(raised.sum() / live.sum(), 1e-6)
+  assert float(got_four["four_frac"]) == pytest.approx(chose.mean(), 1e-6)
+  assert np.isnan(float(got_oas["four_frac"])) and np.isnan(float(got_four["oas_raised_frac"]))
+  both = ot.summarize(ot.add(s_oas, s_four))
+  assert float(both["four_frac"]) == float(got_four["four_frac"])
+  assert float(both["oas_raised_frac"]) == float(got_oas["oas_raised_frac"])
+
+
+def test_every_summary_field_is_a_registered_report_metric():
+  """What :func:`summarize` returns reaches the sweep's rows (``tel/<name>``) and the
+  report's tables through the metric registry, and nothing registered is missing."""
+  sums = _sums(fp8jax.preset("mxfp8").replace(backward=None))(jnp.ones((2, 32)))
+  assert set(ot.summarize(sums)) == set(metric_registry.telemetry())

@@ -198,6 +198,10 @@ def _preset_table():
                            rounding="nearest", **nv),
       "nvfp4_sr": dict(format="e2m1", granularity=t16, rounding="stochastic", sr_bits=8,
                        **nv),
+      "nvfp4_row_scaled": dict(format="e2m1", granularity=t16, rounding="nearest",
+                               row_scaled=True, **nv),
+      "nvfp4_ue5m3": dict(format="e2m1", granularity=t16, rounding="nearest",
+                          scale_format="ue5m3", store_e8m0=False, row_scaled=False),
   }
 
 

@@ -30,3 +30,23 @@ def test_roles_layout_and_errors():
     r.spec("bias")
   with pytest.raises(TypeError, match="role 'weight' needs a QuantSpec"):
     roles.RoleSpecs(input=r.input, weight=None, grad=r.grad)
+
+
+def test_backward_copies_default_to_their_role_and_follow_its_changes():
+  """A copy without its own spec is its role's (and follows role changes); one with its own
+  keeps it, and the role-wide helpers (eps, replace_all, map) reach it too."""
+  r = roles.deepseek_v3_roles()
+  nv = fp8jax.preset("nvfp4").replace(backward=None)
+  assert [r.operand(g, role) for g, role in roles.COPIES] == [
+      r.input, r.weight, r.grad, r.weight, r.input, r.grad]
+  own = roles.RoleSpecs(r.input, r.weight, r.grad, wgrad_grad=nv)
+  assert own.operand("wgrad", "grad") == nv and own.operand("dgrad", "grad") == r.grad
+  assert own.specs() == (r.input, r.weight, r.grad, nv) and own != r
+  tuned = own.with_amax_eps(grad=1e-3)
+  assert tuned.grad.eps == tuned.wgrad_grad.eps == 1e-3 and tuned.dgrad_weight is None
+  assert own.replace_all(eps=0.5).wgrad_grad == nv.replace(eps=0.5)
+  assert own.map(lambda s: s.replace(noise_control=True)).wgrad_grad.noise_control
+  with pytest.raises(ValueError, match="fprop reads no 'grad' operand"):
+    r.operand("fprop", "grad")
+  with pytest.raises(TypeError, match="dgrad_weight needs a QuantSpec or None"):
+    roles.RoleSpecs(r.input, r.weight, r.grad, dgrad_weight="nvfp4")

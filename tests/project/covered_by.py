@@ -50,7 +50,6 @@ COVERED_BY = {
     "fp8jax.study.common.stats": "tests/study/common/test_metric_registry.py",
     "fp8jax.study.comparison.conditioning": "tests/study/comparison/test_floor.py",
     "fp8jax.study.comparison.figures": "tests/study/comparison/test_floor.py",
-    "fp8jax.study.comparison.format_width": "tests/study/comparison/test_sweep.py",
     "fp8jax.study.comparison.model_api": "tests/study/comparison/test_model_sweep.py",
     "fp8jax.study.comparison.paired": "tests/metrics/test_grad_diff.py",
     "fp8jax.study.comparison.questions": "tests/study/comparison/test_floor.py",

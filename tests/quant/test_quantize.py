@@ -13,7 +13,9 @@ import pytest
 import fp8jax
 from tests import strategies as hs
 from tests.helpers import ref_for_spec
+from tests.numerics.test_four_over_six import reference as four_over_six_reference
 from tests.references import reference as ref
+from tests.references import reference_scale_rules as scale_rules
 
 
 def _assert_matches_reference(x, spec, qt, x_hat=None):
@@ -260,3 +262,25 @@ def test_zero_size_tensors(shape):
   delayed = fp8jax.QuantSpec(granularity=fp8jax.per_tensor(), scaling="delayed", history_len=2)
   _, history = fp8jax.quantize_and_update(x, delayed, fp8jax.quant.delayed.init_history(delayed))
   np.testing.assert_array_equal(history, [0.0, 0.0])
+
+
+def test_telemetry_shares_the_scale_rules_choices():
+  """``four_frac`` / ``oas_raised_frac``: of the nonzero finite blocks, those Four Over Six
+  scaled to 4 and those OAS raised a binade above the OCP rule, by the NumPy references
+  (an all-zero block counts for neither); NaN for a spec without the rule; a noise control
+  reports its format's own choices."""
+  rng = np.random.default_rng(3)
+  x = (rng.standard_normal((6, 64)) * np.exp(rng.uniform(-3, 3, (6, 1)))).astype(np.float32)
+  x[0, :32] = 0.0
+  four = fp8jax.preset("nvfp4").replace(backward=None, four_over_six="mae")
+  oas = fp8jax.preset("mxfp4").replace(backward=None, pow2_rounding="oas")
+  tel = {s: jax.jit(lambda v, s=s: fp8jax.quantize_dequantize(v, s, telemetry=True)[1])(x)
+         for s in (four, four.replace(noise_control=True), oas)}
+  chose = four_over_six_reference(x, "mae")[3][scale_rules.live_blocks(x, 16)]
+  raised, live = scale_rules.oas_raised(x, "e2m1"), scale_rules.live_blocks(x, 32)
+  assert 0 < chose.mean() < 1 and 0 < raised.sum() < live.sum()
+  for s in (four, four.replace(noise_control=True)):
+    assert float(tel[s].four_frac) == pytest.approx(chose.mean(), 1e-6)
+    assert np.isnan(float(tel[s].oas_raised_frac))
+  assert float(tel[oas].oas_raised_frac) == pytest.approx(raised.sum() / live.sum(), 1e-6)
+  assert np.isnan(float(tel[oas].four_frac))

@@ -152,6 +152,14 @@ METRICS: tuple[Metric, ...] = (
       "blocks underflowing", TEL, predictor=EXTRA),
     M("zero_block_frac", "fraction of all-zero blocks", LINEAR, "all-zero blocks", TEL,
       predictor=EXTRA),
+    M("scale_subnormal_frac", "fraction of blocks whose NVFP4 block scale (E4M3, UE5M3) is "
+      "subnormal", LINEAR, "blocks with a subnormal scale", TEL, predictor=EXTRA),
+    M("scale_zero_frac", "fraction of nonzero blocks whose NVFP4 block scale rounds to 0",
+      LINEAR, "blocks with a zero scale", TEL, predictor=EXTRA),
+    M("four_frac", "fraction of Four Over Six's nonzero finite blocks scaled to 4, not 6",
+      LINEAR, "blocks Four Over Six scaled to 4", TEL, predictor=EXTRA),
+    M("oas_raised_frac", "fraction of OAS's nonzero finite blocks with a scale a binade "
+      "above the OCP rule's", LINEAR, "blocks OAS raised a binade", TEL, predictor=EXTRA),
     M("kurtosis", "E[q^4] / E[q^2]^2 of the dequantized operands (3: Gaussian)", LINEAR,
       "kurtosis of the quantized activations", TEL, predictor=EXTRA),
     M("scale_log2_p05", "floor(log2) of the blocks' dequantization scale, 5th percentile",

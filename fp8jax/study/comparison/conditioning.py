@@ -116,10 +116,12 @@ def flag_note(res: Results, comps: Sequence[tuple[str, dict]], flagged: Sequence
 
 def telemetry(res: Results) -> dict[str, dict[str, Any]]:
   """``{policy: {field: Summary over the checkpoints}}`` of the policies whose rows hold
-  ``tel/<field>`` values (:data:`TELEMETRY`)."""
+  ``tel/<field>`` values (:data:`TELEMETRY`), the fields with a value that is not NaN (a
+  scale rule's share where no operand uses the rule is NaN)."""
   out = {}
   for p in res.policies:
-    present = {k for r in res.rows_of(p) for k in r}
+    present = {k for r in res.rows_of(p) for k, v in r.items()
+               if not (isinstance(v, float) and math.isnan(v))}
     fields = [f for f in TELEMETRY if f"tel/{f}" in present]
     if fields:
       out[p] = {f: stats.overall(res, f"tel/{f}", p) for f in fields}

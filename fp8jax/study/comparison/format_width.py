@@ -2,11 +2,13 @@
 
 The policies of the ``formats`` grid (:func:`fp8jax.study.comparison.policies.formats_grid`)
 put every linear layer's GEMMs under one training-precision recipe (``gemm:<recipe>``, see
-``fp8jax.gemm.recipes``). They are ordered by element width (8-bit FP8/MXFP8, then 4-bit
-MXFP4/NVFP4) and compared per module on the relative gradient error: the median over the
-checkpoints of its geometric mean over the batches, with a bootstrap 95% interval
-(:func:`fp8jax.study.common.stats.overall`); the growth of a module is the ratio of the geometric
-mean of these medians under the 4-bit recipes to that under the 8-bit ones.
+``fp8jax.gemm.recipes``): their records (:meth:`~fp8jax.study.common.results.Results.record`)
+name the recipe and its element width, whatever the policies are called. They are ordered
+by element width (8-bit FP8/MXFP8, then 4-bit MXFP4/NVFP4) and compared per module on the
+relative gradient error: the median over the checkpoints of its geometric mean over the
+batches, with a bootstrap 95% interval (:func:`fp8jax.study.common.stats.overall`); the
+growth of a module is the ratio of the geometric mean of these medians under the 4-bit
+recipes to that under the 8-bit ones.
 """
 
 from __future__ import annotations
@@ -21,20 +23,21 @@ from fp8jax.gemm import recipes
 from fp8jax.study.common.results import Results
 from fp8jax.study.common.stats import Summary, fmt, fmt_stat, overall
 
-_RECIPE = re.compile(r"^gemm:([a-z0-9_]+)$")
 _MODULE_METRIC = re.compile(r"^module/([^/]+)/rel_err$")
 
 
 def format_policies(res: Results) -> list[dict[str, Any]]:
-  """The sweep's single-recipe policies, widest element format first:
+  """The sweep's single-recipe policies (a named recipe on every linear layer, no site
+  rule: from each record's ``gemm``), widest element format first:
   ``[{"policy", "recipe", "bits"}]``."""
   found = []
   for p in res.policies:
-    m = _RECIPE.match(str(res.meta["policies"][p].get("expr", "")).strip())
-    if m and m.group(1) in recipes.RECIPES:
-      cfg = recipes.RECIPES[m.group(1)]
-      bits = max(cfg.roles.spec(r).fmt.bits for r in ("input", "weight", "grad"))
-      found.append({"policy": p, "recipe": m.group(1), "bits": bits})
+    record = res.record(p)
+    gemm = record["gemm"]
+    if (gemm is None or record["sites"] or gemm["layers"] is not None
+        or gemm["where"] not in (None, ".*") or gemm["recipe"] not in recipes.RECIPES):
+      continue
+    found.append({"policy": p, "recipe": gemm["recipe"], "bits": gemm["bits"]})
   order = list(recipes.RECIPES)
   return sorted(found, key=lambda f: (-f["bits"], order.index(f["recipe"])))
 

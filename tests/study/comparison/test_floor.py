@@ -166,7 +166,8 @@ def test_flag_note_says_when_a_flagged_checkpoint_drives_a_result(res):
 def test_report_with_floor_controls_and_telemetry(tmp_path):
   tel = {"tel/saturated_frac": 0.01, "tel/underflow_frac": 0.002, "tel/zero_block_frac": 0.0,
          "tel/kurtosis": 4.5, "tel/scale_log2_p05": -12.0, "tel/scale_log2_p50": -8.0,
-         "tel/scale_log2_p95": -3.0, "tel/x/kurtosis": 9.0}
+         "tel/scale_log2_p95": -3.0, "tel/x/kurtosis": 9.0,
+         "tel/oas_raised_frac": 0.25, "tel/four_frac": float("nan")}  # no 4/6 operand
   folder = build(tmp_path / "s", policies=SEED[:4], floor=True, grad_norm={100: 10.0},
                  controls={"attn_l0_e4m3": LESS}, fields={"attn_l0_e5m2": lambda i, j: tel})
   r = results.load(folder)
@@ -177,6 +178,7 @@ def test_report_with_floor_controls_and_telemetry(tmp_path):
   assert "| floor | floor | `floor` |" in text and "control of attn_l0_e4m3" in text
   assert "- attn_l0_e4m3: rel_err / its noise-matched control's = 0.495" in text
   assert "Block-scale telemetry" in text and "| attn_l0_e5m2 | 0.01 [0.01, 0.01] |" in text
+  assert "| oas_raised_frac |" in text and "four_frac" not in text  # all NaN: left out
   assert "nan" not in text.lower().replace("n/a", "") and "[-" not in text.replace(
       "[-12", "").replace("[-8", "").replace("[-3", "")  # log2 scales are negative
   assert "Holm" in text  # the method names the correction
