@@ -192,16 +192,6 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
   return folder
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-  return build(tmp_path_factory.mktemp("sweep"))
-
-
-@pytest.fixture(scope="module")
-def res(sweep):
-  return results.load(sweep)
-
-
 @pytest.mark.parametrize("flip", [False, True])
 def test_answers_follow_the_data(tmp_path, flip):
   r = results.load(build(tmp_path / "s", flip=flip))

@@ -15,16 +15,6 @@ from fp8jax.study.common import results, stats
 from tests.study.test_sweep_report import BAD_WHERE, SEED, STEPS, build, rel_err
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-  return build(tmp_path_factory.mktemp("sweep"))
-
-
-@pytest.fixture(scope="module")
-def res(sweep):
-  return results.load(sweep)
-
-
 def test_load_round_trip(sweep, res):
   assert res.meta == json.loads((sweep / "meta.json").read_text())
   assert res.policies == SEED and res.steps == list(STEPS)
