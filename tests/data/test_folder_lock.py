@@ -19,18 +19,25 @@ from fp8jax.train import multihost
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 _HOLD = """
-import sys, time
-from fp8jax.data import folder_lock
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("folder_lock", sys.argv[2])
+folder_lock = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(folder_lock)
 with folder_lock.hold(sys.argv[1]):
   print("held", flush=True)
   time.sleep(600)
 """
+"""A child holding a folder's lock: ``folder_lock`` loaded alone from its file (it needs only
+the standard library; importing the ``fp8jax`` package would take seconds of JAX)."""
+
+
+def _hold_args(folder) -> list[str]:
+  return [sys.executable, "-c", _HOLD, str(folder), folder_lock.__file__]
 
 
 def hold_in_child(folder):
   """A child process holding ``folder``'s lock (started, and holding, on return)."""
-  proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(folder)], stdout=subprocess.PIPE,
-                          text=True)
+  proc = subprocess.Popen(_hold_args(folder), stdout=subprocess.PIPE, text=True)
   assert proc.stdout.readline() == "held\n"
   return proc
 
@@ -84,8 +91,7 @@ def test_nested_use_in_one_thread_and_refusal_in_another(tmp_path):
     t.start()
     t.join()
     assert errors and "another thread of this process" in errors[0]
-    proc = subprocess.run([sys.executable, "-c", _HOLD, str(folder)], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(_hold_args(folder), capture_output=True, text=True, timeout=60)
     assert "FolderLockedError" in proc.stderr  # still held after the nested release
   with folder_lock.hold(folder):  # released by the outermost
     pass

@@ -187,14 +187,34 @@ def test_errors_name_the_problem(data_dir, tmp_path):
     pipeline.check_vocab(tokenizers.ByteTokenizer(eos_id=300), 300)
 
 
-def test_missing_packages_are_reported_and_not_imported_eagerly(monkeypatch):
-  code = ("import sys; sys.modules['tensorflow_datasets'] = sys.modules['grain'] = None\n"
-          "from fp8jax.data import pipeline, tfds_source\n"
-          "try:\n  pipeline.validate('tfds:c4/en')\n"
-          "except ImportError as e:\n  print(e)\n")
+@pytest.fixture(scope="module")
+def without_optional_packages(tmp_path_factory):
+  """What a child process in which tensorflow_datasets, grain and TensorFlow do not import
+  reports (one child for the tests that need one: each child spends seconds importing JAX):
+  ``{"tfds": pipeline.validate('tfds:c4/en')'s ImportError, "tfrecord": a TFRecord file's
+  make_batches's}`` (None where the call raised none)."""
+  path = tmp_path_factory.mktemp("tfrecord") / "c4-train.tfrecord-00000-of-00001"
+  path.write_bytes(b"")
+  code = ("import json, sys\n"
+          "for name in ('tensorflow_datasets', 'grain', 'tensorflow'):\n"
+          "  sys.modules[name] = None\n"
+          "from fp8jax.data import pipeline, tfds_source, tokenizers\n"
+          "calls = {'tfds': lambda: pipeline.validate('tfds:c4/en'),\n"
+          "         'tfrecord': lambda: pipeline.make_batches(\n"
+          f"             'files', tokenizers.ByteTokenizer(), 8, 2, paths=({str(path)!r},))}}\n"
+          "out = {}\n"
+          "for name, call in calls.items():\n"
+          "  try:\n    call()\n    out[name] = None\n"
+          "  except ImportError as e:\n    out[name] = str(e)\n"
+          "print(json.dumps(out))\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        check=True).stdout
-  assert "needs tensorflow_datasets: pip install fp8jax[data]" in out
+  return json.loads(out.splitlines()[-1])
+
+
+def test_missing_packages_are_reported_and_not_imported_eagerly(without_optional_packages):
+  assert ("needs tensorflow_datasets: pip install fp8jax[data]"
+          in str(without_optional_packages["tfds"]))
 
 
 def test_in_memory_sources_match_batch_iterator(tmp_path):
@@ -238,14 +258,6 @@ def test_tfrecord_c4_streams_through_tensorflow(tmp_path):
   assert set(flat[1:-1]) <= set(DOCS)
 
 
-def test_tfrecord_without_tensorflow_says_how_to_install(tmp_path):
-  path = tmp_path / "c4-train.tfrecord-00000-of-00001"
-  path.write_bytes(b"")
-  code = ("import sys; sys.modules['tensorflow'] = None\n"
-          "from fp8jax.data import pipeline, tokenizers\n"
-          f"try:\n  pipeline.make_batches('files', tokenizers.ByteTokenizer(), 8, 2, "
-          f"paths=({str(path)!r},))\n"
-          "except ImportError as e:\n  print(e)\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       check=True).stdout
-  assert "needs TensorFlow: pip install fp8jax[tf] (tensorflow-cpu)" in out
+def test_tfrecord_without_tensorflow_says_how_to_install(without_optional_packages):
+  assert ("needs TensorFlow: pip install fp8jax[tf] (tensorflow-cpu)"
+          in str(without_optional_packages["tfrecord"]))

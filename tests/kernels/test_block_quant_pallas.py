@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -20,6 +21,12 @@ from fp8jax.gemm import operand_telemetry as ot
 from fp8jax.kernels import block_quant_pallas as bq
 from tests import strategies as hs
 from tests.references import reference as ref
+
+# The library's functions compiled whole, as the GEMMs run them (op by op, each of their
+# operations would compile on its own for every shape: seconds per test).
+_block_stats = jax.jit(ot.block_stats, static_argnums=1)
+_sums_of_blocks = jax.jit(ot.sums_of_blocks, static_argnames="experts")
+_expert_sums = jax.jit(ot.expert_sums, static_argnums=1)
 
 
 def _spec(fmt="e4m3", b=128):
@@ -39,7 +46,7 @@ def _check(w, spec, in_dtype=None):
                                                  margin=spec.margin)
     assert ref.same_bits(np.asarray(data[e]), want_data)
     assert ref.same_bits(np.asarray(scale_inv[e]), want_scales)
-    qt, want = ot.block_stats(jnp.asarray(rounded[e]), spec)
+    qt, want = _block_stats(jnp.asarray(rounded[e]), spec)
     assert ref.same_bits(np.asarray(data[e]), np.asarray(qt.data))
     for name in ("amax", "saturated", "finite"):
       np.testing.assert_array_equal(np.asarray(stats[name][e]), np.asarray(want[name]), name)
@@ -119,8 +126,8 @@ def test_stats_reduce_to_operand_sums():
   data, scale_inv, stats = bq.quantize_blocks(jnp.asarray(w), spec, stats=True,
                                               interpret=True)
   qt = fp8jax.QTensor(data, scale_inv, (1, 32, 32), jnp.dtype(jnp.float32))
-  got = ot.sums_of_blocks(qt, stats, experts=True)
-  want = ot.expert_sums(jnp.swapaxes(jnp.asarray(w), -1, -2), spec)  # as the GEMM's W^T
+  got = _sums_of_blocks(qt, stats, experts=True)
+  want = _expert_sums(jnp.swapaxes(jnp.asarray(w), -1, -2), spec)  # as the GEMM's W^T
   for k in want:
     if k in ("sum_q2", "sum_q4", "kurtosis_sum"):
       np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5)

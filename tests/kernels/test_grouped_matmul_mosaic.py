@@ -10,7 +10,6 @@ reference, poisoned outputs; docs/performance/archive/2026-11-23_third_pass_mosa
 """
 
 import jax
-from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -54,6 +53,9 @@ def _fake_transposed(lhs, rhs, *, group_sizes, block_m, block_n, block_k,
 
 @pytest.fixture
 def fake_kernels(monkeypatch):
+  # imported here: Mosaic GPU's modules take a while to import, in every test process
+  # pylint: disable-next=import-outside-toplevel
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
   monkeypatch.setattr(ragged_dot_mgpu, "ragged_dot", _fake_ragged_dot)
   monkeypatch.setattr(transposed_ragged_dot_mgpu, "transposed_ragged_dot", _fake_transposed)
 

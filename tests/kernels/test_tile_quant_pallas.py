@@ -20,6 +20,10 @@ from fp8jax.quant import qtensor
 from tests import strategies as hs
 from tests.references import reference as ref
 
+# The library's quantization compiled whole, as the GEMMs run it (op by op, each of its
+# operations would compile on its own for every shape: seconds per test).
+_quantize = jax.jit(qtensor.quantize, static_argnums=1)
+
 
 def _check(x, spec):
   q, s, qt, st = tq.quantize_rows_and_columns(jnp.asarray(x), spec, interpret=True)
@@ -28,7 +32,7 @@ def _check(x, spec):
     want_data, want_scales, _ = ref.ref_quantize(np.asarray(operand), spec.format, "tile",
                                                  g.axes, g.sizes, eps=spec.eps,
                                                  margin=spec.margin)
-    want = qtensor.quantize(jnp.asarray(operand), spec)
+    want = _quantize(jnp.asarray(operand), spec)
     assert ref.same_bits(np.asarray(data), np.asarray(want.data))
     assert ref.same_bits(np.asarray(scale_inv), np.asarray(want.scale_inv))
     assert ref.same_bits(np.asarray(data), want_data)  # the NumPy loops, independently

@@ -2,7 +2,7 @@
 slices' sums (against a float64 zero-filled reference), and the finiteness probe of the
 variant pass (``paired._result``) from the same read."""
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fp8jax import metrics
+from tests import strategies as hs
 from tests.metrics.test_metrics import DS, _hand_case
 
 
@@ -27,6 +28,12 @@ def _np_leaf_sums(b, f, mb, mf, per_slice):
   return np.stack([np.sum(t, axis=axis) for t in terms], axis=-1)
 
 
+_leaf_sums = jax.jit(metrics.leaf_sums, static_argnames="per_slice")
+"""Compiled whole, as compare_grads runs it (op by op, its operations would compile one by
+one for every shape drawn)."""
+
+
+@settings(max_examples=hs.examples(12, 40))  # each shape drawn compiles
 @given(seed=st.integers(0, 2**31 - 1), experts=st.integers(1, 5), per_slice=st.booleans(),
        poison=st.booleans(), absent=st.sampled_from(["", "bf16", "fp8"]),
        rank=st.sampled_from([1, 3]))
@@ -45,8 +52,7 @@ def test_leaf_sums_match_the_zero_filled_reference(seed, experts, per_slice, poi
     b[~mb] = np.inf
   masks = [None if absent == "bf16" else jnp.asarray(mb),
            None if absent == "fp8" else jnp.asarray(mf)]
-  got = np.asarray(metrics.leaf_sums(jnp.asarray(b), jnp.asarray(f), *masks,
-                                     per_slice=per_slice))
+  got = np.asarray(_leaf_sums(jnp.asarray(b), jnp.asarray(f), *masks, per_slice=per_slice))
   want = _np_leaf_sums(b, f, mb, mf, per_slice)
   assert np.all(np.isfinite(got))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -303,13 +303,16 @@ def test_loss_errors():
 
 
 def test_bad_inputs_raise():
+  """Refused as it traces (abstractly here: nothing compiles)."""
   gb, gf, mask_b, _ = _hand_case()
+  compare = functools.partial(jax.eval_shape, functools.partial(metrics.compare_grads,
+                                                                classifier=DS))
   with pytest.raises(ValueError, match="structure"):
-    metrics.compare_grads(gb, {"lm_head": gf["lm_head"]}, classifier=DS)
+    compare(gb, {"lm_head": gf["lm_head"]})
   with pytest.raises(ValueError, match="no entry for layer 2"):
-    metrics.compare_grads(gb, gf, {1: mask_b[1]}, classifier=DS)
+    compare(gb, gf, {1: mask_b[1]})
   with pytest.raises(ValueError, match="both losses"):
-    metrics.compare_grads(gb, gf, loss_bf16=1.0, classifier=DS)
+    compare(gb, gf, loss_bf16=1.0)
 
 
 @given(seed=st.integers(0, 2**32 - 1), bits=st.lists(st.booleans(), min_size=4 * E,

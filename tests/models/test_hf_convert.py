@@ -56,7 +56,11 @@ def test_params_hf_round_trip(tmp_path, pad):
 
 def test_mismatched_checkpoints_name_their_keys(tmp_path):
   cfg = mc.tiny(dtype="float32")
-  hf_convert.params_to_hf(cfg, dm.init(cfg, jax.random.key(0)), tmp_path)
+  # zeros of the params' shapes: the keys and shapes are what this test reads (a random
+  # init compiles a sampler per parameter shape: seconds)
+  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
+                        jax.eval_shape(lambda: dm.init(cfg, jax.random.key(0))))
+  hf_convert.params_to_hf(cfg, params, tmp_path)
   with pytest.raises(ValueError, match=r"missing: \['model.layers.3"):
     hf_convert.hf_to_params(cfg.replace(num_hidden_layers=4), tmp_path)
   with pytest.raises(ValueError, match=r"unexpected: \['model.layers.2"):

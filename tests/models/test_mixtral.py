@@ -30,7 +30,8 @@ def _silu(x):
 
 def test_router_top2_experts_and_balance_loss_against_numpy():
   moe = nnx.jit(lambda: mixtral.SparseMoE(F32, nnx.Rngs(0)))()
-  x = np.asarray(jax.random.normal(jax.random.key(1), (2, 8, F32.hidden_size)), np.float64)
+  x = np.random.default_rng(1).standard_normal((2, 8, F32.hidden_size)).astype(np.float32)
+  x = x.astype(np.float64)  # float32 values (NumPy's: jax.random's compiles a sampler)
   out, routing, loss = nnx.jit(lambda m, v: m(v))(moe, jnp.asarray(x, jnp.float32))
   router = np.asarray(moe.router[...], np.float64)
   gate, up, down = (np.asarray(w[...], np.float64) for w in

@@ -7,6 +7,7 @@ import fails too.
 """
 
 import ast
+import functools
 import io
 import pathlib
 import re
@@ -89,8 +90,14 @@ def _imports(path: pathlib.Path, mods: dict) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
+  """Each module's fp8jax imports (read once per process: four tests read it)."""
+  return {m: set(imported) for m, imported in _graph_once().items()}
+
+
+@functools.cache
+def _graph_once() -> dict[str, frozenset[str]]:
   mods = _modules()
-  return {m: {i for i in _imports(p, mods) if i != m} for m, p in mods.items()}
+  return {m: frozenset(i for i in _imports(p, mods) if i != m) for m, p in mods.items()}
 
 
 def layer_of(module: str) -> str:

@@ -124,15 +124,30 @@ def _run(model_fn, jit):
   return (jax.jit(run) if jit else run)(jnp.asarray(X))
 
 
+@functools.cache
+def _template(cls):
+  return cls(nnx.Rngs(0))
+
+
+def _fresh(cls):
+  """A fresh ``cls(nnx.Rngs(0))``: a copy of one built once per process (a random init
+  compiles a sampler per shape, and every ``jax.clear_caches`` would throw them away)."""
+  return nnx.clone(_template(cls))
+
+
+def _mixed():
+  return _fresh(Mixed)
+
+
 def _plain(jit):
-  return _run(lambda: Mixed(nnx.Rngs(0)), jit)
+  return _run(_mixed, jit)
 
 
 def _quantized(route, jit):
   rules = Rules([Rule(".*", TENSOR)])
   if route == "hook":
-    return _run(lambda: rules_lib.quantize_model(Mixed(nnx.Rngs(0)), rules), jit)
-  fn, params = _as_fn(Mixed(nnx.Rngs(0)))
+    return _run(lambda: rules_lib.quantize_model(_mixed(), rules), jit)
+  fn, params = _as_fn(_mixed())
   return _run(lambda: functools.partial(rules_lib.quantize_gemms(fn, rules), params), jit)
 
 
@@ -141,22 +156,29 @@ def _same(a, b):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
+@functools.cache
+def _fresh_plain(jit):
+  """The unquantized model's output and input gradient in a run with JAX's caches fresh
+  (``jax.clear_caches``: no trace of a quantized model in them); once per process."""
+  jax.clear_caches()
+  return _plain(jit)
+
+
 @pytest.mark.parametrize("jit", [True, pytest.param(False, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("route", ["hook", "jaxpr"])
 @pytest.mark.parametrize("quantized_first", [False, True])
 def test_a_quantized_model_does_not_leak_into_an_unquantized_one(quantized_first, route, jit):
-  """In either order, the unquantized model's output and gradient are those of a run with
-  JAX's caches fresh (``jax.clear_caches``: no trace of the quantized model in them)."""
-  jax.clear_caches()
+  """In either order (the quantized model first, with JAX's caches fresh, or after the
+  unquantized one), the unquantized model's output and gradient are those of a run with
+  JAX's caches fresh."""
+  want = _fresh_plain(jit)
   if quantized_first:
-    quantized = _quantized(route, jit)
-    got = _plain(jit)
     jax.clear_caches()
-    want = _plain(jit)
-  else:
-    want = _plain(jit)
     quantized = _quantized(route, jit)
-    got = _plain(jit)
+  else:
+    _same(_plain(jit), want)
+    quantized = _quantized(route, jit)
+  got = _plain(jit)
   _same(got, want)
   assert not np.array_equal(quantized[0], want[0])
   assert not np.array_equal(quantized[1], want[1])
@@ -191,9 +213,9 @@ def test_the_jaxpr_route_gives_the_hook_routes_bits_where_both_reach():
 
 
 def _stacked(seed=0):
-  key = jax.random.key(seed)
-  return {"layers": {"w": jax.random.normal(key, (3, K, K)) * 0.3},
-          "head": {"kernel": jax.random.normal(jax.random.fold_in(key, 1), (K, N))}}
+  rng = np.random.default_rng(seed)  # NumPy's: a jax.random sampler compiles per shape
+  return {"layers": {"w": jnp.asarray(rng.standard_normal((3, K, K)) * 0.3, jnp.float32)},
+          "head": {"kernel": jnp.asarray(rng.standard_normal((K, N)), jnp.float32)}}
 
 
 def _layers(params, x, dot):
@@ -267,7 +289,7 @@ TOKENS = jax.ShapeDtypeStruct((B, T), jnp.int32)
 def test_the_hook_routes_report_shows_a_kernel_used_by_the_models_own_code():
   """``describe`` with inputs traces what runs: attn/qkv's hook is set but its kernel
   goes to a plain GEMM, which the report lists as not quantized."""
-  text = rules_lib.describe(TiedLM(nnx.Rngs(0)), [Rule(r"attn/\w+", TENSOR)], TOKENS)
+  text = rules_lib.describe(_fresh(TiedLM), [Rule(r"attn/\w+", TENSOR)], TOKENS)
   lines = text.splitlines()
   assert lines[0] == ("GEMMs of TiedLM (hook route; abstract trace): 3 on parameters, 1 "
                       "quantized, 2 on activations only")
@@ -278,13 +300,13 @@ def test_the_hook_routes_report_shows_a_kernel_used_by_the_models_own_code():
           "(no hook)" in lines)
   assert lines[-2:] == ["hooks set but never called: attn/qkv (rules 0)",
                         "not quantized: the GEMMs on the parameters of attn/qkv, embed"]
-  static = rules_lib.describe(TiedLM(nnx.Rngs(0)), [Rule(r"attn/\w+", TENSOR)]).splitlines()
+  static = rules_lib.describe(_fresh(TiedLM), [Rule(r"attn/\w+", TENSOR)]).splitlines()
   assert static[0] == "attn/out  gemm[dot_general]: recipe fp8_tensor  (rules 0)"
   assert static[-1].startswith("(the hooks set, not traced: describe(model, rules, *example")
 
 
 def test_the_jaxpr_routes_report_lists_every_gemm_and_its_action():
-  fn, params = _as_fn(TiedLM(nnx.Rngs(0)))
+  fn, params = _as_fn(_fresh(TiedLM))
   rules = [Rule(r"attn/.*", TENSOR), Rule("attn/out", None, role="gemm"), Rule("gone", EXACT)]
   lines = rules_lib.describe(fn, rules, params, TOKENS).splitlines()
   assert lines == [
@@ -311,13 +333,13 @@ def test_the_jaxpr_routes_report_lists_every_gemm_and_its_action():
      r"which is used by dot_general GEMMs only, not einsum$"),
 ])
 def test_a_rule_that_quantizes_nothing_is_refused_with_the_closest_paths(rule, message):
-  fn, params = _as_fn(TiedLM(nnx.Rngs(0)))
+  fn, params = _as_fn(_fresh(TiedLM))
   with pytest.raises(ValueError, match=message):
     rules_lib.quantize_gemms(fn, [rule])(params, jnp.zeros(TOKENS.shape, TOKENS.dtype))
 
 
 def test_parameters_closed_over_are_refused():
-  fn, params = _as_fn(TiedLM(nnx.Rngs(0)))
+  fn, params = _as_fn(_fresh(TiedLM))
   with pytest.raises(ValueError, match=r"quantize_gemms: '<lambda>' has no array in its "
                                        r"parameter argument\(s\) \(1,\): pass the parameters"):
     rules_lib.quantize_gemms(lambda x, p: fn(params, x), [Rule(".*", TENSOR)], argnums=1)(
