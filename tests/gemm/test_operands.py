@@ -141,6 +141,7 @@ def test_grouped_copies_match_the_float64_reference(layer, cut):
     _assert_near(g, wv, 2 * bd, what)
 
 
+@pytest.mark.slow  # 12-13 s on 2 busy cores: in CI's slow tier
 def test_each_copy_reaches_its_gemm():
   """One copy's spec changed at a time changes only the GEMM that reads it; with every copy
   set to its role's spec (and the sources the originals) the bits are the recipe's."""
@@ -160,6 +161,7 @@ def test_each_copy_reaches_its_gemm():
     assert differs == [i == changed for i in range(3)], field
 
 
+@pytest.mark.slow  # 12-13 s on 2 busy cores: in CI's slow tier
 def test_mxfp8_fwd_nvfp4_bwd_dgrad_reads_w_t_from_the_mxfp8_weight():
   """Transformer Engine's mxfp8_fwd_nvfp4_bwd_factory, Dgrad: the NVFP4 recipe's dY (8-bit
   stochastic rounding) times a plain NVFP4 1x16 W^T quantized from the values of the MXFP8
