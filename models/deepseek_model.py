@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fp8jax.gemm import recipes
 from fp8jax.models import (
   api,
   deepseek_moe,
@@ -107,8 +108,8 @@ def policy_record(policy: policy_lib.PrecisionPolicy, num_layers: int | None) ->
   gemm = None
   if policy.gemm is not None:
     base = policy_lib.control_base(policy).gemm if noise else policy.gemm
-    bf16 = None if num_layers is None else range(
-        max(num_layers - policy.bf16_tail_layers(num_layers), 0), num_layers)
+    bf16 = None if num_layers is None else recipes.last_layers(
+        policy.bf16_tail_layers(num_layers), num_layers)
     gemm = record_lib.gemm_entry(policy.gemm, record_lib.recipe_name(
         base, policy.gemm_bf16_tail), policy.gemm_layers, bf16)
   return record_lib.build(policy.name, expr, sites, gemm, noise,

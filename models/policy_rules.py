@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from fp8jax.gemm import recipes
 from fp8jax.gemm.dense import GemmConfig
 from fp8jax.numerics.spec import QuantSpec
 from fp8jax.rules import Rule, Rules, points
@@ -58,7 +59,7 @@ def gemm_rules(gemm: GemmConfig | None, gemm_layers: tuple[int, ...] | None,
   out = [Rule(f"layers/{at}/({LINEAR_PATHS})", gemm, op="dot_general"),
          Rule(f"layers/{at}/{EXPERTS_PATH}", gemm, op="ragged_dot")]
   if tail:
-    bf16 = tuple(range(max(num_layers - tail, 0), num_layers))
+    bf16 = recipes.last_layers(tail, num_layers)
     out.append(Rule(f"layers/{layers_regex(bf16)}/.*", None, role="gemm"))
   return tuple(out)
 

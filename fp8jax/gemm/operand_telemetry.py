@@ -40,13 +40,12 @@ from fp8jax.quant import telemetry as telemetry_lib
 LOG2_LOW, LOG2_BINS = -160, 320
 """The log2-scale histogram covers floor(log2 scale) in [LOG2_LOW, LOG2_LOW + LOG2_BINS)."""
 
-COUNTS = ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elements",
-          "sum_q2", "sum_q4", "kurtosis_sum", "operands", "scale_subnormal_blocks",
-          "scale_zero_blocks")
 RULE_COUNTS = tuple(f"{r.name}{part}_blocks" for r in telemetry_lib.SCALE_RULE_STATS
                     for part in ("", "_rule"))
 """The additive sums of the scale rules' choices (part of :data:`COUNTS`)."""
-COUNTS += RULE_COUNTS
+COUNTS = ("blocks", "saturated_blocks", "underflow_blocks", "zero_blocks", "elements",
+          "sum_q2", "sum_q4", "kurtosis_sum", "operands", "scale_subnormal_blocks",
+          "scale_zero_blocks", *RULE_COUNTS)
 """The additive scalar sums of :func:`operand_sums` (float32); plus ``log2_hist``."""
 
 
@@ -128,9 +127,8 @@ def sums_of_blocks(qt: qtensor.QTensor, stats: dict[str, jax.Array],
           "zero_blocks": jnp.sum(amax == 0, dtype=f32), "elements": jnp.sum(n),
           "sum_q2": jnp.sum(q2), "sum_q4": jnp.sum(q4), "kurtosis_sum": kurtosis,
           "operands": f32(1), "log2_hist": hist,
-          **{f"{k}_blocks": jnp.sum(stats[k], dtype=f32) if k in stats else f32(0)
-             for k in ("scale_subnormal", "scale_zero")},
-          **{c: _count(stats, c.removesuffix("_blocks")) for c in RULE_COUNTS}}
+          **{c: _count(stats, c.removesuffix("_blocks"))
+             for c in ("scale_subnormal_blocks", "scale_zero_blocks", *RULE_COUNTS)}}
 
 
 def _count(stats: dict[str, jax.Array], key: str) -> jax.Array:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 
 from fp8jax.gemm import transpose
+from fp8jax.numerics import roles as roles_lib
 from fp8jax.quant import qtensor, rounding_bits
 
 FROM_FORWARD_ROLES = ("input", "weight")
@@ -102,8 +103,7 @@ def check(cfg) -> None:
 def describe(cfg) -> str:
   """`` copies=NAME,..`` for the second copies with their own specs and `` from-forward=
   ROLE,..``, or ""."""
-  own = [n for n in ("dgrad_weight", "wgrad_input", "wgrad_grad")
-         if getattr(cfg.roles, n) is not None]
+  own = [n for n in roles_lib.OVERRIDES if getattr(cfg.roles, n) is not None]
   text = f" copies={','.join(own)}" if own else ""
   return text + (f" from-forward={','.join(cfg.from_forward)}" if cfg.from_forward else "")
 

@@ -206,6 +206,11 @@ def bf16_tail_layers(share: float, num_layers: int) -> int:
   return max(1, round(share * num_layers)) if share else 0
 
 
+def last_layers(count: int, num_layers: int) -> tuple[int, ...]:
+  """The indices of the last ``count`` of ``num_layers`` layers (all of them if fewer)."""
+  return tuple(range(max(num_layers - count, 0), num_layers))
+
+
 def recipe(name: str) -> GemmConfig:
   """The GEMM config of the recipe called ``name``; raises ValueError listing the known
   names. Its BF16 layers (:data:`BF16_TAIL`) are not in it: rules that keep them are
@@ -215,4 +220,4 @@ def recipe(name: str) -> GemmConfig:
   return RECIPES[name]
 
 
-__all__ = ["BF16_TAIL", "RECIPES", "bf16_tail_layers", "recipe"]
+__all__ = ["BF16_TAIL", "RECIPES", "bf16_tail_layers", "last_layers", "recipe"]

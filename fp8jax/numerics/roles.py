@@ -29,9 +29,10 @@ COPIES = {("fprop", "input"): "input", ("fprop", "weight"): "weight",
           ("dgrad", "grad"): "grad", ("dgrad", "weight"): "dgrad_weight",
           ("wgrad", "input"): "wgrad_input", ("wgrad", "grad"): "wgrad_grad"}
 """(GEMM, role) of each of the six operand copies -> the field that holds its spec."""
-OVERRIDES = ("dgrad_weight", "wgrad_input", "wgrad_grad")
-"""The fields of the second copies, each defaulting to its role's spec (:data:`OVERRIDES_OF`)."""
 OVERRIDES_OF = {"dgrad_weight": "weight", "wgrad_input": "input", "wgrad_grad": "grad"}
+"""The fields of the second copies -> the role whose spec each defaults to."""
+OVERRIDES = tuple(OVERRIDES_OF)
+"""The fields of the second copies."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,8 +54,8 @@ class Recipe:
   def bf16_layers(self, num_layers: int) -> tuple[int, ...]:
     """The indices of the last layers of ``num_layers`` kept in BF16
     (:func:`fp8jax.gemm.recipes.bf16_tail_layers` of them; () without a share)."""
-    tail = recipes.bf16_tail_layers(self.bf16_tail, num_layers)
-    return tuple(range(max(num_layers - tail, 0), num_layers))
+    return recipes.last_layers(recipes.bf16_tail_layers(self.bf16_tail, num_layers),
+                               num_layers)
 
   def rules(self, num_layers: int = 0, layer_path: str | None = None, where: str = ".*",
             op: str | None = None) -> Rules:
