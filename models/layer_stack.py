@@ -25,6 +25,7 @@ optax state), on arrays and ``jax.ShapeDtypeStruct`` leaves alike.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from flax import nnx
@@ -145,6 +146,17 @@ def unstack(tree: Any) -> Any:
     out[LAYERS] = _per_layer(node)
     return out
   return _map_nodes(one, tree)
+
+
+def global_norm(tree: Any) -> jax.Array:
+  """The L2 norm of ``tree``'s leaves summed leaf by leaf in the per-layer layout, as
+  ``optax.tree.norm(unstack(tree))`` sums it, whatever the layout: each stacked leaf is
+  squared and summed over all but its run axis in one pass, not sliced per layer."""
+  def sums(path, x):
+    axes = tuple(range(1, x.ndim)) if in_run(path) else None
+    return jnp.sum(jnp.square(x.real) + jnp.square(x.imag), axis=axes)
+  per_layer = unstack(jax.tree_util.tree_map_with_path(sums, tree))
+  return jnp.sqrt(jax.tree.reduce(operator.add, per_layer, initializer=0))
 
 
 def layout(tree: Any) -> list[list[int]] | None:

@@ -25,7 +25,10 @@ document shards, the rows carry ``skipped_records``: bad records skipped so far
 A step whose loss, gradients or update are not finite stops the run with
 :class:`NonFiniteError` naming the step and the first non-finite parameter, gradient or
 updated parameter (``step.first_nonfinite``); that step changed
-nothing and the checkpoints already written stay. With dynamic loss scaling
+nothing and the checkpoints already written stay. An update that is itself non-finite
+from finite inputs (``precision.check_update=False``, the default: ``fp8jax.train.step``)
+stops the run at the next step, or before a checkpoint of it is saved; no non-finite state
+is saved. With dynamic loss scaling
 (``precision.loss_scale="dynamic"``, :mod:`fp8jax.train.loss_scale`) such a step is
 skipped instead and the run goes on; the rows and the progress line then carry
 ``loss_scale`` and ``skipped_steps`` (cumulative), and the run stops only when the scale
@@ -130,7 +133,8 @@ def build_step(cfg, model, tx, policy, mesh, sharding, with_routing: bool = Fals
   step = step_lib.make_train_step(
       _model(cfg, model), tx, policy, loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
-      mesh=mesh, replicas=cfg.train.replicas or None, param_specs=specs,
+      check_update=cfg.precision.check_update, mesh=mesh,
+      replicas=cfg.train.replicas or None, param_specs=specs,
       gather_dtype=(cfg.train.get("fsdp_gather_dtype", "") or None) if specs else None)
   return mesh_lib.shard_step(step, mesh, sharding)
 
@@ -275,6 +279,7 @@ def _run(cfg, model, policy, opt_cfg, state, start, step_fn, data, ckpt, writer,
       "step", "the step")
   weight_norms = jax.jit(lambda p: weights.norms_by_module(layer_stack.unstack(p),
                                                            model.classifier))
+  state_finite = jax.jit(step_lib.state_finite)
   batch = next(data) if start < total else None
   t_last, steps_since, loss, preempted = time.perf_counter(), 0, None, False
   for step in range(start, total):
@@ -288,7 +293,10 @@ def _run(cfg, model, policy, opt_cfg, state, start, step_fn, data, ckpt, writer,
     if not bool(m["finite"]) and not bool(m.get("skipped", False)):
       _stop(done, m, ckpt, cfg)
     preempted = watch is not None and watch.reached(done) and done < total  # on every process
-    ckpt.save(done, state, position, meta, force=done == total or preempted)
+    force = done == total or preempted
+    if cfg.train.checkpoints and (force or ckpt.manager.should_save(done)):
+      _check_before_save(done, state_finite(state), ckpt, cfg)
+    ckpt.save(done, state, position, meta, force=force)
     if done % log_every and done != total:
       continue
     now = time.perf_counter()
@@ -326,15 +334,35 @@ def _finished(workdir: pathlib.Path, step: int, ckpt, stream) -> dict:
           "checkpoints": True, "already_finished": True}
 
 
+def _last_good(ckpt, cfg) -> str:
+  last = ckpt.latest_step()
+  return (f"step {last} in {ckpt.directory}" if last is not None
+          else "none (train.checkpoints=False)" if not cfg.train.checkpoints else "none")
+
+
+def _check_before_save(done: int, groups, ckpt, cfg) -> None:
+  """Raises :class:`NonFiniteError` if the state after step ``done`` (``groups``:
+  ``step.state_finite``) is not finite: its update was (found before it is saved)."""
+  where = step_lib.first_nonfinite(jax.device_get(groups))
+  if where is None:
+    return
+  ckpt.wait()
+  raise NonFiniteError(
+      f"step {done}: its update made {where} non-finite from a finite loss and gradients "
+      f"(an optimizer state or learning rate out of range; precision.check_update=True "
+      f"refuses such a step before applying it); the run stopped without saving it; last "
+      f"good checkpoint: {_last_good(ckpt, cfg)}")
+
+
 def _stop(done: int, m, ckpt, cfg):
   """Raises :class:`NonFiniteError` for the non-finite step ``done`` (metrics ``m``)."""
   where = step_lib.first_nonfinite(jax.device_get(m["finite_groups"])) or "the loss"
+  if where.startswith("params/") and not cfg.precision.check_update:
+    where += (" (as this step read it: the update before made it non-finite, or it was "
+              "restored so)")
   ckpt.wait()
   scaled = (f" with the loss scale at its minimum (precision.loss_scale_min "
             f"{cfg.precision.loss_scale_min:g})" if "skipped" in m else "")
-  last = ckpt.latest_step()
-  last = (f"step {last} in {ckpt.directory}" if last is not None
-          else "none (train.checkpoints=False)" if not cfg.train.checkpoints else "none")
   raise NonFiniteError(
       f"step {done}: non-finite loss, gradients or update{scaled} (first non-finite: {where}); the "
-      f"run stopped without applying the step; last good checkpoint: {last}")
+      f"run stopped without applying the step; last good checkpoint: {_last_good(ckpt, cfg)}")

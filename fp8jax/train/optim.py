@@ -110,7 +110,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   stored stacked clip as stored per layer, to the bit."""
   def update(updates, state, params=None):
     del params
-    norm = optax.tree.norm(layer_stack.unstack(updates))
+    norm = layer_stack.global_norm(updates)
     keep = norm < max_norm
     return jax.tree.map(
         lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm),

@@ -17,6 +17,8 @@ The ``precision`` group (training-precision options, see :func:`defaults`):
   stopping the run. See :mod:`fp8jax.train.loss_scale`.
 * ``fp8_param_gather``: the forward uses the weights after a simulated FP8 (E4M3,
   128 x 128 blocks) FSDP gather. See :mod:`fp8jax.train.param_gather`.
+* ``check_update``: a step is refused when its update would make a parameter non-finite,
+  not only when what it reads is non-finite. See :mod:`fp8jax.train.step`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from fp8jax.train import loss_scale as loss_scale_lib
 RESUME_MAY_CHANGE = ("data.skip_bad_records", "train.save_every", "train.log_every",
                      "train.tensorboard", "train.peak_tflops", "train.noise_probe_every",
                      "train.full_state", "train.full_state_steps",
-                     "train.checkpoint_params_dtype")
+                     "train.checkpoint_params_dtype", "precision.check_update")
 """Keys a ``--resume`` may change freely: they change neither a step's computation nor the
 data the run has read (``skip_bad_records``: a run that stopped at a bad record read none,
 and the records it skipped stay skipped). ``train.steps`` may change too, if the LR
@@ -77,8 +79,12 @@ def defaults() -> ml_collections.ConfigDict:
       loss_scale_init=2.0**15,          # initial loss scale
       loss_scale_growth_interval=2000,  # doubles after this many consecutive finite steps
       loss_scale_min=1.0,               # halving below it stops the run (NonFiniteError)
-      fp8_param_gather=False))          # forward on E4M3 128x128-block weights (simulated
+      fp8_param_gather=False,           # forward on E4M3 128x128-block weights (simulated
                                         # FSDP FP8 gather, straight-through); logs memory
+      check_update=False))              # True: a step whose update would make a param
+                                        # non-finite is refused before it is applied (one
+                                        # more pass over the params); False: found by the
+                                        # next step or before a save (fp8jax.train.step)
   c.train = ml_collections.ConfigDict(dict(
       steps=100,                        # updates to run
       save_every=50,                    # checkpoint at 0, every N steps and at the end
@@ -252,8 +258,9 @@ def _check_precision(p) -> None:
   if p.loss_scale not in LOSS_SCALES:
     raise ValueError(f"precision.loss_scale must be one of {LOSS_SCALES}, got "
                      f"{p.loss_scale!r}")
-  if not isinstance(p.fp8_param_gather, bool):
-    raise ValueError(f"precision.fp8_param_gather must be a bool, got {p.fp8_param_gather!r}")
+  for key in ("fp8_param_gather", "check_update"):
+    if not isinstance(p[key], bool):
+      raise ValueError(f"precision.{key} must be a bool, got {p[key]!r}")
   interval = p.loss_scale_growth_interval
   if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
     raise ValueError(f"precision.loss_scale_growth_interval must be an integer >= 1, got "

@@ -96,8 +96,8 @@ def train_seeds(cfg, workdirs: Mapping[int, str | pathlib.Path], stream=None) ->
     state = jax.jit(jax.vmap(init))(jnp.asarray(seeds))
     step = jax.jit(jax.vmap(step_lib.make_train_step(
         model, tx, policy, loss_scale=run_config.loss_scale_config(cfg),
-        fp8_param_gather=cfg.precision.fp8_param_gather),
-        in_axes=(0, None)))
+        fp8_param_gather=cfg.precision.fp8_param_gather,
+        check_update=cfg.precision.check_update), in_axes=(0, None)))
     every = int(cfg.train.noise_probe_every)
     if every and policy != model.baseline:
       probe = noise_probe.make_probe(model, policy)

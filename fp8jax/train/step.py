@@ -1,14 +1,20 @@
 """The jitted training step of any model (:class:`fp8jax.models.api.Model`).
 
 The objective is the model's loss plus its ``aux_loss``, if it has one (DeepSeek-MoE's
-balance loss); both are reported separately. A :class:`~fp8jax.models.config.ModelConfig`
-in place of a model means DeepSeek-MoE, with its options (``moe_impl``, ``moe_groups``,
-``deterministic``, ``scan_layers``) given here (:func:`as_model`). A step whose loss,
-gradients, gradient norm or updated parameters are not finite leaves params and optimizer
-state unchanged and reports which parameters are non-finite themselves, then which have
-non-finite gradients, then an overflowing gradient norm, then which parameters the update
-would make non-finite (:func:`first_nonfinite`): a NaN parameter makes most gradients
-NaN, so the parameters are checked first.
+balance loss); both are reported separately.
+
+A step whose loss, gradients or gradient norm are not finite, or that reads a non-finite
+parameter, leaves params and optimizer state unchanged and reports which parameters are
+non-finite themselves, then which have non-finite gradients, then an overflowing gradient
+norm (:func:`first_nonfinite`): a NaN parameter makes most gradients NaN, so the
+parameters are checked first. The decision is made before the update, from what the step
+reads, so that XLA fuses the keep-or-not select into the update (docs/performance.md:
+The non-finite guard). An update that is itself non-finite from
+finite inputs (a NaN optimizer state, a learning rate that overflows the weights) is then
+applied, and found by the next step's check of its params or by the training loop before
+it saves a checkpoint (:func:`state_finite`). ``check_update=True`` also refuses such a
+step before applying it ("new_params/<path>"), at the cost of one more pass over the new
+params.
 
 The params (and the optimizer state) may be stored stacked per run of alike layers
 (:mod:`fp8jax.models.layer_stack`; ``seeded_init(..., stacked=True)``): the gradients and
@@ -119,7 +125,7 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
                     fp8_param_gather: bool = False, with_routing: bool = False,
                     deterministic: bool = False, scan_layers: bool = False, mesh=None,
                     replicas: int | None = None, reduce_per_layer: bool = False,
-                    param_specs=None, gather_dtype=None):
+                    param_specs=None, gather_dtype=None, check_update: bool = False):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it) of
   ``model`` (or DeepSeek-MoE of a config, with ``moe_impl``, ``moe_groups``,
   ``deterministic`` and ``scan_layers``: :func:`as_model`) under ``policy`` (default: its
@@ -146,7 +152,9 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
   weights whole at a time, and no whole gradient, per device; ``gather_dtype`` (with
   ``param_specs``): the split weights cast to it before they are gathered, their gradient
   reduce-scattered in the params' dtype (:func:`fp8jax.train.data_parallel.gather_in_forward`;
-  the same values when it is ``cfg.dtype``, to which the model casts every split weight)."""
+  the same values when it is ``cfg.dtype``, to which the model casts every split weight);
+  ``check_update``: a step whose update would make a parameter non-finite is refused too
+  (the module docstring)."""
 
   model = as_model(model, moe_impl, moe_groups, deterministic, scan_layers)
   policy = model.baseline if policy is None else policy
@@ -182,15 +190,17 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
     grads = _float32(grads)  # no-op for float32 params
     if loss_scale is not None:
       grads = loss_scale.unscale(grads, state.loss_scale)
-    all_finite = lambda tree: jax.tree.map(  # noqa: E731  # named per layer
-        lambda g: jnp.all(jnp.isfinite(g)), layer_stack.unstack(tree))
-    grad_norm = optax.tree.norm(layer_stack.unstack(grads))  # summed in the per-layer order
+    grad_norm = layer_stack.global_norm(grads)  # summed in the per-layer order
     updates, opt_state = tx.update(grads, state.opt_state, _float32(state.params))
     params = optax.apply_updates(state.params, updates)  # rounds to the params' dtype
-    # What the step reads and what it would write: a finite gradient can still overflow
-    # its norm, and a finite update of a NaN optimizer state is not finite.
+    # What the step reads (a finite gradient can still overflow its norm) and, with
+    # check_update, what it would write (a finite update of a NaN optimizer state is not
+    # finite). Without it the decision needs no pass over the new params, so that XLA
+    # fuses the select below into the update itself.
     finite_groups = {"params": all_finite(state.params), "grads": all_finite(grads),
-                     "grad_norm": jnp.isfinite(grad_norm), "new_params": all_finite(params)}
+                     "grad_norm": jnp.isfinite(grad_norm)}
+    if check_update:
+      finite_groups["new_params"] = all_finite(params)
     finite = jnp.isfinite(loss) & jnp.all(jnp.stack(jax.tree.leaves(finite_groups)))
     keep = lambda new, old: jax.tree.map(  # noqa: E731
         lambda a, b: jnp.where(finite, a, b), new, old)
@@ -254,13 +264,31 @@ def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=No
   return gradients
 
 
+def all_finite(tree):
+  """Per leaf of ``tree`` (params-like: params, gradients, optimizer moments), whether all
+  its values are finite, named per layer: a leaf stored stacked is reduced over all but
+  its run axis, one pass over it, and its flags split per layer
+  (:func:`fp8jax.models.layer_stack.unstack`)."""
+  def flags(path, x):
+    axes = tuple(range(1, x.ndim)) if layer_stack.in_run(path) else None
+    return jnp.all(jnp.isfinite(x), axis=axes)
+  return layer_stack.unstack(jax.tree_util.tree_map_with_path(flags, tree))
+
+
+def state_finite(state: TrainState) -> dict:
+  """``finite_groups`` of a train state as it would be saved: its params
+  (``new_params``) and optimizer state (``opt_state``), per leaf and layer."""
+  return {"new_params": all_finite(state.params), "opt_state": all_finite(state.opt_state)}
+
+
 def first_nonfinite(finite_groups) -> str | None:
   """"params/<path>" of the first non-finite parameter, else "grads/<path>" of the first
   non-finite gradient, else "grad_norm" (the gradients' norm overflowed), else
-  "new_params/<path>" of the first parameter the update would make non-finite (a NaN or
-  infinite optimizer state, a learning rate too large), else None (host-side, from the
-  step's ``finite_groups``)."""
-  for kind in ("params", "grads", "grad_norm", "new_params"):
+  "new_params/<path>" of the first parameter the update would make (or made) non-finite
+  (a NaN or infinite optimizer state, a learning rate too large), else
+  "opt_state/<path>", else None (host-side, from the step's ``finite_groups`` or
+  :func:`state_finite`'s)."""
+  for kind in ("params", "grads", "grad_norm", "new_params", "opt_state"):
     if kind not in finite_groups:
       continue
     for path, ok in jax.tree_util.tree_flatten_with_path(finite_groups[kind])[0]:

@@ -4,7 +4,7 @@ process (so that each peak memory is its own); docs/performance.md has the metho
     python scripts/bench/data_parallel.py --part=train --devices=2 [--scan-layers]
         [--storage=stacked|per_layer] [--scan-unroll=0] [--scan-remat=POLICY]
         [--route=per_device|gspmd] [--reduce=at_end|per_layer] [--batch=8]
-        [--profile] [--out=$OUT/dp_train_2.json]
+        [--guard=inputs|outputs] [--profile] [--out=$OUT/dp_train_2.json]
 
 ``--scan-layers`` scans the runs of alike layers; ``--storage`` says how their params are
 stored then: stacked per run (``fp8jax.models.layer_stack``, the default: the train state,
@@ -29,6 +29,7 @@ and exposed, from 2 traced steps (``comm_overlap.py``), and the trace in $OUT.
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -108,14 +109,16 @@ def _profile(run, tokens, name, steps=2):
     record(f"{name}_overlap_{gpu.replace(' ', '_').replace('/', '_')}", **row)
 
 
-def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce, profile=False):
+def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce, profile=False,
+          guard="inputs"):
   tx = optim.optimizer(optim.OptimConfig())
   runs = dm.layer_runs(cfg, pl.BF16) if scan and storage == "stacked" else None
   store = (lambda p: layer_stack.stack(p, runs)) if runs else (lambda p: p)
   per_device = route == "per_device"
   step = mesh_lib.shard_step(step_lib.make_train_step(
       cfg, tx, moe_impl=moe_impl, moe_groups=1 if per_device else n, scan_layers=scan,
-      mesh=mesh if per_device else None, reduce_per_layer=reduce == "per_layer"), mesh)
+      mesh=mesh if per_device else None, reduce_per_layer=reduce == "per_layer",
+      check_update=guard == "outputs"), mesh)
   init = jax.jit(lambda k: step_lib.init_state(store(dm.init(cfg, k)), tx),
                  out_shardings=mesh_lib.replicated(mesh))
   holder = {"state": init(jax.random.key(0))}
@@ -133,6 +136,7 @@ def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce, prof
   tps = batch * n * seq / t_step
   peak = flops.peak_flops(jax.devices()[0].device_kind)
   name = f"train_{n}gpu_{_tag(scan, storage, reduce)}_{route}"
+  name += "_check_update" if guard == "outputs" else ""
   if profile:
     _profile(run, toks[0], name)
   record(name, devices=n,
@@ -213,6 +217,10 @@ def main():
                   "(tiny: a CPU smoke run)")
   ap.add_argument("--profile", action="store_true", help="train: trace 2 steps; each "
                   "GPU's collective time hidden behind compute (comm_overlap.py)")
+  ap.add_argument("--guard", choices=["inputs", "outputs"], default="inputs",
+                  help="train: the non-finite guard checks what the step reads (inputs, "
+                  "the default) or also the new params (outputs: make_train_step's "
+                  "check_update)")
   ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "dp.json"))
   args = ap.parse_args()
   devices = jax.devices()[:args.devices or None]
@@ -220,7 +228,8 @@ def main():
   print(f"devices: {devices} (jax {jax.__version__})", flush=True)
   cfg = model_config(args.model)
   mesh = mesh_lib.data_mesh(devices)
-  part = {"train": train, "paired": paired_eval}[args.part]
+  part = {"train": functools.partial(train, guard=args.guard),
+          "paired": paired_eval}[args.part]
   t = time.perf_counter()
   try:
     scan = (layer_scan.ScanOptions(args.scan_unroll, args.scan_remat) if args.scan_layers

@@ -87,6 +87,24 @@ def test_either_layout_gives_the_same_loss_and_gradients(expr):
 
 
 @pytest.mark.slow
+def test_global_norm_sums_as_the_per_layer_layout_to_the_bit():
+  """One reduction per stacked leaf, summed leaf by leaf in the per-layer order: the bits
+  of optax's norm of the per-layer tree, where NumPy's order of the same sum differs."""
+  rng = np.random.default_rng(1)
+  other_order = 0
+  for _ in range(8):
+    tree = {"norm": rng.standard_normal(7).astype(np.float32),
+            "layers": {i: {"w": (rng.standard_normal((129, 517)) * 10.0 ** rng.uniform(-3, 3)
+                                 ).astype(np.float32)} for i in range(4)}}
+    want = np.float32(optax.tree.norm(tree))
+    for runs in ([[0], [1, 2, 3]], [[0, 1, 2, 3]]):
+      got = np.float32(jax.jit(layer_stack.global_norm)(layer_stack.stack(tree, runs)))
+      assert got.tobytes() == want.tobytes()
+    squares = [np.sum(np.square(x), dtype=np.float32) for x in jax.tree.leaves(tree)]
+    other_order += np.sqrt(np.sum(squares[::-1], dtype=np.float32)) != want
+  assert other_order > 0  # the sum's order shows in its bits on these inputs
+
+
 def test_a_nonfinite_stacked_parameter_is_named_by_its_layer():
   tx = optax.sgd(1e-3)
   init = step_lib.seeded_init(CFG, tx, policy_lib.BF16, stacked=True)

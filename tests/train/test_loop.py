@@ -137,6 +137,24 @@ def test_nonfinite_stops_naming_step_and_group_and_keeps_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("check_update", [False, True])
+def test_an_update_that_overflows_the_weights_is_never_saved(tmp_path, check_update):
+  """Finite loss and gradients, an update that sends the weights to inf: the run stops
+  at step 1 naming the parameter, by default before saving the step (the update was
+  applied), with check_update before applying it."""
+  c = small_config(save_every=1)
+  c.optim.peak_lr, c.optim.warmup_steps, c.optim.weight_decay = 1e37, 0, 1e10
+  c.precision.check_update = check_update
+  said = (r"step 1: non-finite .*first non-finite: new_params/.*without applying" if check_update
+          else r"step 1: its update made new_params/\S+ non-finite .*without saving it")
+  with pytest.raises(loop.NonFiniteError, match=said) as e:
+    loop.train(c, tmp_path)
+  assert "last good checkpoint: step 0" in str(e.value)
+  steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [0]
+
+
+@pytest.mark.slow
 def test_fp8_policy_trains_and_differs_from_bf16(tmp_path):
   bf16 = loop.train(small_config(steps=3), tmp_path / "bf16")
   c = small_config(steps=3)

@@ -24,7 +24,8 @@ divergence; ``growth_rate`` is the per-step log-slope of the divergence.
 ``<out>/branches.jsonl`` holds one line per (checkpoint, branch) with these series (see
 :func:`_row`; ``null`` where a step was not finite, with ``nonfinite`` naming the step and
 the first non-finite tensor; a non-finite step changes nothing, as in training);
-``<out>/meta.json`` records the run, ``k``, the noise and the policies.
+``<out>/meta.json`` records the run, ``k``, the noise and the policies (each its ``expr``
+and its policy record, :mod:`fp8jax.models.policy_record`; None for a model without).
 
 The branches of a checkpoint are stepped together, one compiled step per policy (the BF16
 one shared by the reference and noise branches), so the reference is computed once. When
@@ -223,7 +224,8 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
   ckpt.check_full_state(steps, "branch")  # params-only checkpoints: before any compile
   if not allow_policy_change:
     check_trained_policies(ckpt, steps)
-  expr = {p.name: model.policy_meta(p)["expr"] for p in pols}
+  entries = {p.name: model.policy_meta(p) for p in pols}
+  expr = {name: entry["expr"] for name, entry in entries.items()}
   base = model.baseline
   all_branches = ([_Branch(REFERENCE, "reference", base, "bf16")]
                   + [_Branch(n, "noise", base, "bf16") for n in branches.noise_names()]
@@ -233,7 +235,8 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
           "noise": {"branches": branches.noise, "scale": branches.noise_scale,
                     "seed": branches.noise_seed},
           "data": json.loads(json.dumps(sweep.data_config(train_cfg))),
-          "policies": {p.name: {"expr": expr[p.name]} for p in pols},
+          "policies": {name: {"expr": entry["expr"], "record": entry.get("record")}
+                       for name, entry in entries.items()},
           "from_steps": steps, "code_version": ckpt_lib.code_version(), **mode}
   with multihost.lock_folder(out):  # one writer per results folder
     try:

@@ -58,6 +58,8 @@ def test_empty_policy_branch_is_the_bf16_branch_bit_for_bit(branched, train_run)
   meta = json.loads((branched / "meta.json").read_text())
   assert meta["k"] == K and meta["from_steps"] == [2, 4]
   assert meta["policies"]["attn_l0_e4m3"]["expr"].startswith("attn_out@0:")
+  assert meta["policies"]["attn_l0_e4m3"]["record"]["cell"] == {
+      "module": "attn", "depth": "l0", "format": "e4m3"}
 
 
 @pytest.mark.slow
