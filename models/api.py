@@ -140,6 +140,9 @@ class Model:
       data-parallel replicas may average each layer's gradients in the backward pass).
     config: the model's own configuration (hashable; e.g. DeepSeek-MoE's
       :class:`~fp8jax.models.config.ModelConfig`), or None.
+    sites: the modules of a rules model's site grid, ``{module: its path in layer
+      "{i}"}`` (e.g. ``{"attn": "layers/{i}/attn", "mlp": "layers/{i}/mlp"}``;
+      :func:`fp8jax.models.rules_policy.site_grid`); empty: none.
   """
   name: str
   abstract_params: Callable[[], Any]
@@ -162,6 +165,7 @@ class Model:
   store: Callable[[Any], Any] = _same
   param_transform: bool = False
   config: Any = None
+  sites: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def policy_meta(self, policy) -> dict:
     """The ``meta.json`` entry of ``policy``."""

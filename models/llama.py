@@ -29,10 +29,13 @@ from fp8jax.metrics import paths as paths_lib
 from fp8jax.models import api, moe, rules_policy
 from fp8jax.models.attention import attention_core, rope
 from fp8jax.models.norm import RMSNorm
+from fp8jax.rules import nnx_apply
 
 NAME = "llama"
 LAYER_PATH = "layers/{i}/.*"
 """The regex of layer ``{i}``'s modules (a recipe's BF16 layers)."""
+SITES = {"attn": "layers/{i}/attn", "mlp": "layers/{i}/mlp"}
+"""The site grid's modules: attention and the MLP, at their outputs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,16 +165,18 @@ def flops_per_token(cfg: Config, seq_len: int) -> float:
 
 def model(cfg: Config, name: str = NAME) -> api.Model:
   """The Llama-style model of ``cfg`` as a :class:`~fp8jax.models.api.Model`."""
-  return rules_model(cfg, Llama, CLASSIFIER, name, functools.partial(flops_per_token, cfg))
+  return rules_model(cfg, Llama, CLASSIFIER, name, functools.partial(flops_per_token, cfg),
+                     sites=SITES)
 
 
 def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, flops,
-                layer_path: str = LAYER_PATH) -> api.Model:
+                layer_path: str = LAYER_PATH, sites=None) -> api.Model:
   """The NNX model ``module_cls(cfg, rngs)``, quantized by rules, as a
   :class:`~fp8jax.models.api.Model`: ``cfg`` has ``num_layers``, ``vocab_size`` and
   ``max_len``; the module returns logits, or ``(logits, aux)`` (``aux_loss``,
   ``routing``); ``flops``: ``seq_len -> FLOPs per token``; ``layer_path``: the regex of
-  layer ``{i}``'s modules."""
+  layer ``{i}``'s modules; ``sites``: its site grid's modules (``api.Model.sites``), whose
+  cells a policy's record then names (:func:`fp8jax.models.rules_policy.site_cell`)."""
   family = name.partition(":")[0]
   skeleton = nnx.eval_shape(lambda: module_cls(cfg, nnx.Rngs(0)))
   graphdef, abstract_state = nnx.split(skeleton, nnx.Param)
@@ -194,8 +199,14 @@ def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, fl
   def init(rng):
     return nnx.to_pure_dict(nnx.state(module_cls(cfg, nnx.Rngs(params=rng)), nnx.Param))
 
+  module_paths = tuple(nnx_apply.module_paths(skeleton))
+
   def parse(text):
-    return rules_policy.parse(text, cfg.num_layers, layer_path)
+    variant = rules_policy.parse(text, cfg.num_layers, layer_path)
+    cell = rules_policy.site_cell(variant.rules, sites or {}, module_paths, cfg.num_layers)
+    if cell is not None:
+      variant.record["cell"] = cell
+    return variant
 
   def check(policy):
     if not isinstance(policy, api.Variant):
@@ -218,4 +229,4 @@ def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, fl
       loss=api.next_token_loss, baseline=baseline, classifier=classifier, init=init,
       vocab_size=cfg.vocab_size, max_len=cfg.max_len, flops_per_token=flops, parse_policy=parse,
       direct=direct, check=check, describe=describe, meta=dataclasses.asdict(cfg),
-      config=cfg)
+      config=cfg, sites=dict(sites or {}))

@@ -139,6 +139,8 @@ CLASSIFIER = dataclasses.replace(
     is_expert_stack=lambda path: "/mlp/experts/" in path)
 """Its parameter paths grouped as the report groups DeepSeek-MoE's: the stacked expert
 weights (leading axis: expert) are ``routed_experts``, with per-expert metrics."""
+SITES = {"attn": "layers/{i}/attn", "moe": "layers/{i}/mlp"}
+"""The site grid's modules: attention and the MoE block, at their outputs."""
 
 
 def flops_per_token(cfg: Config, seq_len: int) -> float:
@@ -152,4 +154,4 @@ def flops_per_token(cfg: Config, seq_len: int) -> float:
 def model(cfg: Config, name: str = NAME) -> api.Model:
   """The Mixtral-style model of ``cfg`` as a :class:`~fp8jax.models.api.Model`."""
   return llama.rules_model(cfg, Mixtral, CLASSIFIER, name,
-                           functools.partial(flops_per_token, cfg))
+                           functools.partial(flops_per_token, cfg), sites=SITES)

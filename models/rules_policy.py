@@ -17,14 +17,21 @@ hold ``\\d+``. A recipe that keeps its last layers in BF16 (``recipes.BF16_TAIL`
 them as ``none`` GEMM rules on the model's last layers (:class:`fp8jax.rules.Recipe`),
 where the model says how its layers are named (``layer_path``); a model that does not is
 refused such a recipe, never silently given it without its tail.
+
+A model that names the modules of its site grid (``sites``: ``{"attn": "layers/{i}/attn",
+"mlp": "layers/{i}/mlp"}``, each module's path in layer ``{i}``) gets the site grid's
+cells as ``output`` terms (:func:`site_grid`), and a policy whose ``output`` rule quantizes
+exactly one such module on consecutive layers, in a cell's format, gets that cell in its
+record, whatever its text (:func:`site_cell`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 import re
 
 from fp8jax.gemm import recipes
-from fp8jax.models import api, policy_record
+from fp8jax.models import api, policy_grid, policy_record
 from fp8jax.models import policy as policy_lib
 from fp8jax.numerics.roles import OVERRIDES
 from fp8jax.rules import ROLES, Recipe, Rule, Rules
@@ -98,3 +105,44 @@ def _record(expr: str, terms: list[Rule], named: list[str], num_layers: int) -> 
     recipe = Recipe.named(named[0])
     gemm.update(recipe=recipe.name, bf16_layers=list(recipe.bf16_layers(num_layers)))
   return record
+
+
+def site_regex(template: str, layers: Iterable[int]) -> str:
+  """The module path regex of the module ``template`` (its path in layer ``{i}``) in each
+  of ``layers``: ``layers/(0|1|2)/attn``."""
+  run = [str(int(i)) for i in layers]
+  one = run[0] if len(run) == 1 else "(" + "|".join(run) + ")"
+  return re.escape(template).replace(re.escape("{i}"), one)
+
+
+def site_grid(sites: Mapping[str, str], num_layers: int) -> dict[str, str]:
+  """``{cell name: policy text}``: each module of ``sites`` quantized at its output, per
+  tensor, on layer 0 and on every layer, in each format of the site grid
+  (:mod:`fp8jax.models.policy_grid`'s names: ``mlp_l0-1_e4m3`` ->
+  ``output:e4m3@layers/(0|1)/mlp``)."""
+  every = f"0-{num_layers - 1}"
+  return {policy_grid.cell_name(module, depth, fmt): f"output:{fmt}@{site_regex(template, layers)}"
+          for module, template in sites.items()
+          for depth, layers in (("0", [0]), (every, range(num_layers)))
+          for fmt in policy_grid.FORMATS}
+
+
+def site_cell(rules: Rules, sites: Mapping[str, str], module_paths: Iterable[str],
+              num_layers: int) -> dict | None:
+  """The site grid's cell that ``rules`` compute on a model of these module paths and
+  ``sites``: one ``output`` rule whose regex matches exactly the module of one site on
+  consecutive layers (no other module), with a cell format's spec; else None."""
+  if len(rules) != 1 or rules[0].role != "output" or rules[0].action is None:
+    return None
+  rule = rules[0]
+  fmt = next((f for f in policy_grid.FORMATS if rule.action == policy_lib.parse_spec(f)), None)
+  matched = {p for p in module_paths if rule.matches(p)}
+  for module, template in sites.items():
+    layers = [i for i in range(num_layers) if template.replace("{i}", str(i)) in matched]
+    if fmt is None or not layers or matched != {template.replace("{i}", str(i)) for i in layers}:
+      continue
+    lo, hi = layers[0], layers[-1]
+    if layers != list(range(lo, hi + 1)):
+      return None
+    return {"module": module, "depth": f"l{lo}" if lo == hi else f"l{lo}-{hi}", "format": fmt}
+  return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp8jax.models import api, deepseek_model, policy_expression, policy_grid
+from fp8jax.models import api, deepseek_model, policy_expression, policy_grid, rules_policy
 from fp8jax.models import config as config_lib
 from fp8jax.models import policy as policy_lib
 
@@ -77,22 +77,16 @@ def expand_policies(specs, num_layers) -> list:
 
   ``num_layers``: DeepSeek-MoE's depth, or a :class:`fp8jax.models.api.Model`: a
   DeepSeek-MoE model's grids expand at its depth; another model parses each spec itself
-  (``model.policy``), and has no grids (they name DeepSeek-MoE's sites)."""
+  (``model.policy``), and expands the grids of :data:`RULES_GRIDS` where it names its
+  site modules (``model.sites``)."""
   if isinstance(num_layers, api.Model):
     model = num_layers
-    if isinstance(model.config, config_lib.ModelConfig):
-      num_layers = model.config.num_hidden_layers
-    else:
-      for spec in specs:
-        name = spec.strip().removeprefix("noise(").removesuffix(")")
-        if name in GRIDS:
-          raise ValueError(f"the policy grid {name!r} names DeepSeek-MoE's sites; the model "
-                           f"{model.name!r} takes policies as its own text, e.g. "
-                           "gemm:fp32_blockwise")
-      out = [model.policy(spec) for spec in specs]
+    if not isinstance(model.config, config_lib.ModelConfig):
+      out = [p for spec in specs for p in _rules_policies(model, spec.strip())]
       if not out:
         raise ValueError("no policies to compare")
       return out
+    num_layers = model.config.num_hidden_layers
   out = []
   for spec in specs:
     spec = spec.strip()
@@ -110,6 +104,45 @@ def expand_policies(specs, num_layers) -> list:
   if not out:
     raise ValueError("no policies to compare")
   return out
+
+
+def _small(full: dict[str, str], num_layers: int, modules: list[str]) -> dict[str, str]:
+  """:func:`site_grid_small`'s cells of a rules model's grid ``full`` (attention and its
+  other module)."""
+  every, cell = f"0-{num_layers - 1}", policy_grid.cell_name
+  first, other = modules[0], modules[-1]
+  names = [cell(other, every, "e4m3"), cell(other, "0", "e4m3"), cell(first, "0", "e4m3"),
+           cell(other, every, "e5m2")]
+  return {name: full[name] for name in names}
+
+
+RULES_GRIDS = {"sites": lambda sites, n: rules_policy.site_grid(sites, n),
+               "sites_small": lambda sites, n: _small(rules_policy.site_grid(sites, n), n,
+                                                      list(sites)),
+               "formats": lambda sites, n: formats_grid(n)}
+"""The grids of a model quantized by rules: ``{name: f(model.sites, num_layers) ->
+{policy name: policy text}}``; the site grids need the model's ``sites``."""
+
+
+def _rules_policies(model: api.Model, spec: str) -> list:
+  """The policies of one spec of a rules model: a grid of :data:`RULES_GRIDS`, or the
+  model's own policy text."""
+  name = spec.removeprefix("noise(").removesuffix(")")
+  if name not in GRIDS:
+    return [model.policy(spec)]
+  if name == spec and name in RULES_GRIDS and (model.sites or name == "formats"):
+    num_layers = getattr(model.config, "num_layers", 0)
+    out = []
+    for cell, text in RULES_GRIDS[name](model.sites, num_layers).items():
+      variant = model.policy(text)
+      record = None if variant.record is None else {**variant.record, "name": cell}
+      out.append(dataclasses.replace(variant, name=cell, record=record))
+    return out
+  why = ("noise-matched controls of a grid are DeepSeek-MoE's" if name != spec
+         else "the model names no site modules (api.Model.sites)" if name in RULES_GRIDS
+         else "it names DeepSeek-MoE's sites")
+  raise ValueError(f"the policy grid {spec!r} does not apply to the model {model.name!r}: "
+                   f"{why}; give its policies as its own text, e.g. gemm:fp32_blockwise")
 
 
 def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:

@@ -1,6 +1,7 @@
 """The questions of the precision study, answered from a loaded sweep.
 
-(1) module: attention vs MoE at the same depth and format; (2) depth: the fewest vs the
+(1) module: attention vs MoE (or the MLP of a dense model's grid) at the same depth and
+format; (2) depth: the fewest vs the
 most quantized layers per module and format; (3) format: E4M3 vs E5M2 per module and depth;
 (4) redistribution: how the top-k parameters by gradient difference norm move across
 checkpoints, and the share of the difference inside the directly quantized modules;
@@ -29,7 +30,7 @@ from fp8jax.study.common.results import Results, depth_layers
 from fp8jax.study.common.stats import compare, fmt, fmt_stat, mean_details, stat, table, trajectory
 from fp8jax.study.comparison import conditioning, format_width
 
-_MOD = {"attn": "attention", "moe": "MoE"}
+_MOD = {"attn": "attention", "moe": "MoE", "mlp": "MLP"}
 _FMT = {"e4m3": "E4M3", "e5m2": "E5M2"}
 
 
@@ -95,23 +96,36 @@ def _unavailable(need: str) -> dict[str, Any]:
           "summary": f"Not available: the grid lacks {need}."}
 
 
+def other_module(res: Results) -> str:
+  """The module the grid sets beside attention: "moe", or "mlp" for a dense model's grid
+  (no MoE cell)."""
+  modules = {c[0] for c in site_cells(res)}
+  return "mlp" if "mlp" in modules and "moe" not in modules else "moe"
+
+
 def module_answer(res: Results, metric: str = "rel_err", flagged: Sequence[int] = ()
                   ) -> dict[str, Any]:
-  """(1) Attention vs MoE at the same depth and format: the paired ratio attn/MoE, and
-  each policy's trajectory shape; ``flagged``: checkpoints flagged for conditioning."""
-  pairs = _pairs(res, 0, "attn", "moe")
+  """(1) Attention vs MoE (:func:`other_module`: the MLP in a dense model's grid) at the
+  same depth and format: the paired ratio attn/other, and each policy's trajectory shape;
+  ``flagged``: checkpoints flagged for conditioning. ``settings`` key the two policies by
+  their modules ("attn", and "moe" or "mlp")."""
+  other = other_module(res)
+  label = _MOD[other]
+  pairs = _pairs(res, 0, "attn", other)
   if not pairs:
-    return _unavailable("an attention and a MoE policy of the same depth and format")
+    return _unavailable(f"an attention and a{'n' if other == 'mlp' else ''} {label} policy "
+                        "of the same depth and format")
   settings = []
-  shapes: dict[str, list] = {"attn": [], "moe": []}
-  for (depth, fm), attn, moe in pairs:
-    c = compare(res, attn, moe, metric)
-    t_attn, t_moe = trajectory(res, attn, metric), trajectory(res, moe, metric)
+  shapes: dict[str, list] = {"attn": [], other: []}
+  for (depth, fm), attn, pol in pairs:
+    c = compare(res, attn, pol, metric)
+    t_attn, t_other = trajectory(res, attn, metric), trajectory(res, pol, metric)
     shapes["attn"].append(t_attn["shape"])
-    shapes["moe"].append(t_moe["shape"])
-    settings.append({"depth": depth, "format": fm, "attn": attn, "moe": moe,
-                     "comparison": c, "trajectory_attn": t_attn, "trajectory_moe": t_moe})
-  text = _lower_sentence("attention", "MoE", [x["comparison"] for x in settings],
+    shapes[other].append(t_other["shape"])
+    settings.append({"depth": depth, "format": fm, "attn": attn, other: pol,
+                     "comparison": c, "trajectory_attn": t_attn,
+                     f"trajectory_{other}": t_other})
+  text = _lower_sentence("attention", label, [x["comparison"] for x in settings],
                          metric, "settings (depth, format)")
   text = _with_flags(text, res, [(f"{depth_label(x['depth'])} {_FMT[x['format']]}",
                                   x["comparison"]) for x in settings], flagged)
@@ -122,7 +136,8 @@ def module_answer(res: Results, metric: str = "rel_err", flagged: Sequence[int] 
     desc = ", ".join(f"{s} in {k} of {len(found)}" for s, k in counts.items()) or "undetermined"
     parts.append(f"{_MOD[mod]}: {desc}")
   text += "checkpoints): " + "; ".join(parts) + "."
-  return {"available": True, "metric": metric, "settings": settings, "summary": text}
+  return {"available": True, "metric": metric, "module": other, "settings": settings,
+          "summary": text}
 
 
 CLOSE_TOL = 0.25
@@ -304,15 +319,17 @@ def _shape(t: dict) -> str:
 
 
 def _module_md(a: dict) -> list[str]:
+  other = a.get("module", "moe")
+  label = _MOD[other]
   rows = []
   for s in a["settings"]:
     c = s["comparison"]
     rows.append([depth_label(s["depth"]), _FMT[s["format"]], fmt_stat(c["summary_a"]),
                  fmt_stat(c["summary_b"]), fmt_stat(c["paired"], n=False), _steps_text(c)[0],
-                 _shape(s["trajectory_attn"]), _shape(s["trajectory_moe"])])
-  return table(["depth", "format", f"attention {a['metric']}", f"MoE {a['metric']}",
-                     "attention / MoE (paired)", "checkpoints with overlapping CIs",
-                     "attention shape (early -> late)", "MoE shape (early -> late)"], rows)
+                 _shape(s["trajectory_attn"]), _shape(s[f"trajectory_{other}"])])
+  return table(["depth", "format", f"attention {a['metric']}", f"{label} {a['metric']}",
+                f"attention / {label} (paired)", "checkpoints with overlapping CIs",
+                "attention shape (early -> late)", f"{label} shape (early -> late)"], rows)
 
 
 def _depth_md(a: dict) -> list[str]:
@@ -369,7 +386,8 @@ def _redistribution_md(a: dict) -> list[str]:
 def markdown(ans: dict[str, dict], figures: dict[str, Any] | None = None) -> list[str]:
   """The answers as markdown lines (figure links for names in ``figures``)."""
   figures = figures or {}
-  sections = [("module", "1. Module sensitivity: attention vs MoE", _module_md,
+  other = _MOD[ans.get("module", {}).get("module", "moe")]
+  sections = [("module", f"1. Module sensitivity: attention vs {other}", _module_md,
                ("grad_error", "loss_curves")),
               ("depth", "2. Depth sensitivity", _depth_md, ("grad_error", "heatmaps")),
               ("format", "3. Format sensitivity: E4M3 vs E5M2", _format_md,

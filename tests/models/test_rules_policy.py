@@ -1,0 +1,77 @@
+"""Policies as text for models quantized by rules: the site grid of a model that names its
+site modules, and the cell a policy's record names from what its rule matches."""
+
+import re
+
+import pytest
+
+from fp8jax.models import llama, registry, rules_policy
+from fp8jax.study.comparison import policies
+
+FORMATS = ("e4m3", "e5m2")
+
+
+@pytest.mark.parametrize("name, modules", [("llama:tiny", ("attn", "mlp")),
+                                           ("mixtral:tiny", ("attn", "moe"))])
+def test_the_site_grid_of_a_rules_model_names_its_cells(name, modules):
+  model = registry.get(name)
+  n = model.config.num_layers
+  assert n >= 2 and tuple(model.sites) == modules
+  want = {}
+  for module in modules:
+    for layers, depth in (([0], "l0"), (list(range(n)), f"l0-{n - 1}")):
+      for fmt in FORMATS:
+        path = "|".join(str(i) for i in layers)
+        text = f"output:{fmt}@layers/{path if len(layers) == 1 else f'({path})'}/"
+        want[f"{module}_{depth}_{fmt}"] = (text + model.sites[module].split("/")[-1],
+                                           {"module": module, "depth": depth, "format": fmt})
+  grid = rules_policy.site_grid(model.sites, n)
+  assert {k: v for k, v in grid.items()} == {k: text for k, (text, _) in want.items()}
+  for cell_name, (text, cell) in want.items():
+    assert model.policy(text).record["cell"] == cell, cell_name
+
+
+@pytest.mark.parametrize("text, cell", [
+    (r"output:e4m3@layers/\d+/attn", {"module": "attn", "depth": "l0-1", "format": "e4m3"}),
+    ("output:e5m2@layers/1/mlp", {"module": "mlp", "depth": "l1", "format": "e5m2"}),
+    ("output:e4m3@layers/0/attn.*", None),          # also the q, k, v, o projections
+    ("output:e4m3@layers/(0|1)/(attn|mlp)", None),  # two modules
+    ("output:e4m3/1x128@layers/0/mlp", None),       # not the grid's per-tensor spec
+    ("gemm:mxfp8", None),
+    ("output:e4m3@layers/0/mlp+gemm:mxfp8", None),
+    ("bf16", None)])
+def test_the_cell_is_read_from_what_the_rule_matches(text, cell):
+  assert registry.get("llama:tiny").policy(text).record["cell"] == cell
+
+
+def test_layers_that_are_not_consecutive_are_no_cell():
+  model = registry.get("llama:tiny", {"num_layers": 3})
+  assert model.policy("output:e4m3@layers/(0|2)/attn").record["cell"] is None
+  assert model.policy("output:e4m3@layers/(1|2)/attn").record["cell"] == {
+      "module": "attn", "depth": "l1-2", "format": "e4m3"}
+
+
+def test_a_sweep_expands_the_site_grids_of_a_rules_model():
+  model = registry.get("llama:tiny")
+  small = policies.expand_policies(["sites_small"], model)
+  assert [p.name for p in small] == ["mlp_l0-1_e4m3", "mlp_l0_e4m3", "attn_l0_e4m3",
+                                     "mlp_l0-1_e5m2"]
+  for p in small:
+    entry = model.policy_meta(p)
+    assert entry["record"]["name"] == p.name and entry["expr"] == p.expr
+    module, depth, fmt = p.name.split("_")
+    assert entry["record"]["cell"] == {"module": module, "depth": depth, "format": fmt}
+  assert len(policies.expand_policies(["sites"], model)) == 8
+  formats = policies.expand_policies(["formats"], model)
+  assert [p.expr for p in formats] == list(policies.formats_grid(2).values())
+
+
+def test_grids_a_rules_model_cannot_take_are_refused_by_name():
+  model = registry.get("llama:tiny")
+  for spec, why in (("noise(sites)", "noise-matched controls"),
+                    ("delayed", "DeepSeek-MoE's sites")):
+    with pytest.raises(ValueError, match=f"grid '{re.escape(spec)}'.*{why}"):
+      policies.expand_policies([spec], model)
+  bare = llama.rules_model(model.config, llama.Llama, llama.CLASSIFIER, "bare", lambda s: 0.0)
+  with pytest.raises(ValueError, match=r"names no site modules \(api.Model.sites\)"):
+    policies.expand_policies(["sites_small"], bare)
