@@ -1,5 +1,6 @@
-"""The byte-level BPE tokenizer: training on a corpus sample, its ids, the exact fast
-encoder against ``tokenizers`` itself, and the vocabulary check before compute."""
+"""The byte-level BPE tokenizer: training on a corpus sample, its ids, and the vocabulary
+check before compute (its fast encoder: ``tests/data/test_fast_bpe.py``; the ``trained``
+fixture: ``tests/data/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -8,29 +9,12 @@ import os
 import subprocess
 import sys
 
-from hypothesis import given
-from hypothesis import strategies as st
-import numpy as np
 import pytest
 
-from fp8jax.data import bpe, fast_bpe, pipeline, sources, tokenizers
+from fp8jax.data import bpe, pipeline, sources, tokenizers
 from tests.data_fixtures import write_c4
 
 pytest.importorskip("tokenizers", reason="the BPE tokenizer needs tokenizers (data extra)")
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A 600-id tokenizer learnt from the embedded corpus written as jsonl shards."""
-  folder = tmp_path_factory.mktemp("corpus")
-  docs = sources.embedded_corpus()
-  for i in range(4):
-    (folder / f"part-{i}.jsonl").write_text(
-        "\n".join(json.dumps({"text": d}) for d in docs[i::4]) + "\n")
-  out = tmp_path_factory.mktemp("tok")
-  with open(os.devnull, "w") as log:
-    meta = bpe.train_bpe([str(folder)], out, vocab_size=600, sample_bytes=200_000, log=log)
-  return out, meta
 
 
 def test_training_writes_the_tokenizer_and_its_ids(trained):
@@ -65,50 +49,6 @@ def test_binary_trains_with_the_vocabulary_flag(tmp_path):
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode == 2 and "error: no data shard matches" in bad.stderr
   assert "Traceback" not in bad.stderr
-
-
-ALPHABET = list("abcXYZ0129 .,'!-\t\n\r\x0b\x0c_") + [
-    "é", "ü", "中", "😀", "\u00a0", "\u2028", "\u3000", "\x00", "\x1f", "\x7f", "  ", "\n\n",
-    " the", "<|endoftext|>", "<|pad|>", "<|"]
-
-
-@given(st.lists(st.lists(st.sampled_from(ALPHABET), max_size=40).map("".join), max_size=12))
-def test_fast_encoder_equals_tokenizers(trained, texts):
-  path = str(trained[0] / "tokenizer.json")
-  fast, slow = _pair(path)
-  got, want = fast.encode_batch(texts), slow.encode_batch(texts)
-  for text, g, w in zip(texts, got, want):
-    np.testing.assert_array_equal(g, w, err_msg=repr(text))
-    assert g.dtype == np.int32
-
-
-_PAIRS = {}
-
-
-def _pair(path):
-  if path not in _PAIRS:
-    _PAIRS[path] = (tokenizers.HFTokenizer(path), tokenizers.HFTokenizer(path, fast=False))
-  return _PAIRS[path]
-
-
-def test_fast_encoder_on_real_text_and_its_word_table(trained):
-  fast, slow = _pair(str(trained[0] / "tokenizer.json"))
-  assert fast._fast is not None and slow._fast is None
-  docs = sources.embedded_corpus()
-  chunks = [d[i:i + 3000] for d in docs for i in range(0, len(d), 3000)] + ["", " ", "x" * 40]
-  for start in range(0, len(chunks), 64):  # the table grows and merges between batches
-    batch = chunks[start:start + 64]
-    for g, w in zip(fast.encode_batch(batch), slow.encode_batch(batch)):
-      np.testing.assert_array_equal(g, w)
-  assert len(fast._fast._entries[0]) > 1000 and fast._fast._probes >= 1
-  assert fast.encode(docs[0]).tolist() == slow.encode(docs[0]).tolist()
-  # A tokenizer of another design is not taken for this one.
-  j = json.loads((trained[0] / "tokenizer.json").read_text())
-  assert fast_bpe.supports(json.dumps(j))
-  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+"
-  assert not fast_bpe.supports(json.dumps(j))
-  j["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
-  assert not fast_bpe.supports(json.dumps(j))
 
 
 def test_vocabulary_mismatch_is_an_error_before_compute(trained, tmp_path):

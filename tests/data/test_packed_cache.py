@@ -1,6 +1,6 @@
 """The disk copy of packed sequences (fp8jax.data.packed_cache): the same sequences as
 packing in memory, read back instead of packed again, and a damaged copy repacked with a
-warning naming it; batch tokenization packs as document-by-document tokenization does."""
+warning naming it."""
 
 import itertools
 
@@ -12,17 +12,6 @@ from fp8jax.data import packed_cache, packing, pipeline, synthetic, tokenizers
 
 def _docs(n=40):
   return list(itertools.islice(synthetic.corpus(0.05), n))
-
-
-def test_pack_in_chunks_equals_tokenizing_each_document(monkeypatch):
-  tok = tokenizers.get_tokenizer("bytes")
-  docs = _docs()
-  eos = [tok.eos_id]
-  want = np.concatenate([np.concatenate([tok.encode(d), eos]) for d in docs])
-  monkeypatch.setattr(packing, "_CHUNK", 7)  # chunks that end mid-list
-  got = packing.pack(docs, tok, 16)
-  n = len(want) // 16
-  np.testing.assert_array_equal(got, want[: n * 16].reshape(n, 16))
 
 
 def test_second_start_reads_the_copy_and_a_damaged_copy_is_repacked(tmp_path, capsys):

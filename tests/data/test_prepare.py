@@ -1,5 +1,6 @@
 """Prepared data (fp8jax.data.prepare, prepared): manifest, records, resume after a kill,
-bad records, training from the folder, the data a run used and the sweep's refusal."""
+bad records, training from the folder, the data a run used and the sweep's refusal (the
+folder's own checks: ``tests/data/test_prepared.py``)."""
 
 from __future__ import annotations
 
@@ -193,16 +194,6 @@ def test_training_records_the_data_and_the_sweep_refuses_other_data(tmp_path, tr
   assert not (tmp_path / "cmp").exists()
 
 
-def test_a_prepared_folder_without_documents_is_named_in_one_line(tmp_path):
-  manifest = {"format": prepared.FORMAT, "complete": True, "field": "text", "dtype": "<i4",
-              "tokenizer": {"fingerprint": "f", "eos_id": 0}, "sources": [], "files": [],
-              "documents": 0}
-  manifest["hash"] = prepared.manifest_hash(manifest)
-  (tmp_path / prepared.MANIFEST).write_text(json.dumps(manifest))
-  with pytest.raises(ValueError, match=r"holds no documents \(were its sources empty\?\)"):
-    prepared.PreparedDocs(tmp_path)
-
-
 def _damage_middle(path):
   """Flips the bytes of the file's middle third: the same size, so the manifest's checks
   pass."""
@@ -210,21 +201,6 @@ def _damage_middle(path):
   third = len(data) // 3
   data[third:2 * third] = bytes(b ^ 0xFF for b in data[third:2 * third])
   path.write_bytes(bytes(data))
-
-
-def test_verify_data_reads_every_record_and_names_a_damaged_file(tmp_path):
-  write_c4(tmp_path / "c4", shards_n=2, docs_n=40)
-  out = tmp_path / "prep"
-  m = prepare_quietly([str(tmp_path / "c4" / "*.json.gz")], out, "bytes", workers=1)
-  assert prepared.verify(out) == [(f["name"], "ok") for f in m["files"]]
-  _damage_middle(out / m["files"][1]["name"])
-  prepared.read_manifest(out)  # sizes and hash still agree
-  (first, ok), (second, bad) = prepared.verify(out)
-  assert (first, ok) == (m["files"][0]["name"], "ok") and second == m["files"][1]["name"]
-  assert bad.startswith("corrupt: "), bad
-  # Training meets the damage as a one-line error that names the folder and verify.
-  with pytest.raises(ValueError, match=r"prep: its token files do not open .*verify --data="):
-    prepared.PreparedDocs(out)
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 Expected values come from float64 NumPy loops over a small fake params tree written here
 (same path layout as the model: a dense layer 0, MoE layers 1 and 2 with 4 experts).
-Routing divergence and rankings: ``tests/metrics/test_routing.py``.
+Routing divergence: ``tests/metrics/test_routing.py``; rankings, rows:
+``tests/metrics/test_ranking.py``, ``tests/metrics/test_rows.py``.
 """
 
 from __future__ import annotations
@@ -363,27 +364,3 @@ def test_runs_under_jit_and_matches_eager():
       np.sum(np.square(weights["by_expert"]["1"]["weight_norm"])),
       float(weights["by_module_layer"]["routed_experts/1"]["weight_norm"]) ** 2, rtol=1e-5)
 
-
-# ---------------------------------------------------------------------------------- rows
-
-
-def test_rows_heatmap_and_per_param():
-  gb, gf, mask_b, mask_f = _hand_case()
-  res = _COMPARE(gb, gf, mask_b, mask_f)
-  rows = metrics.to_rows(res, {"step": 3}, classifier=DS)
-  assert rows[0]["scope"] == "global" and rows[0]["step"] == 3
-  assert all(isinstance(v, (float, int, str, type(None))) for r in rows for v in r.values())
-  layers = [r["layer"] for r in rows if r["scope"] == "layer"]
-  assert layers == [0, 1, 2, None]
-  experts = [r for r in rows if r["scope"] == "expert" and r["layer"] == 1]
-  assert [r["expert"] for r in experts] == list(range(E))
-  assert experts[2]["diff_norm"] == pytest.approx(math.sqrt(54), rel=1e-6)
-  flat = metrics.flat_row(res, {"step": 3})
-  assert flat["module/attn_o/diff_norm"] == pytest.approx(1.5, rel=1e-6)
-  assert flat["diff_norm"] == pytest.approx(math.sqrt(104.25), rel=1e-6)
-  modules, layer_ids, table = metrics.heatmap(res, classifier=DS)
-  assert layer_ids == [0, 1, 2] and "embedding" not in modules
-  assert table[modules.index("attn_o"), 0] == pytest.approx(1.5, rel=1e-6)
-  assert math.isnan(table[modules.index("router"), 0])  # layer 0 is dense
-  values = metrics.per_param(res)
-  assert metrics.top_k(values, 1) == ["layers/1/mlp/experts_gate"]

@@ -1,6 +1,6 @@
 """The fused fake-quant path, bit for bit, against the payload path
 (``fp8jax.quantize_dequantize``) and the NumPy reference; the Pallas cast and kernel.
-``round_to_format`` itself: ``tests/numerics/test_round_to_format.py``."""
+``round_to_format`` itself: ``tests/numerics/test_formats.py``."""
 
 from __future__ import annotations
 

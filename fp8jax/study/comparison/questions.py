@@ -1,12 +1,11 @@
 """The questions of the precision study, answered from a loaded sweep.
 
-(1) module: attention vs MoE (or the MLP of a dense model's grid) at the same depth and
-format; (2) depth: the fewest vs the
-most quantized layers per module and format; (3) format: E4M3 vs E5M2 per module and depth;
-(4) redistribution: how the top-k parameters by gradient difference norm move across
-checkpoints, and the share of the difference inside the directly quantized modules;
-(5) narrowing: how the perturbation grows from 8-bit to 4-bit GEMM recipes, per module
-(:mod:`fp8jax.study.comparison.format_width`).
+(1) module: attention vs MoE (a dense grid's MLP) at the same depth and format; (2) depth:
+the fewest vs the most quantized layers per module and format; (3) format: E4M3 vs E5M2
+per module and depth; (4) redistribution: how the top-k parameters by gradient difference
+norm move across checkpoints, and the share of the difference inside the directly
+quantized modules; (5) narrowing: how the perturbation grows from 8-bit to 4-bit GEMM
+recipes, per module (:mod:`fp8jax.study.comparison.format_width`).
 
 Comparisons are paired on the same batches (:func:`fp8jax.study.common.stats.compare`): the ratio
 a / b per batch, its geometric mean per checkpoint and the median over the checkpoints with
@@ -97,41 +96,34 @@ def _unavailable(need: str) -> dict[str, Any]:
 
 
 def other_module(res: Results) -> str:
-  """The module the grid sets beside attention: "moe", or "mlp" for a dense model's grid
-  (no MoE cell)."""
+  """The grid's module beside attention: "moe", or "mlp" in a dense model's grid."""
   modules = {c[0] for c in site_cells(res)}
   return "mlp" if "mlp" in modules and "moe" not in modules else "moe"
 
 
 def module_answer(res: Results, metric: str = "rel_err", flagged: Sequence[int] = ()
                   ) -> dict[str, Any]:
-  """(1) Attention vs MoE (:func:`other_module`: the MLP in a dense model's grid) at the
-  same depth and format: the paired ratio attn/other, and each policy's trajectory shape;
-  ``flagged``: checkpoints flagged for conditioning. ``settings`` key the two policies by
-  their modules ("attn", and "moe" or "mlp")."""
+  """(1) Attention vs :func:`other_module` at the same depth and format: the paired ratio,
+  each policy's trajectory shape (``settings`` keyed by module: "attn", "moe" or "mlp");
+  ``flagged``: checkpoints flagged for conditioning."""
   other = other_module(res)
-  label = _MOD[other]
   pairs = _pairs(res, 0, "attn", other)
   if not pairs:
-    return _unavailable(f"an attention and a{'n' if other == 'mlp' else ''} {label} policy "
+    return _unavailable(f"an attention and a{'n' if other == 'mlp' else ''} {_MOD[other]} policy "
                         "of the same depth and format")
-  settings = []
-  shapes: dict[str, list] = {"attn": [], other: []}
-  for (depth, fm), attn, pol in pairs:
-    c = compare(res, attn, pol, metric)
-    t_attn, t_other = trajectory(res, attn, metric), trajectory(res, pol, metric)
-    shapes["attn"].append(t_attn["shape"])
-    shapes[other].append(t_other["shape"])
-    settings.append({"depth": depth, "format": fm, "attn": attn, other: pol,
-                     "comparison": c, "trajectory_attn": t_attn,
-                     f"trajectory_{other}": t_other})
-  text = _lower_sentence("attention", label, [x["comparison"] for x in settings],
+  settings = [{"depth": depth, "format": fm, "attn": attn, other: pol,
+               "comparison": compare(res, attn, pol, metric),
+               "trajectory_attn": trajectory(res, attn, metric),
+               f"trajectory_{other}": trajectory(res, pol, metric)}
+              for (depth, fm), attn, pol in pairs]
+  text = _lower_sentence("attention", _MOD[other], [x["comparison"] for x in settings],
                          metric, "settings (depth, format)")
   text = _with_flags(text, res, [(f"{depth_label(x['depth'])} {_FMT[x['format']]}",
                                   x["comparison"]) for x in settings], flagged)
   text += ". Trajectory shapes (late vs early "
   parts = []
-  for mod, found in shapes.items():
+  for mod in ("attn", other):
+    found = [x[f"trajectory_{mod}"]["shape"] for x in settings]
     counts = {s: found.count(s) for s in dict.fromkeys(found) if s}
     desc = ", ".join(f"{s} in {k} of {len(found)}" for s, k in counts.items()) or "undetermined"
     parts.append(f"{_MOD[mod]}: {desc}")
@@ -373,8 +365,8 @@ def _redistribution_md(a: dict) -> list[str]:
             for m in r["migration"]]
     k = r["k"]
     lines += table(["step", f"top-{k} overlap prev", "overlap first", "Spearman prev",
-                         "Spearman first", f"top-{k} in direct", "share_direct",
-                         f"top-{k} modules"], rows)
+                    "Spearman first", f"top-{k} in direct", "share_direct", f"top-{k} modules"],
+                   rows)
     first, last = r["migration"][0], r["migration"][-1]
     lines += [f"Top-{k} at step {first['checkpoint']}: " + ", ".join(
         f"`{x}`" for x in first["top"]), "",

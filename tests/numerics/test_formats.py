@@ -1,5 +1,6 @@
-"""round_to_format against ml_dtypes casts in NumPy (independent of XLA), on a structured
-sweep of float32 bit patterns, at the edges of each format, and against the XLA cast."""
+"""fp8jax.numerics.formats: round_to_format against ml_dtypes casts in NumPy (independent
+of XLA), on a structured sweep of float32 bit patterns, at the edges of each format, and
+against the XLA cast."""
 
 from __future__ import annotations
 
