@@ -105,6 +105,9 @@ def test_global_norm_sums_as_the_per_layer_layout_to_the_bit():
   assert other_order > 0  # the sum's order shows in its bits on these inputs
 
 
+# A train step compiled (4 s alone, 13 s on two busy cores): the fast tier names stacked
+# flags per layer in tests/train/test_step.py.
+@pytest.mark.slow
 def test_a_nonfinite_stacked_parameter_is_named_by_its_layer():
   tx = optax.sgd(1e-3)
   init = step_lib.seeded_init(CFG, tx, policy_lib.BF16, stacked=True)
