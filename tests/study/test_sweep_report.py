@@ -1,7 +1,7 @@
 """The report of a precision comparison sweep, on synthetic sweep folders with known numbers.
 
-The builder here also serves ``tests/study/common/test_results.py`` (loading and statistics) and
-``tests/study/comparison/test_floor.py``."""
+The builder here also serves ``tests/study/common/test_results.py`` (loading),
+``tests/study/common/test_stats.py`` (statistics) and ``tests/study/comparison/test_floor.py``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Run control in one process: SIGTERM preemption and exact resume, the per-process data
-positions of a checkpoint, the multi-process environment, and quiet library logs.
-(Several processes: tests/integration/test_multihost.py.)"""
+"""Run control in one process: SIGTERM preemption and exact resume, --distributed without a
+cluster, and quiet library logs. (The data positions, the multi-process environment and
+the SIGTERM watch alone: test_data_positions.py, test_multihost.py, test_preemption.py;
+several processes: tests/integration/test_multihost.py.)"""
 
-import json
 import os
 import pathlib
 import re
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from fp8jax.train import data_positions, loop, metrics_log, multihost, preemption, run_config
+from fp8jax.train import loop, metrics_log, preemption, run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -63,38 +63,6 @@ def test_sigterm_saves_at_the_next_step_and_the_resume_is_exact(tmp_path, monkey
   assert losses(part) == losses(tmp_path / "full")
 
 
-def test_positions_restore_per_process_and_across_process_counts(tmp_path):
-  handler = data_positions.PositionsHandler()
-  handler.save(tmp_path, data_positions.PositionsSave({"epoch": 0, "step": 5}))
-  assert json.loads((tmp_path / "process_0-of-1.json").read_text()) == {"epoch": 0, "step": 5}
-  assert handler.restore(tmp_path) == {"epoch": 0, "step": 5}
-  # Saved by 2 processes, restored by 1: only a position all of them share.
-  two = tmp_path / "two"
-  two.mkdir()
-  for i, doc in enumerate((10, 10)):
-    (two / f"process_{i}-of-2.json").write_text(json.dumps({"doc": doc}))
-  assert handler.restore(two) == {"doc": 10}
-  (two / "process_1-of-2.json").write_text(json.dumps({"doc": 11}))
-  with pytest.raises(data_positions.ProcessCountError, match="saved by 2 processes.*has 1"):
-    handler.restore(two)
-  (two / "process_1-of-2.json").unlink()
-  with pytest.raises(FileNotFoundError, match="no complete set"):
-    handler.restore(two)
-
-
-@pytest.mark.parametrize("env, error", [
-    ({"JAX_NUM_PROCESSES": "2"}, "JAX_NUM_PROCESSES is set but JAX_PROCESS_ID is not"),
-    ({"JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"}, "JAX_NUM_PROCESSES='two' is not"),
-])
-def test_initialize_names_a_bad_environment(monkeypatch, env, error):
-  for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    monkeypatch.delenv(name, raising=False)
-  for name, value in env.items():
-    monkeypatch.setenv(name, value)
-  with pytest.raises(ValueError, match=error):
-    multihost.initialize()
-
-
 @pytest.mark.slow
 def test_distributed_without_a_cluster_or_environment_says_what_to_set(tmp_path):
   env = {k: v for k, v in os.environ.items()
@@ -128,25 +96,3 @@ def test_binaries_keep_library_info_logs_off_the_terminal(tmp_path):
                         text=True, capture_output=True, timeout=600)
   assert loud.returncode == 0, loud.stderr[-3000:]
   assert "checkpoint_manager.py" in loud.stderr  # Orbax's INFO lines
-
-
-def test_watch_survives_a_native_library_replacing_its_handler(tmp_path):
-  """A C-level SIGTERM handler set behind Python's back (as a native library may) is
-  undone at the next step boundary: the notice is caught instead of ending the process."""
-  code = (
-      "import ctypes, os, signal\n"
-      "from fp8jax.train import preemption\n"
-      "class Manager:\n"
-      "  def reached_preemption(self, step): return False\n"
-      "libc = ctypes.CDLL(None)\n"
-      "libc.signal.restype = ctypes.c_void_p\n"
-      "libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]\n"
-      "with preemption.Watch(Manager()) as watch:\n"
-      "  libc.signal(signal.SIGTERM, None)  # SIG_DFL, unseen by Python\n"
-      "  assert not watch.reached(1)\n"
-      "  os.kill(os.getpid(), signal.SIGTERM)\n"
-      "  print('caught', watch.reached(2))\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
-  assert out.stdout.split() == ["caught", "True"]

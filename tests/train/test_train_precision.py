@@ -12,13 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-import fp8jax
 from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
-from fp8jax.train import checkpoint, loop, loss_scale, optim, param_gather, run_config
+from fp8jax.train import checkpoint, loop, loss_scale, optim, run_config
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
-from tests.references import reference as ref
 from tests.train_cases import rows, small_config
 
 BF16 = ml_dtypes.bfloat16
@@ -147,22 +145,6 @@ def test_bf16_master_weights_round_the_float32_update_to_nearest():
 # --- dynamic loss scaling ----------------------------------------------------------------
 
 
-def test_loss_scale_backs_off_grows_and_reports_the_minimum():
-  ls = loss_scale.DynamicLossScale(init=8.0, growth_interval=3, minimum=2.0)
-  state = ls.init_state()
-  seen = []
-  for finite in (True, True, True, False, True, False, False):
-    state, absorbed = ls.update(state, jnp.bool_(finite))
-    seen.append((float(state["scale"]), int(state["good_steps"]), int(state["skipped"]),
-                 bool(absorbed)))
-  assert seen == [(8, 1, 0, True), (8, 2, 0, True), (16, 0, 0, True), (8, 0, 1, True),
-                  (8, 1, 1, True), (4, 0, 2, True), (2, 0, 3, True)]
-  state, absorbed = ls.update(state, jnp.bool_(False))  # 2 / 2 < minimum 2
-  assert not bool(absorbed) and float(state["scale"]) == 2.0
-  with pytest.raises(ValueError, match="minimum"):
-    loss_scale.DynamicLossScale(init=1.0, minimum=2.0)
-
-
 @pytest.mark.slow
 def test_scaled_step_equals_the_plain_step_and_skips_an_overflow():
   cfg = mc.tiny(dtype="float32")
@@ -251,35 +233,6 @@ def test_fp16_run_stops_when_the_scale_would_fall_below_its_minimum(tmp_path):
 # --- FP8 parameter gather ----------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_param_gather_quantizes_each_matrix_blockwise_with_a_straight_through_gradient():
-  cfg = mc.tiny(dtype="float32")
-  params = dm.init(cfg, jax.random.key(0))
-  gathered = jax.jit(param_gather.gather)(params)
-  spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.block((128, 128)))
-  for (path, p), q in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                          jax.tree.leaves(gathered)):
-    if p.ndim < 2:
-      np.testing.assert_array_equal(q, p)
-      continue
-    np.testing.assert_array_equal(q, jax.jit(fp8jax.fake_quant, static_argnums=1)(p, spec))
-    _, _, want = ref.ref_quantize(np.asarray(p), "e4m3", "block", (-2, -1), (128, 128))
-    assert ref.same_bits(np.asarray(q), want), path
-    assert not np.array_equal(q, p)
-  tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-  loss = lambda p: dm.lm_loss(dm.apply(p, tokens, cfg)[0], tokens)  # noqa: E731
-  through = jax.jit(jax.grad(lambda p: loss(param_gather.gather(p))))(params)
-  at_gathered = jax.jit(jax.grad(loss))(gathered)
-  for a, b in zip(jax.tree.leaves(through), jax.tree.leaves(at_gathered)):
-    np.testing.assert_array_equal(a, b)
-  tx = optim.optimizer(optim.OptimConfig(warmup_steps=1, total_steps=10))
-  step = jax.jit(step_lib.make_train_step(cfg, tx, fp8_param_gather=True))
-  _, m = step(step_lib.init_state(params, tx), tokens)
-  loss = jax.jit(loss)
-  assert float(m["lm_loss"]) == pytest.approx(float(loss(gathered)), rel=1e-6)
-  assert float(m["lm_loss"]) != pytest.approx(float(loss(params)), rel=1e-6)
-
-
 # Tiny model (mc.tiny: vocab 320, d 64, 3 layers, layer 0 dense with width 96, layers 1-2
 # MoE with 8 experts of width 32 and one shared expert), counted by hand:
 #   matrices: embedding 320x64 + head 64x320 = 40960 (3 + 3 blocks of 128x128);
@@ -291,13 +244,6 @@ def test_param_gather_quantizes_each_matrix_blockwise_with_a_straight_through_gr
 #   vectors: final norm 64 + 2 norms x 64 x 3 layers = 448 elements.
 TINY_BF16_BYTES = 2 * (220160 + 448)
 TINY_FP8_BYTES = 220160 + 4 * 77 + 2 * 448
-
-
-def test_param_gather_memory_estimate_matches_a_hand_count():
-  est = param_gather.memory_estimate(dm.abstract_params(mc.tiny()))
-  assert est["bf16_bytes"] == TINY_BF16_BYTES and est["fp8_bytes"] == TINY_FP8_BYTES
-  assert est["scale_bytes"] == 4 * 77 and est["unquantized_bytes"] == 2 * 448
-  assert est["saving_gib"] == (TINY_BF16_BYTES - TINY_FP8_BYTES) / 2**30
 
 
 @pytest.mark.slow
