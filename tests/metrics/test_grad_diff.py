@@ -1,6 +1,6 @@
 """The gradient comparison's sums read each gradient once: masked experts by selecting the
-slices' sums (against a float64 zero-filled reference), and the finiteness probe of the
-variant pass (``paired._result``) from the same read."""
+slices' sums (against a float64 zero-filled reference), and the finiteness probe from the
+same read (its use by the variant pass: ``tests/study/comparison/test_paired.py``)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,26 +89,3 @@ def test_finite_probe_is_finite_only_where_every_element_is():
   assert not np.any(np.asarray(metrics.compare_grads(
       gb, huge, classifier=DS, finite_probe=True)["fp8_sq_finite"]))
   assert "fp8_sq_finite" not in metrics.compare_grads(gb, gf, classifier=DS)
-
-
-@pytest.mark.slow
-def test_variant_pass_attributes_the_first_nonfinite_leaf():
-  from fp8jax.study.comparison import paired
-  gb, gf, _, _ = _hand_case()
-  paths = list(metrics.paths.flatten(gf))
-  leaves = [np.array(v) for v in jax.tree.leaves(gf)]
-  for i in (3, len(leaves) - 1):
-    poisoned = [v.copy() for v in leaves]
-    poisoned[i].flat[0] = np.nan
-    tree = jax.tree_util.tree_unflatten(jax.tree.structure(gf), poisoned)
-    base = paired.Baseline(jnp.float32(1), None, None, gb, None, {}, True, -1)
-    out = paired._result(base, jnp.float32(1), 1.0, 0.0, {}, tree, None, DS)
-    assert not bool(out["finite"]) and int(out["nonfinite"]) == i, paths[i]
-    assert "fp8_sq_finite" not in out["compare"]
-  out = paired._result(base, jnp.float32(1), 1.0, 0.0, {}, gf, None, DS)
-  assert bool(out["finite"]) and int(out["nonfinite"]) == -1
-  out = paired._result(base, jnp.float32(np.inf), 1.0, 0.0, {}, gf, None, DS)
-  assert not bool(out["finite"]) and int(out["nonfinite"]) == -1
-  huge = jax.tree.map(lambda v: np.full_like(v, 1e30), gf)  # finite, but its squares are not
-  out = paired._result(base, jnp.float32(1), 1.0, 0.0, {}, huge, None, DS)
-  assert bool(out["finite"]) and int(out["nonfinite"]) == -1
