@@ -148,14 +148,21 @@ def unstack(tree: Any) -> Any:
   return _map_nodes(one, tree)
 
 
+def reduce_per_layer(reduce, tree: Any) -> Any:
+  """``reduce(leaf, axis=...)`` of every leaf of ``tree``, named per layer: a leaf stored
+  stacked is reduced over all but its run axis in one pass, and its values split per
+  layer (:func:`unstack`); other leaves over all their axes."""
+  def one(path, x):
+    return reduce(x, axis=tuple(range(1, x.ndim)) if in_run(path) else None)
+  return unstack(jax.tree_util.tree_map_with_path(one, tree))
+
+
 def global_norm(tree: Any) -> jax.Array:
   """The L2 norm of ``tree``'s leaves summed leaf by leaf in the per-layer layout, as
-  ``optax.tree.norm(unstack(tree))`` sums it, whatever the layout: each stacked leaf is
-  squared and summed over all but its run axis in one pass, not sliced per layer."""
-  def sums(path, x):
-    axes = tuple(range(1, x.ndim)) if in_run(path) else None
-    return jnp.sum(jnp.square(x.real) + jnp.square(x.imag), axis=axes)
-  per_layer = unstack(jax.tree_util.tree_map_with_path(sums, tree))
+  ``optax.tree.norm(unstack(tree))`` sums it, whatever the layout (stacked leaves are not
+  sliced per layer: :func:`reduce_per_layer`)."""
+  per_layer = reduce_per_layer(
+      lambda x, axis: jnp.sum(jnp.square(x.real) + jnp.square(x.imag), axis=axis), tree)
   return jnp.sqrt(jax.tree.reduce(operator.add, per_layer, initializer=0))
 
 

@@ -266,13 +266,10 @@ def _gradients(objective, mesh, replicas, reduce_per_layer=False, param_specs=No
 
 def all_finite(tree):
   """Per leaf of ``tree`` (params-like: params, gradients, optimizer moments), whether all
-  its values are finite, named per layer: a leaf stored stacked is reduced over all but
-  its run axis, one pass over it, and its flags split per layer
-  (:func:`fp8jax.models.layer_stack.unstack`)."""
-  def flags(path, x):
-    axes = tuple(range(1, x.ndim)) if layer_stack.in_run(path) else None
-    return jnp.all(jnp.isfinite(x), axis=axes)
-  return layer_stack.unstack(jax.tree_util.tree_map_with_path(flags, tree))
+  its values are finite, named per layer (one pass over a stacked leaf:
+  :func:`fp8jax.models.layer_stack.reduce_per_layer`)."""
+  return layer_stack.reduce_per_layer(lambda x, axis: jnp.all(jnp.isfinite(x), axis=axis),
+                                      tree)
 
 
 def state_finite(state: TrainState) -> dict:

@@ -23,11 +23,15 @@ def site_grid_small(num_layers: int = 9) -> dict[str, str]:
   depth and format questions once: all-layer E4M3 MoE output, the cells that differ from
   it in depth (layer 0) and in format (E5M2), and layer-0 attention beside layer-0 MoE.
   The demo's default; its one all-layer E4M3 policy has one noise-matched control."""
-  full = site_grid(num_layers)
-  every = f"0-{num_layers - 1}"
-  cell = policy_grid.cell_name
-  names = [cell("moe", every, "e4m3"), cell("moe", "0", "e4m3"), cell("attn", "0", "e4m3"),
-           cell("moe", every, "e5m2")]
+  return _small(site_grid(num_layers), num_layers, "attn", "moe")
+
+
+def _small(full: dict[str, str], num_layers: int, first: str, other: str) -> dict[str, str]:
+  """:func:`site_grid_small`'s cells of the grid ``full`` whose modules are ``first``
+  (attention) and ``other``."""
+  every, cell = f"0-{num_layers - 1}", policy_grid.cell_name
+  names = [cell(other, every, "e4m3"), cell(other, "0", "e4m3"), cell(first, "0", "e4m3"),
+           cell(other, every, "e5m2")]
   return {name: full[name] for name in names}
 
 
@@ -106,19 +110,9 @@ def expand_policies(specs, num_layers) -> list:
   return out
 
 
-def _small(full: dict[str, str], num_layers: int, modules: list[str]) -> dict[str, str]:
-  """:func:`site_grid_small`'s cells of a rules model's grid ``full`` (attention and its
-  other module)."""
-  every, cell = f"0-{num_layers - 1}", policy_grid.cell_name
-  first, other = modules[0], modules[-1]
-  names = [cell(other, every, "e4m3"), cell(other, "0", "e4m3"), cell(first, "0", "e4m3"),
-           cell(other, every, "e5m2")]
-  return {name: full[name] for name in names}
-
-
 RULES_GRIDS = {"sites": lambda sites, n: rules_policy.site_grid(sites, n),
                "sites_small": lambda sites, n: _small(rules_policy.site_grid(sites, n), n,
-                                                      list(sites)),
+                                                      list(sites)[0], list(sites)[-1]),
                "formats": lambda sites, n: formats_grid(n)}
 """The grids of a model quantized by rules: ``{name: f(model.sites, num_layers) ->
 {policy name: policy text}}``; the site grids need the model's ``sites``."""
