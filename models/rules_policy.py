@@ -136,10 +136,13 @@ def site_cell(rules: Rules, sites: Mapping[str, str], module_paths: Iterable[str
     return None
   rule = rules[0]
   fmt = next((f for f in policy_grid.FORMATS if rule.action == policy_lib.parse_spec(f)), None)
+  if fmt is None:
+    return None
   matched = {p for p in module_paths if rule.matches(p)}
   for module, template in sites.items():
-    layers = [i for i in range(num_layers) if template.replace("{i}", str(i)) in matched]
-    if fmt is None or not layers or matched != {template.replace("{i}", str(i)) for i in layers}:
+    paths = {i: template.replace("{i}", str(i)) for i in range(num_layers)}
+    layers = [i for i, path in paths.items() if path in matched]
+    if not layers or matched != {paths[i] for i in layers}:
       continue
     lo, hi = layers[0], layers[-1]
     if layers != list(range(lo, hi + 1)):
