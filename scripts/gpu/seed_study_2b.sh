@@ -36,7 +36,7 @@ if [ "$size" = tiny ]; then
   steps=${STEPS:-8} save_every=${SAVE_EVERY:-2} branch_from=${BRANCH_FROM-4,8} k=${K:-2}
   text_mb=${TEXT_MB:-1} vocab=320 warmup=${WARMUP:-2}
   size_flags=(--config.data.seq_len=32 --config.data.global_batch=4)
-  policies=${POLICIES:-seed,noise(attn_l0-3_e4m3),noise(moe_l0-3_e4m3)}
+  policies=${POLICIES:-sites,noise(attn_l0-3_e4m3),noise(moe_l0-3_e4m3)}
   offsets=${OFFSETS:-0,3} batches=${BATCHES:-2} batch_size=${BATCH_SIZE:-2}
   compare_flags=()
   # Seconds: a binary's start (import, compile, restore), a training step, a compare
@@ -51,12 +51,15 @@ else
   # generates and tokenizes it (minutes), later ones read FP8JAX_DATA_CACHE.
   k=${K:-50} text_mb=${TEXT_MB:-400} vocab=8192 warmup=${WARMUP:-200}
   size_flags=(--config.train.checkpoint_params_dtype=bfloat16)
-  policies=${POLICIES:-seed,noise(attn_l0-8_e4m3),noise(moe_l0-8_e4m3)}
+  policies=${POLICIES:-sites,noise(attn_l0-8_e4m3),noise(moe_l0-8_e4m3)}
   offsets=${OFFSETS:-0,1000} batches=${BATCHES:-4} batch_size=${BATCH_SIZE:-16}
   compare_flags=(--moe_impl=pallas --scan_layers)
   est_start=${EST_START:-120} est_step=${EST_STEP:-0.2} est_ckpt=${EST_CKPT:-90} est_branch=${EST_BRANCH:-300}
 fi
-branch_policies=${BRANCH_POLICIES:-seed}
+branch_policies=${BRANCH_POLICIES:-sites}
+# The branch binary's share of each GPU's memory: at 2B, 95% holds two branches beside the
+# reference where XLA's default 75% holds one (docs/performance/archive/2026-11-29_branch_groups.md).
+branch_env=(env "XLA_PYTHON_CLIENT_MEM_FRACTION=${BRANCH_MEM_FRACTION:-0.95}")
 branch_after=${BRANCH_AFTER:-}
 opt_item=optimizer  # fp8jax.train.full_state.ITEM
 keep_full=()
@@ -204,7 +207,7 @@ for target in $targets; do
     [ "$(latest_step)" = "$target" ] || { echo "error: branch from $target: the newest checkpoint is $(latest_step)"; exit 1; }
     fits "$(measured branch "$est_branch")" || { echo "no time for the branches from $target"; exit 0; }
     s=$SECONDS
-    run_unit branch "$py" scripts/run.py fp8jax.experiments.branch --train_workdir="$work/train" \
+    run_unit branch "${branch_env[@]}" "$py" scripts/run.py fp8jax.experiments.branch --train_workdir="$work/train" \
       --out="$work/branch" --policies="$branch_policies" --k="$k" --from_steps="$target" \
       || { rc=$?; echo "branch from $target stopped: $work/logs/branch.log (rc $rc)"; ((rc == 124 || rc == 137)) && exit 0; exit 1; }
     echo $((SECONDS - s)) >"$work/est_branch"
@@ -246,7 +249,7 @@ if [ -n "$branch_after" ]; then
       echo "error: BRANCH_AFTER step $s: its checkpoint holds no optimizer state"; exit 1; }
   done
   ((${#todo[@]})) && rm -f "$work/done/report_branches"
-  units branch "$est_branch" --from_steps "$py" scripts/run.py fp8jax.experiments.branch \
+  units branch "$est_branch" --from_steps "${branch_env[@]}" "$py" scripts/run.py fp8jax.experiments.branch \
     --train_workdir="$work/train" --out="$work/branch" --policies="$branch_policies" --k="$k"
   [ -f "$work/done/report_branches" ] || report report_branches
 fi

@@ -1,14 +1,19 @@
-"""scripts/gpu/seed_study_2b.sh at tiny size on CPU: killed mid-way, rerun, complete."""
+"""scripts/gpu/seed_study_2b.sh at tiny size on CPU: killed mid-way, rerun, complete; its
+default policies are known grids and expressions."""
 
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from fp8jax.models import registry
+from fp8jax.study.comparison import sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu" / "seed_study_2b.sh"
@@ -61,3 +66,12 @@ def test_killed_during_training_then_rerun_finishes_every_stage(tmp_path):
   assert "ok" in (results / "train" / "verify.txt").read_text()
   calls = (results / "logs" / "calls.txt").read_text()
   assert calls.count("call ") >= 2 and "SIZE=tiny" in calls
+
+
+def test_the_scripts_default_policies_are_known_grids_and_expressions():
+  text = SCRIPT.read_text()
+  defaults = re.findall(r"POLICIES:-([^}]+)\}", text)
+  assert len(defaults) == 3  # tiny's and 2B's compare grids, the branches' grid
+  for size, spec in zip(["tiny", "deepseek_moe_2b", "deepseek_moe_2b"], defaults):
+    specs = re.findall(r"noise\([^)]*\)|[^,]+", spec)
+    assert sweep.expand_policies(specs, registry.get(size)), spec

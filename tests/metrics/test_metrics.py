@@ -3,14 +3,14 @@
 Expected values come from float64 NumPy loops over a small fake params tree written here
 (same path layout as the model: a dense layer 0, MoE layers 1 and 2 with 4 experts).
 Routing divergence: ``tests/metrics/test_routing.py``; rankings, rows:
-``tests/metrics/test_ranking.py``, ``tests/metrics/test_rows.py``.
+``tests/metrics/test_ranking.py``, ``tests/metrics/test_rows.py``; DeepSeek-MoE's path
+classifier: ``tests/models/test_param_paths.py``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import types
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,12 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import fp8jax
 from fp8jax import metrics
-from fp8jax.models import config as mc
-from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import param_paths
-from fp8jax.models import policy as pl
 
 D, V, E, F, H = 3, 5, 4, 2, 4
 MOE_LAYERS = (1, 2)
@@ -161,42 +157,13 @@ def _masks(bits):
 # --------------------------------------------------------------------------------- paths
 
 
-def test_paths_of_the_tiny_model_tree():
-  cfg = mc.tiny()
-  flat = metrics.flatten(dm.abstract_params(cfg))
-  assert "layers/1/mlp/experts_gate" in flat and "lm_head/kernel" in flat
-  modules = {p: param_paths.module_of(p) for p in flat}
-  assert "other" not in modules.values()
-  assert set(modules.values()) == set(param_paths.MODULES) - {"other"}
-  assert modules["layers/0/mlp/gate_proj/kernel"] == "dense_mlp"
-  assert modules["layers/2/mlp/gate"] == "router"
-  assert modules["layers/2/mlp/shared_experts/up_proj/kernel"] == "shared_experts"
-  assert modules["layers/1/self_attn/o_proj/kernel"] == "attn_o"
-  assert modules["layers/1/post_attention_layernorm/weight"] == "norms"
-  assert modules["norm/weight"] == "norms" and modules["embed_tokens/embedding"] == "embedding"
-  assert param_paths.layer_of("layers/2/mlp/experts_up") == 2
-  assert param_paths.layer_of("lm_head/kernel") is None
-  assert param_paths.group_of("attn_v") == "attention"
-  assert param_paths.group_of("router") == "moe"
-  for keys, _, module, layer in SPEC:
-    assert param_paths.module_of(PATH[keys]) == module
-    assert param_paths.layer_of(PATH[keys]) == layer
-
-
-def test_direct_predicates_and_policy_modules():
+def test_direct_predicates_from_module_layer_pairs_and_path_prefixes():
   by_pair = metrics.as_predicate({("attn_o", None), ("routed_experts", 2)}, DS)
   assert by_pair("layers/7/self_attn/o_proj/kernel")
   assert by_pair("layers/2/mlp/experts_down") and not by_pair("layers/1/mlp/experts_down")
   by_prefix = metrics.as_predicate(("layers/1/mlp",), DS)
   assert by_prefix("layers/1/mlp/gate") and not by_prefix("layers/1/mlp_x/gate")
   assert not by_prefix("layers/11/mlp/gate")
-  spec = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.per_tensor())
-  assert param_paths.direct_modules(pl.site_policy("attn_out", "0-1", spec), 3) == {
-      ("attn_o", 0), ("attn_o", 1)}
-  moe = param_paths.direct_modules(pl.site_policy("moe_out", "all", spec), 2)
-  assert moe == {(m, i) for m in ("routed_experts", "shared_experts") for i in (0, 1)}
-  gemm = param_paths.direct_modules(types.SimpleNamespace(rules=(), gemm=object()), 1)
-  assert ("attn_q", 0) in gemm and ("router", 0) not in gemm
 
 
 # ------------------------------------------------------------------- gradient comparison

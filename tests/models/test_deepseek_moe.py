@@ -36,40 +36,6 @@ def test_matches_float64_numpy_forward(changes):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv_heads", [2, 1])
-def test_grouped_query_attention_core_against_numpy_loops(kv_heads):
-  """attention_core's XLA path, per query head h against K/V head h // (H // K) in a
-  float64 loop; its head grouping equals jax.nn.dot_product_attention's (the call the
-  cuDNN path makes); its gradients equal those of multi-head attention on repeated K/V."""
-  rng = np.random.default_rng(kv_heads)
-  b, s, h, d = 2, 5, 4, 8
-  q = rng.standard_normal((b, s, h, d)).astype(np.float32)
-  k, v = (rng.standard_normal((b, s, kv_heads, d)).astype(np.float32) for _ in range(2))
-  want = np.zeros((b, s, h, d))
-  for bi in range(b):
-    for hi in range(h):
-      kh = hi // (h // kv_heads)
-      for t in range(s):
-        logits = [q[bi, t, hi].astype(np.float64) @ k[bi, u, kh] / np.sqrt(d)
-                  for u in range(t + 1)]
-        w = np.exp(np.array(logits) - max(logits))
-        want[bi, t, hi] = (w / w.sum()) @ v[bi, :t + 1, kh].astype(np.float64)
-  with jax.default_matmul_precision("highest"):
-    got = dm.attention_core(q, k, v, "xla")
-    api = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(api, want, rtol=1e-5, atol=1e-6)
-    dy = rng.standard_normal(q.shape).astype(np.float32)
-    grads = jax.jit(jax.grad(lambda *a: jnp.sum(dm.attention_core(*a, "xla") * dy),
-                             (0, 1, 2)))
-    rep = lambda x: jnp.repeat(x, h // kv_heads, axis=2)  # noqa: E731
-    grads_mha = jax.jit(jax.grad(lambda a, b_, c: jnp.sum(
-        dm.attention_core(a, rep(b_), rep(c), "xla") * dy), (0, 1, 2)))
-    for x, y in zip(grads(q, k, v), grads_mha(q, k, v)):
-      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.slow
 def test_dispatch_equals_every_expert_reference_with_equal_gradients():
   cfg, params, tokens = _setup(1)
   def loss(p, impl):

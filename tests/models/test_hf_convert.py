@@ -1,37 +1,18 @@
-"""HF checkpoint conversion: safetensors IO, validation, round trip, source hashes."""
+"""HF checkpoint conversion (``fp8jax.models.hf_convert``): validation, round trips, the
+grouped-query layout (safetensors IO: ``tests/models/test_safetensors_io.py``; the Orbax
+side and source hashes: ``tests/train/test_params_io.py``)."""
 
-import hashlib
 import json
 
 import jax
 import ml_dtypes
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from fp8jax.models import config as mc
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import hf_convert
 from fp8jax.models import safetensors_io as st
-from tests import helpers
-
-
-def test_safetensors_round_trip_and_corruption(tmp_path):
-  rng = np.random.default_rng(0)
-  tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32),
-             "b": rng.standard_normal(7).astype(ml_dtypes.bfloat16)}
-  path = tmp_path / "x.safetensors"
-  st.write(path, [(k, v.shape, v.dtype) for k, v in tensors.items()], tensors.__getitem__)
-  header, start = st.read_header(path)
-  for k, v in tensors.items():
-    np.testing.assert_array_equal(st.load(path, k, header, start), v)
-  raw = path.read_bytes()
-  (tmp_path / "cut.safetensors").write_bytes(raw[:-4])
-  with pytest.raises(st.SafetensorsError, match="does not fit"):
-    st.read_header(tmp_path / "cut.safetensors")
-  (tmp_path / "bad.safetensors").write_bytes(raw[:8] + b"X" + raw[9:])
-  with pytest.raises(st.SafetensorsError, match="corrupt header"):
-    st.read_header(tmp_path / "bad.safetensors")
 
 
 @pytest.mark.slow
@@ -71,59 +52,6 @@ def test_mismatched_checkpoints_name_their_keys(tmp_path):
     hf_convert.config_from_hf({"model_type": "llama"})
   no_shared = {**hf_convert.config_to_hf(cfg), "n_shared_experts": None}
   assert hf_convert.config_from_hf(no_shared).n_shared_experts == 0
-
-
-@pytest.mark.slow
-def test_convert_binary_functions_round_trip(tmp_path):
-  from fp8jax.train import params_io as convert_hf
-
-  cfg = mc.tiny(dtype="float32")
-  params = dm.init(cfg, jax.random.key(3))
-  hf_convert.params_to_hf(cfg, params, tmp_path / "hf", dtype=ml_dtypes.bfloat16)
-  got_cfg = convert_hf.hf_to_orbax(tmp_path / "hf", tmp_path / "ours", expert_pad_to=40)
-  assert got_cfg.expert_width == 40
-  groups = sorted(p.name for p in (tmp_path / "ours" / "params").iterdir())
-  assert groups == ["base", "layer_000", "layer_001", "layer_002"]
-  with pytest.raises(FileExistsError, match="not empty; pass --overwrite"):
-    convert_hf.hf_to_orbax(tmp_path / "hf", tmp_path / "ours")
-  cfg2, restored = convert_hf.load_params(tmp_path / "ours")
-  assert cfg2 == got_cfg
-  bf16 = lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32)  # noqa: E731
-  np.testing.assert_array_equal(restored["layers"][0]["self_attn"]["q_proj"]["kernel"],
-                                bf16(params["layers"][0]["self_attn"]["q_proj"]["kernel"]))
-  convert_hf.orbax_to_hf(tmp_path / "ours", tmp_path / "hf2")
-  a, b = hf_convert.HFCheckpoint(tmp_path / "hf"), hf_convert.HFCheckpoint(tmp_path / "hf2")
-  assert a.keys == b.keys
-  for key in sorted(a.keys)[:50]:
-    np.testing.assert_array_equal(a[key], b[key])
-
-
-@pytest.mark.slow
-def test_converted_checkpoint_carries_source_hashes_and_verifies_its_arrays(tmp_path):
-  from fp8jax.train import checkpoint_digest
-  from fp8jax.train import params_io as convert_hf
-
-  cfg = mc.tiny(dtype="float32", num_hidden_layers=2)
-  hf_convert.params_to_hf(cfg, dm.init(cfg, jax.random.key(4)), tmp_path / "hf",
-                          dtype=ml_dtypes.bfloat16, shard_tensors=8)
-  convert_hf.hf_to_orbax(tmp_path / "hf", tmp_path / "ours")
-  meta = json.loads((tmp_path / "ours" / "meta.json").read_text())
-  sources = sorted([tmp_path / "hf" / "config.json", *(tmp_path / "hf").glob("*.safetensors")])
-  assert len(sources) > 3
-  assert sorted(meta["source"]["files"], key=lambda f: f["name"]) == [
-      {"name": f.name, "bytes": f.stat().st_size,
-       "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in sources]
-  assert meta["digests"]["algorithm"] == checkpoint_digest.ALGORITHM
-  assert "layers/1/mlp/experts_up" in meta["digests"]["arrays"]
-  convert_hf.load_params(tmp_path / "ours")  # verified
-  layer = tmp_path / "ours" / "params" / "layer_001"
-  helpers.flip_a_decodable_bit(layer, lambda: ocp.PyTreeCheckpointer().restore(layer))
-  with pytest.raises(checkpoint_digest.CorruptCheckpointError,
-                     match=r"ours/params is corrupt: array layers/1/\S+ has digest"):
-    convert_hf.orbax_to_hf(tmp_path / "ours", tmp_path / "hf2")
-  (tmp_path / "ours" / "meta.json").unlink()  # a conversion made before meta.json existed
-  with pytest.warns(checkpoint_digest.UnverifiedCheckpointWarning, match="no digests"):
-    convert_hf.load_params(tmp_path / "ours")
 
 
 def _hf_dir(path, hf_config, tensors=None):

@@ -1,6 +1,6 @@
-"""The jaxpr route (fp8jax.rules.quantize_gemms): every GEMM on a parameter, whatever code
-computes it, bit for bit against an independent NumPy reference, with no leak between
-models; and the hook route's report of what actually runs."""
+"""The jaxpr route's engine (fp8jax.rules.jaxpr_route): every GEMM on a parameter, whatever
+code computes it, inside scan and remat too, bit for bit against an independent NumPy
+reference and the hook route, with no leak between models."""
 
 import functools
 
@@ -16,6 +16,18 @@ from fp8jax import rules as rules_lib
 from fp8jax.gemm import recipes
 from fp8jax.rules import Rule, Rules
 from tests.references import reference as ref
+from tests.rules.conftest import (
+  NNX_RULES,
+  B,
+  K,
+  LinenMLP,
+  Net,
+  T,
+  V,
+  as_fn,
+  fresh,
+  x_input,
+)
 
 TENSOR = recipes.recipe("fp8_tensor")
 
@@ -31,7 +43,7 @@ EXACT = fp8jax.GemmConfig(roles=fp8jax.RoleSpecs(input=_pow2("e4m3"), weight=_po
 of :func:`_spread` every product of payloads is a multiple of one power of two and every
 sum of up to 64 of them fits float32's 24 bits: the GEMMs are exact, in any order, so a
 float64 reference gives the same bits."""
-B, T, K, N, V = 2, 3, 16, 8, 8
+N = 8
 
 
 def _spread(rng, shape, low):
@@ -74,11 +86,6 @@ class OwnCode(nnx.Module):
             }[self.case]()
 
 
-def _as_fn(model):
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  return (lambda p, x: nnx.merge(graphdef, p, rest)(x)), params
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["matmul_op", "jnp.matmul", "jnp.dot", "jnp.einsum",
                                   "tied_head", "weight_left"])
@@ -86,7 +93,7 @@ def test_own_code_gemms_equal_an_independent_reference_bit_for_bit(case):
   """Y = Q_in(X) Q_w(W), dX = Q_grad(dY) Q_w(W)^T, dW = Q_in(X)^T Q_grad(dY) in float64 on
   operands quantized by tests/references/reference.py; the weight takes the weight role even on the
   lhs (``weight_left``) and transposed (``tied_head``, W = emb^T)."""
-  fn, params = _as_fn(OwnCode(case))
+  fn, params = as_fn(OwnCode(case))
   qfn = rules_lib.quantize_gemms(fn, Rules([Rule(".*", EXACT)]))
   y = qfn(params, jnp.asarray(X))
   g_params, g_x = jax.grad(lambda p, x: jnp.sum(qfn(p, x) * DY), argnums=(0, 1))(
@@ -124,19 +131,8 @@ def _run(model_fn, jit):
   return (jax.jit(run) if jit else run)(jnp.asarray(X))
 
 
-@functools.cache
-def _template(cls):
-  return cls(nnx.Rngs(0))
-
-
-def _fresh(cls):
-  """A fresh ``cls(nnx.Rngs(0))``: a copy of one built once per process (a random init
-  compiles a sampler per shape, and every ``jax.clear_caches`` would throw them away)."""
-  return nnx.clone(_template(cls))
-
-
 def _mixed():
-  return _fresh(Mixed)
+  return fresh(Mixed)
 
 
 def _plain(jit):
@@ -147,7 +143,7 @@ def _quantized(route, jit):
   rules = Rules([Rule(".*", TENSOR)])
   if route == "hook":
     return _run(lambda: rules_lib.quantize_model(_mixed(), rules), jit)
-  fn, params = _as_fn(_mixed())
+  fn, params = as_fn(_mixed())
   return _run(lambda: functools.partial(rules_lib.quantize_gemms(fn, rules), params), jit)
 
 
@@ -190,11 +186,10 @@ def test_a_quantized_model_does_not_leak_into_an_unquantized_one(quantized_first
 def test_the_jaxpr_route_gives_the_hook_routes_bits_where_both_reach():
   """NNX layers (dot_general and einsum hooks) and Linen layers (intercept): one set of
   rules by either route gives the same outputs and gradients, bit for bit."""
-  from tests.rules.test_rules import NNX_RULES, LinenMLP, Net, _x  # pylint: disable=import-outside-toplevel
   rules = Rules([r for r in NNX_RULES if r.role != "output"])
-  model, x = Net(nnx.Rngs(0)), _x()
+  model, x = Net(nnx.Rngs(0)), x_input()
   graphdef, params, rest = nnx.split(rules_lib.quantize_model(model, rules), nnx.Param, ...)
-  fn, _ = _as_fn(model)
+  fn, _ = as_fn(model)
   qfn = rules_lib.quantize_gemms(fn, rules)
 
   def grads(f, p):
@@ -255,98 +250,3 @@ def test_no_rule_gives_the_functions_own_bits():
   x = jnp.asarray(X[0])
   _same(jax.jit(jax.value_and_grad(lambda p: jnp.sum(qfn(p, x))))(_stacked()),
         jax.jit(jax.value_and_grad(lambda p: jnp.sum(fn(p, x))))(_stacked()))
-
-
-# --- reports and errors ------------------------------------------------------------------
-
-class Attention(nnx.Module):
-  """A layer whose QKV projection uses its Linear's kernel directly (as CanViT does)."""
-
-  def __init__(self, rngs):
-    self.qkv = nnx.Linear(K, 3 * K, rngs=rngs)
-    self.out = nnx.Linear(K, K, rngs=rngs)
-
-  def __call__(self, x):
-    q, k, v = jnp.split(x @ self.qkv.kernel[...], 3, axis=-1)
-    return self.out(jax.nn.softmax(q @ k.swapaxes(-1, -2)) @ v)
-
-
-class TiedLM(nnx.Module):
-  def __init__(self, rngs):
-    self.embed = nnx.Embed(V, K, rngs=rngs)
-    self.attn = Attention(rngs)
-    self.norm = nnx.RMSNorm(K, rngs=rngs)
-
-  def __call__(self, tokens):
-    h = self.embed(tokens)
-    h = self.norm(h + self.attn(h))
-    return h @ self.embed.embedding[...].T
-
-
-TOKENS = jax.ShapeDtypeStruct((B, T), jnp.int32)
-
-
-def test_the_hook_routes_report_shows_a_kernel_used_by_the_models_own_code():
-  """``describe`` with inputs traces what runs: attn/qkv's hook is set but its kernel
-  goes to a plain GEMM, which the report lists as not quantized."""
-  text = rules_lib.describe(_fresh(TiedLM), [Rule(r"attn/\w+", TENSOR)], TOKENS)
-  lines = text.splitlines()
-  assert lines[0] == ("GEMMs of TiedLM (hook route; abstract trace): 3 on parameters, 1 "
-                      "quantized, 2 on activations only")
-  assert lines[1] == ("attn/qkv/kernel  dot_general [2,3,16]x[16,48]  not quantized: the "
-                      "model's own code, not the dot_general hook its rules set")
-  assert "attn/out/kernel  dot_general [2,3,16]x[16,16]  recipe fp8_tensor  (rules 0)" in lines
-  assert ("embed/embedding  dot_general [2,3,16]x[16,8]  not quantized: the model's own code "
-          "(no hook)" in lines)
-  assert lines[-2:] == ["hooks set but never called: attn/qkv (rules 0)",
-                        "not quantized: the GEMMs on the parameters of attn/qkv, embed"]
-  static = rules_lib.describe(_fresh(TiedLM), [Rule(r"attn/\w+", TENSOR)]).splitlines()
-  assert static[0] == "attn/out  gemm[dot_general]: recipe fp8_tensor  (rules 0)"
-  assert static[-1].startswith("(the hooks set, not traced: describe(model, rules, *example")
-
-
-def test_the_jaxpr_routes_report_lists_every_gemm_and_its_action():
-  fn, params = _as_fn(_fresh(TiedLM))
-  rules = [Rule(r"attn/.*", TENSOR), Rule("attn/out", None, role="gemm"), Rule("gone", EXACT)]
-  lines = rules_lib.describe(fn, rules, params, TOKENS).splitlines()
-  assert lines == [
-      "GEMMs of '<lambda>' (jaxpr route; abstract trace): 3 on parameters, 1 quantized, 2 on "
-      "activations only",
-      "attn/qkv/kernel  dot_general [2,3,16]x[16,48]  recipe fp8_tensor  (rules 0)",
-      "-  dot_general [2,3,16]x[2,16,3]  not quantized: no parameter operand",
-      "-  dot_general [2,3,3]x[2,3,16]  not quantized: no parameter operand",
-      "attn/out/kernel  dot_general [2,3,16]x[16,16]  not quantized: a rule keeps it  "
-      "(rules 0, 1)",
-      "embed/embedding  dot_general [2,3,16]x[16,8]  not quantized: no rule",
-      "not quantized: the GEMMs on the parameters of attn/out, embed",
-      "unmatched: rules[2] rule 'gone', role gemm"]
-
-
-@pytest.mark.parametrize("rule, message", [
-    (Rule(r"atn/qkv", TENSOR), r"^rule 'atn/qkv', role gemm \(rules\[0\]\) matches no GEMM "
-     r"on a parameter of '<lambda>'; closest: 'attn/qkv'.* \(module_path must match a whole "
-     r"'/'-joined path: re.fullmatch\)$"),
-    (Rule("qkv", TENSOR), r"closest: 'attn/qkv', 'attn/qkv/kernel'"),  # re.search finds them
-    (Rule("norm", TENSOR), r"it matches 'norm', which feeds no GEMM \(no dot_general takes "
-     r"it through shape-only operations\)$"),
-    (Rule("embed", TENSOR, op="einsum"), r"no einsum on a parameter .*: it matches 'embed', "
-     r"which is used by dot_general GEMMs only, not einsum$"),
-])
-def test_a_rule_that_quantizes_nothing_is_refused_with_the_closest_paths(rule, message):
-  fn, params = _as_fn(_fresh(TiedLM))
-  with pytest.raises(ValueError, match=message):
-    rules_lib.quantize_gemms(fn, [rule])(params, jnp.zeros(TOKENS.shape, TOKENS.dtype))
-
-
-def test_parameters_closed_over_are_refused():
-  fn, params = _as_fn(_fresh(TiedLM))
-  with pytest.raises(ValueError, match=r"quantize_gemms: '<lambda>' has no array in its "
-                                       r"parameter argument\(s\) \(1,\): pass the parameters"):
-    rules_lib.quantize_gemms(lambda x, p: fn(params, x), [Rule(".*", TENSOR)], argnums=1)(
-        jnp.zeros(TOKENS.shape, TOKENS.dtype), None)
-
-
-def test_output_rules_are_refused_by_the_jaxpr_route():
-  with pytest.raises(ValueError, match=r"rule 'head', role output \(rules\[0\]\): "
-                                       r"quantize_gemms quantizes GEMMs"):
-    rules_lib.quantize_gemms(lambda p, x: x, [Rule("head", fp8jax.preset("deepseek_v3"))])

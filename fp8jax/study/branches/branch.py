@@ -48,21 +48,18 @@ import functools
 import json
 import pathlib
 import sys
-from typing import Any
+import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fp8jax.study.branches import branch_metrics
+from fp8jax.study.branches import branch_engine, branch_memory, branch_metrics
 from fp8jax.study.common import results_io
 from fp8jax.study.comparison import sweep
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import determinism, loop, metrics_log, multihost, parallel_compile, run_config
+from fp8jax.train import determinism, metrics_log, multihost, run_config
 from fp8jax.train import mesh as mesh_lib
 
-REFERENCE = "bf16"
-"""The name of the reference branch."""
+REFERENCE = branch_engine.REFERENCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,41 +148,13 @@ class _Output:
       results_io.append(self.path, row)
 
 
-def _state_bytes(tree, devices: int, fsdp: bool) -> int:
-  total = sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
-              for a in jax.tree.leaves(tree))
-  return total // devices if fsdp else total
-
-
-def auto_together(abstract, mesh, fsdp: bool, headroom: float = 0.8) -> int | None:
-  """How many branches besides the reference fit at once on a device (None: no memory
-  figure, e.g. CPU: all). A branch holds a train state and, during its step, a copy of
-  its params; the reference holds as much again, and one more state is left for the
-  step's working memory. An estimate: ``max_together`` overrides it."""
-  stats = mesh.devices.flat[0].memory_stats() or {}
-  limit = stats.get("bytes_limit")
-  if not limit:
-    return None
-  n = mesh.devices.size
-  state = _state_bytes(abstract, n, fsdp)
-  params = _state_bytes(abstract.params, n, fsdp)
-  free = headroom * limit - 2 * (state + params) - state
-  return max(1, int(free // (state + params)))
-
-
-@dataclasses.dataclass
-class _Branch:
-  name: str
-  kind: str            # "reference", "noise" or "policy"
-  policy: Any  # what the model's apply takes
-  expr: str
-
-
 def run(train_workdir, out, policies=("sites",), from_steps=None,
         branches: Branches | None = None, devices=None, stream=None,
         allow_policy_change: bool = False, max_together: int | None = None,
-        deterministic: bool | None = None) -> dict:
-  """Runs (or resumes) the branch-off runs; returns ``rows_written`` and ``out``.
+        deterministic: bool | None = None, keep_restored: bool = True) -> dict:
+  """Runs (or resumes) the branch-off runs; returns ``rows_written``, ``out``, ``together``
+  (branches stepped at once besides the reference; None: all), ``groups`` and
+  ``checkpoint_read_s`` (seconds spent restoring checkpoints from disk).
 
   Args:
     train_workdir: a training run's folder (:func:`fp8jax.train.loop.train`).
@@ -193,7 +162,11 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
     policies: grid names or policy expressions (as the comparison sweep takes them).
     from_steps: the checkpoints to branch from (default: all).
     branches: ``k``, the noise branches (:class:`Branches`).
-    max_together: branches stepped together besides the reference (default: what fits).
+    max_together: branches stepped together besides the reference (default: what fits,
+      :func:`fp8jax.study.branches.branch_memory.auto_together`).
+    keep_restored: when a checkpoint's branches run in several groups, keep its restored
+      state in host memory for the later groups (if it fits) rather than reading the
+      checkpoint again (:class:`~fp8jax.study.branches.branch_memory.RestoredState`).
     deterministic: every step in the deterministic mode (:mod:`fp8jax.train.determinism`);
       None: the training run's own mode. Recorded in ``meta.json``.
 
@@ -227,9 +200,9 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
   entries = {p.name: model.policy_meta(p) for p in pols}
   expr = {name: entry["expr"] for name, entry in entries.items()}
   base = model.baseline
-  all_branches = ([_Branch(REFERENCE, "reference", base, "bf16")]
-                  + [_Branch(n, "noise", base, "bf16") for n in branches.noise_names()]
-                  + [_Branch(p.name, "policy", p, expr[p.name]) for p in pols])
+  all_branches = ([branch_engine.Branch(REFERENCE, "reference", base, "bf16")]
+                  + [branch_engine.Branch(n, "noise", base, "bf16") for n in branches.noise_names()]
+                  + [branch_engine.Branch(p.name, "policy", p, expr[p.name]) for p in pols])
   meta = {"train_workdir": str(train_workdir.resolve()),
           "model": dict(model.meta), "k": branches.k,
           "noise": {"branches": branches.noise, "scale": branches.noise_scale,
@@ -249,23 +222,31 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
         [[(s, b.name) not in output.done for b in all_branches] for s in steps], np.int32))
     todo = {s: [b for b, m in zip(all_branches, row) if m] for s, row in zip(steps, todo_mask)}
     todo = {s: bs for s, bs in todo.items() if bs}
-    engine = _Engine(train_cfg, model, mesh, all_branches, branches, trained)
+    engine = branch_engine.Engine(train_cfg, model, mesh, all_branches, branches, trained)
     if todo:
       engine.fill_cache(stream)
+    together = max_together or branch_memory.auto_together(
+        engine.abstract, mesh, train_cfg.train.fsdp, engine.step_temp_bytes() if todo else None)
     first = metrics_log.FirstCalls("branch", stream, total=len(engine.steps))
     engine.steps = {k: first.wrap(f, k, f"the step of policy {k}") for k, f in engine.steps.items()}
-    together = max_together or auto_together(engine.abstract, mesh, train_cfg.train.fsdp)
-    written = 0
+    written, read_s = 0, 0.0
     try:
       groups = {s: _groups([b for b in bs if b.kind != "reference"], together)
                 for s, bs in todo.items()}
       total = sum(len(g) for g in groups.values()) * branches.k
+      n_groups = sum(len(g) for g in groups.values())
+      if together and n_groups > len(groups):  # memory splits a checkpoint's branches
+        print(f"[branch] {n_groups} groups of at most {together} branch(es), each beside its "
+              "own pass of the reference (what fits in device memory)", file=stream)
       progress = metrics_log.Progress(total, 0, stream, prefix="branch")
       done = 0
       for s, group_list in groups.items():
+        t0 = time.perf_counter()
+        source, position = engine.restore(ckpt, s, len(group_list), keep_restored)
+        read_s += time.perf_counter() - t0
         for group in group_list:
           tick = functools.partial(_tick, progress, done, s, len(group) + 1, branches.k)
-          rows = engine.run_group(ckpt, s, group, tick)
+          rows = engine.run_group(source, position, s, group, tick)
           done += branches.k
           for row in rows:
             if (s, row["branch"]) not in output.done:
@@ -274,118 +255,19 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
               written += 1
     finally:
       ckpt.close()
-    return {"rows_written": written, "out": str(out)}
+    return {"rows_written": written, "out": str(out), "together": together,
+            "groups": n_groups,
+            "checkpoint_read_s": read_s}
 
 
 def _tick(progress, done: int, step: int, n: int, k: int, t: int) -> None:
   progress.message(done + t, f"checkpoint {step}: step {t}/{k}, {n} branches")
 
 
-def _groups(bs: list[_Branch], together: int | None) -> list[list[_Branch]]:
+def _groups(bs: list, together: int | None) -> list[list]:
   """``bs`` in groups of at most ``together`` (None: one group); at least one group, so a
   checkpoint that misses only its reference line still runs."""
   if not bs:
     return [[]]
   size = together or len(bs)
   return [bs[i:i + size] for i in range(0, len(bs), size)]
-
-
-class _Engine:
-  """The compiled steps and the comparison of one run's branches."""
-
-  def __init__(self, train_cfg, model, mesh, all_branches, branches: Branches,
-               trained_policy=None):
-    self.cfg, self.model, self.mesh, self.branches = train_cfg, model, mesh, branches
-    self.tx = loop.optimizer_for(train_cfg)
-    _, self.abstract, self.sharding = loop.state_layout(train_cfg, model, self.tx, mesh,
-                                                        trained_policy)
-    rep = mesh_lib.replicated(mesh)
-    self.steps, self.layouts = {}, {}
-    for b in all_branches:
-      key = b.policy.name if b.kind == "policy" else REFERENCE
-      if key in self.steps:
-        continue
-      delayed = model.delayed_init(b.policy)
-      sharding = self.sharding._replace(delayed=jax.tree.map(lambda _: rep, delayed))
-      self.layouts[key] = (delayed, sharding)
-      self.steps[key] = loop.build_step(train_cfg, model, self.tx, b.policy, mesh,
-                                        sharding, with_routing=True)
-    params_sharding = self.sharding.params
-    self.copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=params_sharding)
-    self.copy_state = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self.sharding)
-    self.compare = mesh_lib.under_mesh(jax.jit(
-        functools.partial(branch_metrics.compare_step, classifier=model.classifier),
-        out_shardings=rep), mesh)
-    self.perturb = jax.jit(branch_metrics.perturb, static_argnums=2,
-                           out_shardings=params_sharding)
-
-  def fill_cache(self, stream) -> None:
-    """Every policy's step compiled together (:mod:`fp8jax.train.parallel_compile`)."""
-    data = self.cfg.data
-    tokens = jax.ShapeDtypeStruct((data.global_batch, data.seq_len), jnp.int32,
-                                  sharding=mesh_lib.batch_sharding(self.mesh))
-    lowerings = {}
-    for key, step in self.steps.items():
-      delayed, sharding = self.layouts[key]
-      state = loop.restore_target(self.abstract._replace(delayed=delayed), sharding)
-      lowerings[f"the step of policy {key}"] = functools.partial(step.lower, state, tokens)
-    parallel_compile.fill_cache(lowerings, stream, "branch")
-
-  def _batches(self, position) -> list:
-    """The ``k`` batches the run reads after the data position ``position``."""
-    data = loop.make_data(self.cfg, self.mesh, self.model.vocab_size)
-    try:
-      data.set_state(position)
-      return [mesh_lib.global_batch(next(data), self.mesh) for _ in range(self.branches.k)]
-    finally:
-      getattr(data, "close", lambda: None)()
-
-  def _start(self, state, b: _Branch, noise_index: int):
-    key = b.policy.name if b.kind == "policy" else REFERENCE
-    delayed, sharding = self.layouts[key]
-    start = self.copy_state(state)  # every branch owns its buffers: the steps donate them
-    if b.kind == "noise":
-      start = start._replace(params=self.perturb(start.params, jax.random.fold_in(
-          jax.random.key(self.branches.noise_seed), noise_index), self.branches.noise_scale))
-    # The step donates its state: the empty histories are copied for every branch.
-    start = start._replace(delayed=jax.tree.map(jnp.copy, delayed))
-    return jax.device_put(start, sharding), self.steps[key]
-
-  def run_group(self, ckpt, from_step: int, group: list[_Branch], tick) -> list[dict]:
-    """The reference and ``group`` trained ``k`` steps from checkpoint ``from_step``; their
-    branches.jsonl lines (the reference's first)."""
-    target = loop.restore_target(self.abstract, self.sharding)
-    state, position, meta = ckpt.restore(from_step, target, "branch")
-    del meta  # its policy was checked before any step (check_trained_policies)
-    batches = self._batches(position)
-    noise_names = self.branches.noise_names()
-    reference = _Branch(REFERENCE, "reference", self.model.baseline, "bf16")
-    live = [(reference, *self._start(state, reference, 0))]
-    for b in group:
-      idx = noise_names.index(b.name) if b.kind == "noise" else 0
-      live.append((b, *self._start(state, b, idx)))
-    del state
-    series = {b.name: [] for b, _, _ in live}
-    for t, tokens in enumerate(batches):
-      (ref_b, ref_state, ref_fn) = live[0]
-      ref_prev = self.copy(ref_state.params)
-      ref_state, m_ref = ref_fn(ref_state, tokens)
-      m_host = jax.device_get({k: v for k, v in m_ref.items() if k != "routing"})
-      rec = branch_metrics.record(t + 1, m_host, None, None)
-      series[REFERENCE].append(rec)
-      ref_loss = rec["loss"]
-      live[0] = (ref_b, ref_state, ref_fn)
-      for i in range(1, len(live)):
-        b, st, fn = live[i]
-        prev = self.copy(st.params)
-        st, m = fn(st, tokens)
-        cmp = self.compare(ref_state.params, ref_prev, st.params, prev, m_ref["routing"],
-                           m["routing"])
-        del prev
-        host = jax.device_get(({k: v for k, v in m.items() if k != "routing"}, cmp))
-        series[b.name].append(branch_metrics.record(t + 1, host[0], ref_loss, host[1]))
-        live[i] = (b, st, fn)
-      del ref_prev
-      tick(t + 1)
-    return [branch_metrics.row(from_step, b.name, b.kind, b.expr, series[b.name])
-            for b, _, _ in live]
