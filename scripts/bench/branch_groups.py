@@ -4,7 +4,7 @@ host memory, or the checkpoint read again) and each group's k steps beside the r
 
     python scripts/bench/branch_groups.py --train_workdir=RUN --branch_out=DIR \
         --policies=attn_l0_e4m3,moe_l0_e4m3 --k=8 [--max_together=1] [--no-keep_restored] \
-        [--read_lag=0] [--out=$OUT/branch_groups.json]
+        [--out=$OUT/branch_groups.json]
 
 One ``branch.run`` per process (``--branch_out`` is emptied first), timed by wrapping the
 engine's ``restore`` and ``run_group`` and the restored state's ``take`` (each blocks
@@ -51,13 +51,10 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=8)
   ap.add_argument("--max_together", type=int, default=0)
   ap.add_argument("--keep_restored", action=argparse.BooleanOptionalAction, default=True)
-  ap.add_argument("--read_lag", type=int, default=branch_engine.READ_LAG,
-                  help="steps queued before a step's metrics are read (0: read each step)")
   ap.add_argument("--tag", default="")
   ap.add_argument("--out", default="branch_groups.json")
   args = ap.parse_args()
 
-  branch_engine.READ_LAG = args.read_lag
   compile_cache.enable()  # $FP8JAX_COMPILE_CACHE, as the binaries
   log: list = []
   engine = branch_engine.Engine
@@ -85,7 +82,6 @@ def main() -> None:
   record(args.tag or f"together{summary['together']}_keep{int(args.keep_restored)}",
          wall_s=wall, groups=summary["groups"], together=summary["together"],
          checkpoint_read_s=summary["checkpoint_read_s"], phases=phases, k=args.k,
-         read_lag=args.read_lag,
          group_steps_s=sum(steps), group_step_s=sum(steps) / max(1, args.k * len(steps)),
          per_branch_step_s=spent / (args.k * n_branches),
          peak_gib=stats.get("peak_bytes_in_use", 0) / 2**30,

@@ -6,9 +6,8 @@
 #   reread   one branch per group, the checkpoint read from disk again for each group;
 #   kept     one branch per group, the restored state kept in host memory;
 #   auto     as many together as fit (branch_memory.auto_together);
-#   auto95   the same with XLA allowed 95% of the GPU's memory;
-#   kept_lag0  as kept, each step's metrics read on the host before the next is queued.
-# VARIANTS="kept kept_lag0" runs those only.
+#   auto95   the same with XLA allowed 95% of the GPU's memory.
+# VARIANTS="kept auto95" runs those only.
 # Results (JSON rows, logs, the card) in $OUT.   K=8 bash scripts/gpu/branch_groups.sh
 set -uo pipefail
 out=${OUT:?set OUT}
@@ -32,8 +31,8 @@ if [ ! -d "$work/train/checkpoints/2" ]; then
 fi
 du -sh "$work"/train/checkpoints/* >>"$out/card.txt" 2>&1
 declare -A flags_of=([reread]="--max_together=1 --no-keep_restored"
-  [kept]="--max_together=1" [kept_lag0]="--max_together=1 --read_lag=0" [auto]="" [auto95]="")
-for tag in ${VARIANTS:-reread kept auto auto95 kept_lag0}; do
+  [kept]="--max_together=1" [auto]="" [auto95]="")
+for tag in ${VARIANTS:-reread kept auto auto95}; do
   flags=${flags_of[$tag]}
   env=()
   [ "$tag" = auto95 ] && env=(XLA_PYTHON_CLIENT_MEM_FRACTION=0.95)

@@ -17,10 +17,6 @@ from fp8jax.train import mesh as mesh_lib
 REFERENCE = "bf16"
 """The name of the reference branch."""
 
-READ_LAG = 1
-"""Steps queued on the devices before a step's metrics are read on the host (0: each
-step's are read before the next is queued, which leaves the devices idle meanwhile)."""
-
 
 @dataclasses.dataclass
 class Branch:
@@ -134,7 +130,6 @@ class Engine:
       live.append((b, *self._start(state, b, idx)))
     del state
     series = {b.name: [] for b, _, _ in live}
-    pending = []  # (step, metrics on the devices), read once READ_LAG later steps are queued
     for t, tokens in enumerate(batches):
       ref_b, ref_state, ref_fn = live[0]
       ref_prev = self.copy(ref_state.params)
@@ -150,14 +145,8 @@ class Engine:
         del prev
         live[i] = (b, st, fn)
       del ref_prev
-      pending.append((t + 1, out))
-      while len(pending) > READ_LAG:
-        done, measured = pending.pop(0)
-        _record(series, done, measured)
-        tick(done)
-    for done, measured in pending:
-      _record(series, done, measured)
-      tick(done)
+      _record(series, t + 1, out)
+      tick(t + 1)
     return [branch_metrics.row(from_step, b.name, b.kind, b.expr, series[b.name])
             for b, _, _ in live]
 

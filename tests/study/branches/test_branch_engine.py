@@ -1,11 +1,10 @@
 """A checkpoint's branches run in groups (each beside its own pass of the reference) give
-the rows of one group, with the checkpoint read once or again per group, and whether the
-host reads each step's metrics before or after the next step is queued
+the rows of one group, with the checkpoint read once or again per group
 (fp8jax.study.branches.branch_engine, on the tiny run of ``train_run``)."""
 
 import pytest
 
-from fp8jax.study.branches import branch, branch_engine
+from fp8jax.study.branches import branch
 from fp8jax.study.common import results_io
 from fp8jax.train import checkpoint as ckpt_lib
 
@@ -36,10 +35,7 @@ def test_groups_of_one_branch_give_the_rows_of_one_group(train_run, tmp_path, mo
   reads.clear()
   reread = run("reread", max_together=1, keep_restored=False)
   assert (reread["groups"], reads) == (2, [2, 2])
-  monkeypatch.setattr(branch_engine, "READ_LAG", 0)  # each step read before the next
-  run("read_each_step")
   rows = _rows(tmp_path / "together")
   assert set(rows) == {(2, "bf16"), (2, "noise"), (2, "attn_l0_e4m3")}
   assert rows == _rows(tmp_path / "kept") == _rows(tmp_path / "reread")
-  assert rows == _rows(tmp_path / "read_each_step")
   assert rows[(2, "attn_l0_e4m3")]["param_div"][-1] > 0
