@@ -68,6 +68,10 @@ def _report(model, rules: rule_lib.Rules, *args, **kwargs) -> str:
   if isinstance(model, (nnx.Module, nn.Module)) and (args or kwargs):
     return description.hook_report(model, rules, *args, **kwargs)
   if not isinstance(model, (nnx.Module, nn.Module)) and callable(model):
+    if not args and not kwargs:
+      raise TypeError("describe of a function needs its example inputs, fn(params, "
+                      "*inputs) as it is called (arrays or jax.ShapeDtypeStruct): its GEMMs "
+                      "are found by tracing it")
     return description.jaxpr_report(gemms.QuantizedGemms(model, rules, strict=False), *args,
                                **kwargs)
   found = plans(model, rules, *args, **kwargs)

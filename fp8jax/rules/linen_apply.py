@@ -26,6 +26,7 @@ import contextlib
 
 from flax import linen as nn
 import jax
+import numpy as np
 
 from fp8jax.rules import ops as ops_lib
 from fp8jax.rules import rule as rule_lib
@@ -101,21 +102,24 @@ def intercept(rules, *, strict: bool = True):
 
 def linen_plans(model: nn.Module, rules, *args, method=None, **kwargs) -> dict:
   """``{path: Plan}`` of every module ``model.init(key, *args, **kwargs)`` calls (traced
-  abstractly with ``jax.eval_shape``: nothing is computed)."""
+  abstractly with ``jax.eval_shape``: nothing is computed). Array leaves of the inputs
+  may be arrays or ``jax.ShapeDtypeStruct``; other leaves (flags) are passed as given."""
   rules = rule_lib.as_rules(rules)
-
-  def run():
-    with intercept(rules, strict=False) as icpt:
-      model.init(jax.random.key(0), *args, method=method, **kwargs)
-    return icpt.plans
-
+  leaves, treedef = jax.tree.flatten((args, kwargs))
+  is_array = [isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+              for x in leaves]
   found = {}
 
-  def trace():
-    found.update(run())
+  def trace(arrays):
+    given = iter(arrays)
+    a, kw = jax.tree.unflatten(treedef, [next(given) if arr else x
+                                         for x, arr in zip(leaves, is_array)])
+    with intercept(rules, strict=False) as icpt:
+      model.init(jax.random.key(0), *a, method=method, **kw)
+    found.update(icpt.plans)
     return 0
 
-  jax.eval_shape(trace)
+  jax.eval_shape(trace, [x for x, arr in zip(leaves, is_array) if arr])
   return found
 
 

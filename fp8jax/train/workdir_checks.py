@@ -57,8 +57,11 @@ def check(workdir: pathlib.Path, cfg, resume: bool, policy,
       raise ValueError(f"--resume with train.steps {cfg.train.steps}, but the run in "
                        f"{workdir} has reached step {latest} (its latest checkpoint): "
                        f"train.steps must be >= {latest}; nothing was changed")
+  source = saved
   if has_run and saved.exists():
     old = run_config.with_defaults(run_config.read_saved(saved))  # keys added since
+  elif has_run:  # config.json lost: every checkpoint's meta holds the config
+    source, old = _checkpoint_config(ckpts, saved)
   if has_run:
     _check_policy(ckpts, old and old["policy"], cfg.policy, policy, allow_policy_change,
                   record or policy_lib.record, stream)
@@ -71,7 +74,7 @@ def check(workdir: pathlib.Path, cfg, resume: bool, policy,
     diff = _config_changes(old, new)
     changed = [k for k in diff if k not in allowed]
     if changed:
-      raise ValueError(f"--resume with a config that differs from {saved} in {changed}; "
+      raise ValueError(f"--resume with a config that differs from {source} in {changed}; "
                        f"only {', '.join(run_config.RESUME_MAY_CHANGE)} may change, "
                        "train.steps only with optim.total_steps set, and the policy with "
                        "--allow_policy_change (docs/reliability.md: What may change on resume)")
@@ -87,6 +90,20 @@ def _get(config: dict, dotted: str):
   for part in dotted.split("."):
     config = config.get(part) if isinstance(config, dict) else None
   return config
+
+
+def _checkpoint_config(ckpts: pathlib.Path, saved: pathlib.Path) -> tuple[str, dict]:
+  """(where, config dict) of the newest checkpoint whose meta holds the run's config, for
+  a run whose ``config.json`` (``saved``) is missing; raises ValueError if none does."""
+  for step in sorted((int(p.name) for p in ckpts.iterdir() if p.name.isdigit()), reverse=True):
+    try:
+      config = ckpt_lib.saved_meta(ckpts, step).get("config")
+    except Exception:  # pylint: disable=broad-except  # a torn save: try the one before
+      continue
+    if isinstance(config, dict):
+      return f"the config of checkpoint {ckpts / str(step)}", run_config.with_defaults(config)
+  raise ValueError(f"--resume: {saved} is missing and no checkpoint in {ckpts} holds the "
+                   "run's config, so the resumed config cannot be checked against it")
 
 
 def _latest_policy(ckpts: pathlib.Path):

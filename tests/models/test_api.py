@@ -13,9 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from fp8jax.gemm import recipes
-from fp8jax.models import api, config, deepseek_model, registry, rules_policy
-from fp8jax.models import policy as policy_lib
+from fp8jax.models import api, config, deepseek_model, registry
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import run_config
 from fp8jax.train import step as step_lib
@@ -23,27 +21,6 @@ from fp8jax.train import step as step_lib
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 320, dtype=jnp.int32)
-
-
-def test_rules_policy_text():
-  v = rules_policy.parse(r"gemm:fp32_blockwise@layers/\d+/mlp/.*+output:e4m3@head")
-  assert [(r.module_path, r.role) for r in v.rules] == [(r"layers/\d+/mlp/.*", "gemm"),
-                                                        ("head", "output")]
-  assert v.rules[0].action == recipes.recipe("fp32_blockwise")
-  assert v.rules[1].action == policy_lib.parse_spec("e4m3")
-  assert v.name == v.expr == r"gemm:fp32_blockwise@layers/\d+/mlp/.*+output:e4m3@head"
-  assert not len(rules_policy.parse(" bf16 ").rules)
-  # a recipe with BF16 layers: its share of the last layers back to none
-  tail = rules_policy.parse("gemm:nvfp4_recipe", 12, "layers/{i}/.*").rules
-  kept = round(recipes.BF16_TAIL["nvfp4_recipe"] * 12)
-  assert [(r.module_path, r.action) for r in tail[1:]] == [
-      (f"layers/{i}/.*", None) for i in range(12 - kept, 12)]
-  with pytest.raises(ValueError, match="does not name its layers"):
-    rules_policy.parse("gemm:nvfp4_recipe")
-  for bad, match in (("fp8", "bad policy term 'fp8'"), ("gemm:nope", "unknown GEMM recipe"),
-                     ("weight:none@x", "takes a spec"), ("output:e9m9", "output:e9m9")):
-    with pytest.raises(ValueError, match=match):
-      rules_policy.parse(bad)
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@ import re
 
 import pytest
 
+from fp8jax.gemm import recipes
 from fp8jax.models import llama, registry, rules_policy
+from fp8jax.models import policy as policy_lib
 from fp8jax.study.comparison import policies
 
 FORMATS = ("e4m3", "e5m2")
@@ -75,3 +77,24 @@ def test_grids_a_rules_model_cannot_take_are_refused_by_name():
   bare = llama.rules_model(model.config, llama.Llama, llama.CLASSIFIER, "bare", lambda s: 0.0)
   with pytest.raises(ValueError, match=r"names no site modules \(api.Model.sites\)"):
     policies.expand_policies(["sites_small"], bare)
+
+
+def test_policy_text_parses_into_rules_with_a_recipes_bf16_layers():
+  v = rules_policy.parse(r"gemm:fp32_blockwise@layers/\d+/mlp/.*+output:e4m3@head")
+  assert [(r.module_path, r.role) for r in v.rules] == [(r"layers/\d+/mlp/.*", "gemm"),
+                                                        ("head", "output")]
+  assert v.rules[0].action == recipes.recipe("fp32_blockwise")
+  assert v.rules[1].action == policy_lib.parse_spec("e4m3")
+  assert v.name == v.expr == r"gemm:fp32_blockwise@layers/\d+/mlp/.*+output:e4m3@head"
+  assert not len(rules_policy.parse(" bf16 ").rules)
+  # a recipe with BF16 layers: its share of the last layers back to none
+  tail = rules_policy.parse("gemm:nvfp4_recipe", 12, "layers/{i}/.*").rules
+  kept = round(recipes.BF16_TAIL["nvfp4_recipe"] * 12)
+  assert [(r.module_path, r.action) for r in tail[1:]] == [
+      (f"layers/{i}/.*", None) for i in range(12 - kept, 12)]
+  with pytest.raises(ValueError, match="does not name its layers"):
+    rules_policy.parse("gemm:nvfp4_recipe")
+  for bad, match in (("fp8", "bad policy term 'fp8'"), ("gemm:nope", "unknown GEMM recipe"),
+                     ("weight:none@x", "takes a spec"), ("output:e9m9", "output:e9m9")):
+    with pytest.raises(ValueError, match=match):
+      rules_policy.parse(bad)

@@ -76,6 +76,9 @@ def test_models_an_entry_point_cannot_take_are_refused_saying_what_to_do():
     with pytest.raises(TypeError, match=r"describe/plans of a Linen model need example inputs: "
                                         r"its modules exist only while it runs"):
       call()
+  with pytest.raises(TypeError, match=r"describe of a function needs its example inputs, "
+                                      r"fn\(params, \*inputs\)"):
+    rules_lib.describe(lambda params, x: x @ params["w"], rules)
   for call in (lambda: rules_lib.plans(3, rules), lambda: rules_lib.describe(3, rules)):
     with pytest.raises(TypeError, match=r"expected a Flax NNX or Linen module, got int"):
       call()

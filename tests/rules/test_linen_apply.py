@@ -133,6 +133,23 @@ def test_linen_plans_name_nested_modules_by_their_joined_path():
     linen_apply.check_linen(Outer(), [Rule("outer/fc", TENSOR)], x)
 
 
+def test_linen_plans_take_abstract_inputs_and_flags_as_given():
+  rules = [Rule("inner/fc", TENSOR), Rule("inner", OUT_SPEC)]
+  concrete = linen_apply.linen_plans(Outer(), rules, jnp.ones((2, 8), jnp.float32))
+  abstract = linen_apply.check_linen(Outer(), rules, jax.ShapeDtypeStruct((2, 8), jnp.float32))
+  assert abstract == concrete and abstract["inner/fc"].gemm == (("dot_general", TENSOR),)
+
+  class Flagged(nn.Module):  # a Python flag steers the trace: it must not become a tracer
+    @nn.compact
+    def __call__(self, x, use_head: bool):
+      x = nn.Dense(4, name="body")(x)
+      return nn.Dense(2, name="head")(x) if use_head else x
+
+  x = jax.ShapeDtypeStruct((2, 8), jnp.float32)
+  assert "head" in linen_apply.linen_plans(Flagged(), rules, x, use_head=True)
+  assert "head" not in linen_apply.linen_plans(Flagged(), rules, x, False)
+
+
 def test_an_output_rule_quantizes_the_result_of_call_only():
   rng = np.random.default_rng(2)  # NumPy's: jax.random compiles a sampler per shape
   x = jnp.asarray(rng.standard_normal((2, 8)), jnp.float32)

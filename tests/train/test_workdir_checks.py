@@ -4,6 +4,7 @@ precision policy refused by name (checkpoints faked as step folders, their polic
 given by hand)."""
 
 import io
+import json
 import re
 
 import pytest
@@ -165,3 +166,32 @@ def test_without_a_readable_record_the_config_json_expression_decides(tmp_path, 
     _check(tmp_path, cfg)
   cfg.policy = "bf16"
   assert _check(tmp_path, cfg) is True
+
+
+def test_a_run_without_config_json_is_checked_against_its_checkpoints_config(
+    tmp_path, saved_records, monkeypatch):
+  _run(tmp_path, steps=(0, 2, 4))
+  (tmp_path / "config.json").unlink()
+  for step in (0, 2, 4):
+    saved_records[step] = _record(None, "bf16")
+  old = run_config.defaults()
+  saved = json.loads(old.to_json())  # as the training loop writes it into the meta
+  metas = {0: {"config": saved}, 2: {"config": saved}, 4: OSError("torn")}
+
+  def saved_meta(ckpts, step):
+    del ckpts
+    if isinstance(metas[step], Exception):
+      raise metas[step]
+    return metas[step]
+
+  monkeypatch.setattr(workdir_checks.ckpt_lib, "saved_meta", saved_meta)
+  cfg = run_config.defaults()
+  cfg.seed = 7
+  with pytest.raises(ValueError, match=r"differs from the config of checkpoint "
+                                       rf"{re.escape(str(tmp_path))}/checkpoints/2 in \['seed'\]"):
+    _check(tmp_path, cfg)
+  assert _check(tmp_path) is True  # the same config resumes
+  metas.update({0: {}, 2: {}})  # no checkpoint holds a config: refused, not skipped
+  with pytest.raises(ValueError, match=r"config.json is missing and no checkpoint in .* holds "
+                                       r"the run's config"):
+    _check(tmp_path)
