@@ -38,11 +38,13 @@ class Variant:
   """A named precision variant of a model quantized by rules: ``rules`` is an
   :class:`fp8jax.rules.Rules` (static, hashable); ``expr`` its text for the report;
   ``record`` its policy record (:mod:`fp8jax.models.policy_record`) where its text gave
-  one (None: built from the rules; not part of equality or hash)."""
+  one (None: built from the rules; not part of equality or hash); ``control_of`` the
+  name of the policy whose noise-matched control it is (None: not a control)."""
   name: str
   rules: Any
   expr: str = ""
   record: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+  control_of: str | None = None
 
 
 def _no_direct(policy) -> frozenset:
@@ -83,13 +85,17 @@ def _rules_record(policy, expression: str | None = None) -> dict:
 
 def variant_meta(variant) -> dict:
   """The ``meta.json`` entry of a :class:`Variant`: its expression, else a rule count
-  (never a long ``repr``), and its policy ``record`` (:mod:`fp8jax.models.policy_record`:
+  (never a long ``repr``), its kind (``"policy"``, or ``"control"`` with ``control_of``)
+  and its policy ``record`` (:mod:`fp8jax.models.policy_record`:
   the one its text gave, else :func:`~fp8jax.models.policy_record.of_rules`)."""
   rules = getattr(variant, "rules", ())
   expr = variant.expr or (f"{len(rules)} rule(s)" if len(rules) else "bf16 (no rules)")
   record = getattr(variant, "record", None) or policy_record.of_rules(
       variant.name, rules, variant.expr or None)
-  return {"expr": expr, "direct": [], "kind": "policy", "record": record}
+  control_of = getattr(variant, "control_of", None)
+  kind = {"kind": "policy"} if control_of is None else {"kind": "control",
+                                                        "control_of": control_of}
+  return {"expr": expr, "direct": [], **kind, "record": record}
 
 
 @dataclasses.dataclass(frozen=True)

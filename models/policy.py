@@ -227,19 +227,28 @@ def site_policy(site: str, layers: str | int, spec: fp8jax.QuantSpec,
                          name or f"{site}@{layers}:{spec.format}")
 
 
-def _noise_spec(spec: fp8jax.QuantSpec | None, on: bool) -> fp8jax.QuantSpec | None:
+def noise_spec(spec: fp8jax.QuantSpec | None, on: bool) -> fp8jax.QuantSpec | None:
   """``spec`` (and its cotangent spec) with ``noise_control`` set to ``on``."""
   if spec is None:
     return None
-  return spec.replace(noise_control=on, backward=_noise_spec(spec.backward, on))
+  return spec.replace(noise_control=on, backward=noise_spec(spec.backward, on))
+
+
+def noise_gemm(gemm, on: bool, name: str):
+  """GEMM config ``gemm`` (None: none) with ``noise_control`` set to ``on`` in every
+  operand's spec; a scaling-aware transpose is refused, naming policy ``name``."""
+  if gemm is None:
+    return None
+  if on and gemm.transpose == "scaling_aware":
+    raise ValueError(f"policy {name!r}: the scaling-aware transpose re-expresses FP8 "
+                     "payloads and has no noise-matched control")
+  return gemm.replace(roles=gemm.roles.map(lambda s: noise_spec(s, on)))
 
 
 def _with_noise(policy: PrecisionPolicy, on: bool, name: str) -> PrecisionPolicy:
-  rules = tuple(dataclasses.replace(r, spec=_noise_spec(r.spec, on)) for r in policy.rules)
-  gemm = policy.gemm
-  if gemm is not None:
-    gemm = gemm.replace(roles=gemm.roles.map(lambda s: _noise_spec(s, on)))
-  return dataclasses.replace(policy, rules=rules, gemm=gemm, name=name)
+  rules = tuple(dataclasses.replace(r, spec=noise_spec(r.spec, on)) for r in policy.rules)
+  return dataclasses.replace(policy, rules=rules, gemm=noise_gemm(policy.gemm, on, name),
+                             name=name)
 
 
 def noise_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
@@ -251,9 +260,6 @@ def noise_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
     raise ValueError("the BF16 policy quantizes nothing: it has no noise-matched control")
   if is_noise_control(policy):
     raise ValueError(f"policy {policy.name!r} is already a noise-matched control")
-  if policy.gemm is not None and policy.gemm.transpose == "scaling_aware":
-    raise ValueError(f"policy {policy.name!r}: the scaling-aware transpose re-expresses FP8 "
-                     "payloads and has no noise-matched control")
   return _with_noise(policy, True, f"noise({policy.name})")
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 import re
 
+import fp8jax
 from fp8jax.gemm import recipes
 from fp8jax.models import api, policy_grid, policy_record
 from fp8jax.models import policy as policy_lib
@@ -69,12 +70,15 @@ def tail_rules(name: str, num_layers: int, layer_path: str | None, expr: str) ->
 def parse(text: str, num_layers: int = 0, layer_path: str | None = None) -> api.Variant:
   """The :class:`fp8jax.models.api.Variant` of the policy text ``text`` (see the module
   docstring), named ``text``, with its policy record (:mod:`fp8jax.models.policy_record`:
-  the output terms as sites, a single ``gemm:NAME`` term's recipe with its BF16 layers).
+  the output terms as sites, a single ``gemm:NAME`` term's recipe with its BF16 layers);
+  ``noise(TEXT)`` is the noise-matched control of TEXT (:func:`noise_control`).
   ``num_layers`` and ``layer_path``: how the model's layers are named, for recipes with
   BF16 layers."""
   if not isinstance(text, str):
     raise TypeError(f"a policy must be text, got {type(text).__name__} {text!r}")
   expr = text.strip()
+  if expr.startswith("noise(") and expr.endswith(")"):
+    return noise_control(parse(expr[len("noise("):-1], num_layers, layer_path))
   if expr.lower() == BASELINE:
     return api.Variant(BASELINE, Rules([]), BASELINE,
                        policy_record.build(BASELINE, BASELINE))
@@ -93,6 +97,33 @@ def parse(text: str, num_layers: int = 0, layer_path: str | None = None) -> api.
       recipes_named.append(action_text.strip())
       rules += tail_rules(action_text.strip(), num_layers, layer_path, expr)
   return api.Variant(expr, Rules(rules), expr, _record(expr, terms, recipes_named, num_layers))
+
+
+def _noise_action(action, name: str):
+  if isinstance(action, fp8jax.QuantSpec):
+    return policy_lib.noise_spec(action, True)
+  return policy_lib.noise_gemm(action, True, name)
+
+
+def noise_control(variant: api.Variant) -> api.Variant:
+  """The noise-matched control of a rules policy, named ``noise(<its name>)``: every
+  quantization its rules make (outputs, operands, their cotangents, the GEMM recipes'
+  roles) keeps its blocks and replaces its rounding error by unbiased random noise of the
+  same energy per block (:mod:`fp8jax.quant.noise_control`; DeepSeek-MoE's policies:
+  :func:`fp8jax.models.policy.noise_policy`). Its record is the policy's, marked
+  ``noise`` and with no site-grid cell."""
+  if variant.control_of is not None:
+    raise ValueError(f"policy {variant.name!r} is already a noise-matched control")
+  if not any(r.action is not None for r in variant.rules):
+    raise ValueError(f"policy {variant.name!r} quantizes nothing: it has no noise-matched "
+                     "control")
+  name, expr = f"noise({variant.name})", f"noise({variant.expr or variant.name})"
+  rules = Rules([Rule(r.module_path, None if r.action is None
+                      else _noise_action(r.action, variant.name), role=r.role, op=r.op)
+                 for r in variant.rules])
+  record = variant.record or policy_record.of_rules(variant.name, variant.rules, variant.expr)
+  record = {**record, "name": name, "expr": expr, "noise": True, "cell": None}
+  return api.Variant(name, rules, expr, record, control_of=variant.name)
 
 
 def _record(expr: str, terms: list[Rule], named: list[str], num_layers: int) -> dict:

@@ -136,12 +136,16 @@ def test_the_train_binary_trains_resumes_and_records_a_llama(tmp_path):
                                           r"gemm:fp32_blockwise@layers/\d+/mlp/.*"}
   # the site grid of a model that names its site modules: the report's questions answer
   grid = tmp_path / "grid"
-  run("compare", f"--train_workdir={work}", f"--out={grid}", "--policies=sites_small",
-      "--steps=0,4", "--batches=1", "--batch_size=4")
+  run("compare", f"--train_workdir={work}", f"--out={grid}",
+      "--policies=sites_small,noise(mlp_l0-1_e4m3)", "--steps=0,4", "--batches=1",
+      "--batch_size=4")
   run("report", f"--results={grid}")
   meta = json.loads((grid / "meta.json").read_text())
   assert meta["policies"]["mlp_l0_e4m3"]["record"]["cell"] == {
       "module": "mlp", "depth": "l0", "format": "e4m3"}
+  assert meta["policies"]["noise(mlp_l0-1_e4m3)"]["kind"] == "control"
+  assert meta["policies"]["noise(mlp_l0-1_e4m3)"]["control_of"] == "mlp_l0-1_e4m3"
   report = (grid / "report.md").read_text()
   assert "Module sensitivity: attention vs MLP" in report
+  assert "## Against noise-matched controls" in report and "noise(mlp_l0-1_e4m3)" in report
   assert report.count("Not available") == 1  # only the format-width question (no recipes)

@@ -1,8 +1,11 @@
 """Policies as text for models quantized by rules: the site grid of a model that names its
-site modules, and the cell a policy's record names from what its rule matches."""
+site modules, the cell a policy's record names from what its rule matches, and the
+noise-matched controls of rules policies."""
 
 import re
 
+import jax
+import numpy as np
 import pytest
 
 from fp8jax.gemm import recipes
@@ -70,9 +73,8 @@ def test_a_sweep_expands_the_site_grids_of_a_rules_model():
 
 def test_grids_a_rules_model_cannot_take_are_refused_by_name():
   model = registry.get("llama:tiny")
-  for spec, why in (("noise(sites)", "noise-matched controls"),
-                    ("delayed", "DeepSeek-MoE's sites")):
-    with pytest.raises(ValueError, match=f"grid '{re.escape(spec)}'.*{why}"):
+  for spec in ("delayed", "noise(delayed)"):
+    with pytest.raises(ValueError, match="grid 'delayed'.*DeepSeek-MoE's sites"):
       policies.expand_policies([spec], model)
   bare = llama.rules_model(model.config, llama.Llama, llama.CLASSIFIER, "bare", lambda s: 0.0)
   with pytest.raises(ValueError, match=r"names no site modules \(api.Model.sites\)"):
@@ -98,3 +100,61 @@ def test_policy_text_parses_into_rules_with_a_recipes_bf16_layers():
                      ("weight:none@x", "takes a spec"), ("output:e9m9", "output:e9m9")):
     with pytest.raises(ValueError, match=match):
       rules_policy.parse(bad)
+
+
+def _specs(variant):
+  """Every QuantSpec the rules of ``variant`` quantize with, cotangent specs included."""
+  out = []
+  for r in variant.rules:
+    if r.action is None:
+      continue
+    for spec in ([r.action] if r.role != "gemm" else list(r.action.roles.specs())):
+      while spec is not None:
+        out.append(spec)
+        spec = spec.backward
+  return out
+
+
+def test_the_noise_control_of_a_rules_policy_marks_every_quantization():
+  model = registry.get("llama:tiny")
+  text = "output:deepseek_v3@layers/0/attn+gemm:fp32_blockwise@layers/1/mlp/.*"
+  base, ctl = model.policy(text), model.policy(f"noise({text})")
+  assert (ctl.name, ctl.expr, ctl.control_of) == (f"noise({text})", f"noise({text})", text)
+  assert [(r.module_path, r.role) for r in ctl.rules] == [(r.module_path, r.role)
+                                                          for r in base.rules]
+  assert len(_specs(ctl)) == len(_specs(base)) == 5  # the output, its cotangent, 3 roles
+  assert all(s.noise_control for s in _specs(ctl))
+  assert [s.replace(noise_control=False, backward=None) for s in _specs(ctl)] == [
+      s.replace(backward=None) for s in _specs(base)]
+  entry = model.policy_meta(ctl)
+  assert (entry["kind"], entry["control_of"]) == ("control", text)
+  assert entry["record"]["noise"] and entry["record"]["cell"] is None
+  assert model.policy_meta(base)["kind"] == "policy" and not base.record["noise"]
+  for bad, match in ((f"noise(noise({text}))", "already a noise-matched control"),
+                     ("noise(bf16)", "quantizes nothing")):
+    with pytest.raises(ValueError, match=re.escape(match)):
+      model.policy(bad)
+
+
+def test_a_rules_models_site_grid_gets_its_noise_matched_controls():
+  model = registry.get("llama:tiny")
+  small = policies.expand_policies(["sites_small"], model)
+  assert policies.site_controls(small) == ["noise(mlp_l0-1_e4m3)"]  # all layers, E4M3
+  (ctl,) = policies.expand_policies(["noise(mlp_l0-1_e4m3)"], model)
+  assert (ctl.name, ctl.control_of) == ("noise(mlp_l0-1_e4m3)", "mlp_l0-1_e4m3")
+  assert ctl.rules == rules_policy.noise_control(small[0]).rules
+  grid = policies.expand_policies(["noise(sites_small)"], model)
+  assert [p.name for p in grid] == [f"noise({p.name})" for p in small]
+
+
+def test_a_noise_control_computes_other_numbers_than_its_policy_and_bf16():
+  model = registry.get("llama:tiny")
+  params = model.init(jax.random.key(0))
+  tokens = np.random.default_rng(0).integers(0, model.vocab_size, (2, 16)).astype(np.int32)
+  text = r"output:e4m3@layers/\d+/mlp"
+  logits = {name: np.asarray(model.apply(params, tokens, model.policy(name))[0])
+            for name in ("bf16", text, f"noise({text})")}
+  again = np.asarray(model.apply(params, tokens, model.policy(f"noise({text})"))[0])
+  np.testing.assert_array_equal(again, logits[f"noise({text})"])  # the same draws
+  for a, b in ((text, "bf16"), (f"noise({text})", "bf16"), (f"noise({text})", text)):
+    assert not np.array_equal(logits[a], logits[b]), (a, b)

@@ -110,7 +110,7 @@ def test_control_is_a_function_of_the_tensor_and_keeps_non_finite_values():
 @pytest.mark.slow
 def test_fake_quant_control_backward_is_the_cotangent_spec_control():
   spec = fp8jax.QuantSpec(format="e4m3", backward=fp8jax.QuantSpec(format="e5m2"))
-  ctl = policy_lib._noise_spec(spec, True)  # the forward and the cotangent spec
+  ctl = policy_lib.noise_spec(spec, True)  # the forward and the cotangent spec
   x = heavy_tailed(jax.random.key(4), (8, 128))
   g = heavy_tailed(jax.random.key(5), (8, 128))
   _, vjp = jax.vjp(lambda v: fp8jax.fake_quant(v, ctl), x)

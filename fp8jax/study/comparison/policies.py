@@ -67,7 +67,7 @@ def site_controls(policies) -> list[str]:
   out = []
   for p in policies:
     cell = (deepseek_model.site_cell(p) if isinstance(p, policy_lib.PrecisionPolicy)
-            else None)
+            else (getattr(p, "record", None) or {}).get("cell"))
     if cell and cell["format"] == "e4m3" and cell["depth"].startswith("l0-"):
       out.append(f"noise({p.name})")
   return out
@@ -119,24 +119,33 @@ RULES_GRIDS = {"sites": lambda sites, n: rules_policy.site_grid(sites, n),
 
 
 def _rules_policies(model: api.Model, spec: str) -> list:
-  """The policies of one spec of a rules model: a grid of :data:`RULES_GRIDS`, or the
-  model's own policy text."""
+  """The policies of one spec of a rules model: a grid of :data:`RULES_GRIDS`, a cell of
+  its site grid by name (``attn_l0-1_e4m3``), or the model's own policy text;
+  ``noise(SPEC)``: the noise-matched controls of SPEC's policies
+  (:func:`fp8jax.models.rules_policy.noise_control`)."""
   name = spec.removeprefix("noise(").removesuffix(")")
-  if name not in GRIDS:
-    return [model.policy(spec)]
-  if name == spec and name in RULES_GRIDS and (model.sites or name == "formats"):
-    num_layers = getattr(model.config, "num_layers", 0)
-    out = []
-    for cell, text in RULES_GRIDS[name](model.sites, num_layers).items():
-      variant = model.policy(text)
-      record = None if variant.record is None else {**variant.record, "name": cell}
-      out.append(dataclasses.replace(variant, name=cell, record=record))
-    return out
-  why = ("noise-matched controls of a grid are DeepSeek-MoE's" if name != spec
-         else "the model names no site modules (api.Model.sites)" if name in RULES_GRIDS
-         else "it names DeepSeek-MoE's sites")
-  raise ValueError(f"the policy grid {spec!r} does not apply to the model {model.name!r}: "
-                   f"{why}; give its policies as its own text, e.g. gemm:fp32_blockwise")
+  if name != spec:
+    return [rules_policy.noise_control(p) for p in _rules_policies(model, name)]
+  num_layers = getattr(model.config, "num_layers", 0)
+  if name in RULES_GRIDS and (model.sites or name == "formats"):
+    return [_named_variant(model, cell, text)
+            for cell, text in RULES_GRIDS[name](model.sites, num_layers).items()]
+  if name in GRIDS:
+    why = ("the model names no site modules (api.Model.sites)" if name in RULES_GRIDS
+           else "it names DeepSeek-MoE's sites")
+    raise ValueError(f"the policy grid {spec!r} does not apply to the model {model.name!r}: "
+                     f"{why}; give its policies as its own text, e.g. gemm:fp32_blockwise")
+  cells = rules_policy.site_grid(model.sites, num_layers) if model.sites else {}
+  if spec in cells:
+    return [_named_variant(model, spec, cells[spec])]
+  return [model.policy(spec)]
+
+
+def _named_variant(model: api.Model, name: str, text: str):
+  """The policy of ``text`` named ``name`` (a grid's cell), its record renamed too."""
+  variant = model.policy(text)
+  record = None if variant.record is None else {**variant.record, "name": name}
+  return dataclasses.replace(variant, name=name, record=record)
 
 
 def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
