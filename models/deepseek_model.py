@@ -56,6 +56,12 @@ class Options:
     if int(self.moe_groups) < 1:
       raise ValueError(f"moe_groups must be >= 1, got {self.moe_groups}")
 
+  @property
+  def compute(self) -> deepseek_moe.Compute:
+    """How each forward pass computes (:class:`~fp8jax.models.deepseek_compute.Compute`)."""
+    return deepseek_moe.Compute(moe_impl=self.moe_impl, moe_groups=int(self.moe_groups),
+                                deterministic=self.deterministic)
+
 
 def matmul_params(cfg: config_lib.ModelConfig) -> int:
   """Weights multiplied per token (activated params minus embedding and norms)."""
@@ -136,15 +142,15 @@ def model(cfg: config_lib.ModelConfig, options: Options = Options(),
   scan = options.scan
 
   def apply(params, tokens, policy, *, delayed=None, telemetry=False, param_transform=None,
-            moe_impl=None, moe_groups=None, deterministic=None, train=True):
-    """``moe_impl``, ``moe_groups``, ``deterministic``: override the bound options."""
-    return deepseek_moe.apply(
-        params, tokens, cfg, policy, train=train,
-        moe_impl=options.moe_impl if moe_impl is None else moe_impl,
-        moe_groups=options.moe_groups if moe_groups is None else moe_groups,
-        delayed_state=delayed, gemm_telemetry=telemetry and policy.gemm is not None,
-        deterministic=options.deterministic if deterministic is None else deterministic,
-        scan_layers=scan, param_transform=param_transform)
+            train=True, **overrides):
+    """``overrides``: fields of the bound options' :class:`~fp8jax.models.deepseek_compute.
+    Compute` (``moe_impl``, ``moe_groups``, ``deterministic``; None: the bound value)."""
+    compute = deepseek_moe.Compute.of(
+        options.compute, gemm_telemetry=telemetry and policy.gemm is not None,
+        **{k: v for k, v in overrides.items() if v is not None})
+    return deepseek_moe.apply(params, tokens, cfg, policy, train=train, compute=compute,
+                              delayed_state=delayed, scan_layers=scan,
+                              param_transform=param_transform)
 
   def layer_runs(policy):
     return deepseek_moe.layer_runs(cfg, policy)

@@ -30,6 +30,7 @@ from fp8jax.models import delayed_sites, embedding, layer_scan, layer_stack, moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.attention import attention_core, cudnn_applies, rope  # noqa: F401
 from fp8jax.models.config import ModelConfig
+from fp8jax.models.deepseek_compute import DEFAULT, DISPATCH_IMPLS, MOE_IMPLS, Compute  # noqa: F401
 from fp8jax.models.norm import RMSNorm
 from fp8jax.models.policy_rules import Gemms
 
@@ -113,8 +114,6 @@ class MLP(nnx.Module):
     return proj("down_proj", hidden)
 
 
-DISPATCH_IMPLS = ("dispatch", "pallas")
-MOE_IMPLS = (*DISPATCH_IMPLS, "reference")
 
 
 class MoE(nnx.Module):
@@ -133,20 +132,22 @@ class MoE(nnx.Module):
     self.shared_experts = (MLP(cfg, cfg.n_shared_experts * cfg.moe_intermediate_size, rngs)
                            if cfg.n_shared_experts else None)
 
-  def __call__(self, x, site, impl: str, gemms: Gemms, groups: int = 1, record=None):
+  def __call__(self, x, site, gemms: Gemms, compute: Compute = DEFAULT, record=None):
     """x [B, S, d] -> (output [B, S, d], routing dict, scores [T, E]).
 
     ``site(name, x)`` fake-quantizes the named sites; ``gemms`` answers the GEMM configs
     of this module's path: its own ``ragged_dot`` (the routed experts) and the shared
     experts' linear layers.
 
-    ``groups`` > 1 splits the batch into that many groups of whole sequences, each
+    ``compute``: the MoE path (``moe_impl``) and its groups (``moe_groups``); ``groups``
+    > 1 splits the batch into that many groups of whole sequences, each
     dispatched on its own (vmapped): with the batch sharded over ``groups`` devices each
     device sorts and multiplies only its own tokens (one global sort would make XLA
     replicate the whole MoE on every device). The result is the same, except that with
     an FP8 GEMM policy the routed experts' Wgrad tiles along the tokens follow the groups
     (as on real data-parallel devices).
     """
+    impl, groups = compute.moe_impl, compute.moe_groups
     b, s, d = x.shape
     flat = x.reshape(b * s, d)
     scores, weights, ids = moe.route(flat, self.gate[...], self.cfg.num_experts_per_tok,
@@ -209,10 +210,8 @@ class DeepseekMoE(nnx.Module):
     self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
   def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
-               train: bool = True, moe_impl: str = "dispatch", telemetry: bool = False,
-               moe_groups: int = 1, delayed_state=None, gemm_telemetry: bool = False,
-               deterministic: bool = False, scan_layers=False, layer_params=None,
-               param_transform=None):
+               train: bool = True, compute: Compute = DEFAULT, delayed_state=None,
+               scan_layers=False, layer_params=None, param_transform=None):
     """``layer_params``: the decoder layers' params in either layout of
     :mod:`fp8jax.models.layer_stack` (the ``layers`` and ``layer_runs`` entries of a params
     tree), used in place of the layer modules' own (then only their structure is read);
@@ -223,11 +222,9 @@ class DeepseekMoE(nnx.Module):
     decide = policy_rules.decisions(policy, cfg.num_hidden_layers)  # the engine's answers
     (table,) = self.embed_tokens.promote_dtype((self.embed_tokens.embedding[...],),
                                                dtype=self.embed_tokens.dtype, inexact=False)
-    h = embedding.lookup(table, tokens, deterministic)  # = self.embed_tokens(tokens)
-    step = functools.partial(
-        self._layer, decide=decide, batch=tokens.shape[0], train=train, moe_impl=moe_impl,
-        telemetry=telemetry, moe_groups=moe_groups, gemm_telemetry=gemm_telemetry,
-        deterministic=deterministic)
+    h = embedding.lookup(table, tokens, compute.deterministic)  # = self.embed_tokens(tokens)
+    step = functools.partial(self._layer, decide=decide, batch=tokens.shape[0], train=train,
+                             compute=compute)
     n = cfg.num_hidden_layers
     opts = layer_scan.options(scan_layers)
     groups = (layer_scan.policy_runs(self.layers, decide) if opts
@@ -256,38 +253,38 @@ class DeepseekMoE(nnx.Module):
     aux_losses = jax.lax.optimization_barrier(aux_losses)
     aux = {"aux_loss": sum(aux_losses.values(), jnp.float32(0)),
            "aux_loss_per_layer": aux_losses, "routing": routing}
-    if telemetry:
+    if compute.telemetry:
       aux["telemetry"] = tel
-    if gemm_telemetry:
+    if compute.gemm_telemetry:
       aux["gemm_telemetry"] = gemm_tel
     return logits, aux
 
   def _layer(self, layer: DecoderLayer, h, i: int, delayed_state, *, decide, batch: int,
-             train: bool, moe_impl: str, telemetry: bool, moe_groups: int,
-             gemm_telemetry: bool, deterministic: bool):
+             train: bool, compute: Compute):
     """Decoder layer ``layer`` with the decisions of layer ``i``: h [B, S, d] -> (h, out),
     ``out``: ``tel`` ``{site: telemetry}``, ``gemm`` ``{module path: sums}`` (paths under
     the layer) and, on MoE layers, ``routing`` and (training) ``aux_loss``."""
     cfg = self.cfg
     tel, gemm_tel, out = {}, {}, {}
-    rec = (lambda name, value: gemm_tel.__setitem__(name, value)) if gemm_telemetry else None
+    rec = ((lambda name, value: gemm_tel.__setitem__(name, value)) if compute.gemm_telemetry
+           else None)
 
     def site(name, x):
       spec = decide.site(name, i)
       if spec is None:
         return x
       state = delayed_sites.at(delayed_state, name, i, spec)  # None: current scaling
-      if telemetry:
+      if compute.telemetry:
         x, tel[name] = fp8jax.fake_quant(x, spec, state, telemetry=True)
         return x
       return fp8jax.fake_quant(x, spec, state)
 
     gemms = Gemms(decide, f"layers/{i}")  # the GEMM recipe, where the rules apply it
     h = h + site("attn_out", layer.self_attn(layer.input_layernorm(h), gemms.child("self_attn"),
-                                             _named(rec, "self_attn"), deterministic))
+                                             _named(rec, "self_attn"), compute.deterministic))
     x = layer.post_attention_layernorm(h)
     if layer.is_moe:
-      y, out["routing"], scores = layer.mlp(x, site, moe_impl, gemms.child("mlp"), moe_groups,
+      y, out["routing"], scores = layer.mlp(x, site, gemms.child("mlp"), compute,
                                             _named(rec, "mlp"))
       if train and cfg.aux_loss_alpha > 0:
         out["aux_loss"] = moe.balance_loss(scores, out["routing"]["topk_ids"].reshape(
@@ -325,9 +322,8 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
           policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
-          moe_impl: str = "dispatch", telemetry: bool = False, moe_groups: int = 1,
-          delayed_state=None, gemm_telemetry: bool = False, deterministic: bool = False,
-          scan_layers=False, param_transform=None):
+          compute: Compute | None = None, delayed_state=None, scan_layers=False,
+          param_transform=None, **options):
   """Forward pass.
 
   Args:
@@ -340,19 +336,12 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       :mod:`fp8jax.models.policy_rules`) which sites to fake-quantize and which GEMMs
       to simulate.
     train: add the balance losses (they need the full router scores).
-    moe_impl: "dispatch" (sorted dropless through XLA, default), "pallas" (sorted
-      dropless through the Pallas grouped GEMM: GPU) or "reference" (every expert).
-    telemetry: also return per-site quantization telemetry.
-    moe_groups: dispatch the MoE per group of B / moe_groups sequences (:class:`MoE`).
+    compute: how the pass computes and what it reports (:class:`Compute`: the MoE path
+      and groups, the deterministic mode, telemetry); ``options``: its fields by name
+      (``moe_impl="pallas"``, ``telemetry=True``), which replace ``compute``'s.
     delayed_state: the amax histories of the policy's delayed-scaled sites
       (:func:`fp8jax.models.delayed_sites.init`; None or ``{}`` when it has none). Their
       update is the gradient with respect to it (see :mod:`fp8jax.models.delayed_sites`).
-    gemm_telemetry: also return the block-scale telemetry sums of the GEMM recipe's forward
-      operands (:mod:`fp8jax.gemm.operand_telemetry`), as ``aux["gemm_telemetry"]``:
-      ``{"layers/<i>/<module path>": {"input": sums, "weight": sums}}`` (routed experts:
-      ``layers/<i>/mlp/experts``, ``weight_gate|up|down``); empty without a GEMM recipe.
-    deterministic: the same bits on every GPU run (:mod:`fp8jax.train.determinism`): a
-      one-hot GEMM for the embedding's gradient, XLA's attention for cuDNN's.
     scan_layers: run each run of consecutive alike layers (same kind, same decisions) as
       one ``jax.lax.scan``: less to compile, the same params and outputs (bit for bit
       with ``--xla_allow_excess_precision=false``; :mod:`fp8jax.models.layer_scan`). A
@@ -365,8 +354,10 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   Returns:
     ``(logits float32 [B, S, V], aux)`` where aux has ``aux_loss`` (sum over MoE
     layers), ``aux_loss_per_layer``, ``routing`` (per MoE layer: ``topk_ids``,
-    ``topk_weights`` [B, S, K], ``expert_counts`` [E]) and, on request, ``telemetry``.
+    ``topk_weights`` [B, S, K], ``expert_counts`` [E]) and, on request, ``telemetry``
+    and ``gemm_telemetry``.
   """
+  compute = Compute.of(compute, **options)
   graphdef, state = _skeleton(cfg)
   layer_params = {k: params[k] for k in (layer_stack.LAYERS, layer_stack.RUNS) if k in params}
   stored = layer_stack.runs(layer_params)
@@ -376,9 +367,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
   rest = {k: v if param_transform is None else param_transform(v, k)
           for k, v in params.items() if k not in layer_params}
   model = nnx.merge(graphdef, layer_stack.filled(state, rest))
-  return model(tokens, policy, train=train, moe_impl=moe_impl, telemetry=telemetry,
-               moe_groups=moe_groups, delayed_state=delayed_state,
-               gemm_telemetry=gemm_telemetry, deterministic=deterministic,
+  return model(tokens, policy, train=train, compute=compute, delayed_state=delayed_state,
                scan_layers=scan_layers, layer_params=layer_params,
                param_transform=param_transform)
 

@@ -183,7 +183,7 @@ def test_no_gemm_recipe_reaches_the_router(monkeypatch):
 
     def run(x):
       seen.clear()
-      y, _, _ = layer(x, lambda name, v: v, "dispatch", gemms.child("mlp"))
+      y, _, _ = layer(x, lambda name, v: v, gemms.child("mlp"))
       return (seen[0], y) if with_output else seen[0]
     return gemms.child("mlp")(op="ragged_dot"), jax.device_get(jax.jit(run)(x))
 
