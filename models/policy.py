@@ -229,25 +229,23 @@ def site_policy(site: str, layers: str | int, spec: fp8jax.QuantSpec,
 
 def noise_spec(spec: fp8jax.QuantSpec | None, on: bool) -> fp8jax.QuantSpec | None:
   """``spec`` (and its cotangent spec) with ``noise_control`` set to ``on``."""
-  if spec is None:
-    return None
-  return spec.replace(noise_control=on, backward=noise_spec(spec.backward, on))
+  return None if spec is None else spec.replace(noise_control=on,
+                                                backward=noise_spec(spec.backward, on))
 
 
 def noise_gemm(gemm, on: bool, name: str):
   """GEMM config ``gemm`` (None: none) with ``noise_control`` set to ``on`` in every
   operand's spec; a scaling-aware transpose is refused, naming policy ``name``."""
-  if gemm is None:
-    return None
-  if on and gemm.transpose == "scaling_aware":
+  if on and gemm is not None and gemm.transpose == "scaling_aware":
     raise ValueError(f"policy {name!r}: the scaling-aware transpose re-expresses FP8 "
                      "payloads and has no noise-matched control")
-  return gemm.replace(roles=gemm.roles.map(lambda s: noise_spec(s, on)))
+  return None if gemm is None else gemm.replace(roles=gemm.roles.map(
+      lambda s: noise_spec(s, on)))
 
 
 def _with_noise(policy: PrecisionPolicy, on: bool, name: str) -> PrecisionPolicy:
   rules = tuple(dataclasses.replace(r, spec=noise_spec(r.spec, on)) for r in policy.rules)
-  return dataclasses.replace(policy, rules=rules, gemm=noise_gemm(policy.gemm, on, name),
+  return dataclasses.replace(policy, rules=rules, gemm=noise_gemm(policy.gemm, on, policy.name),
                              name=name)
 
 
@@ -306,7 +304,7 @@ def parse_spec(text: str) -> fp8jax.QuantSpec:
     return fp8jax.preset(text)
   parts = text.split("/")
   delayed = parse_delayed(parts.pop(), text) if parts[-1].startswith("delayed") else None
-  if len(parts) > 2 or parts[0] not in FORMATS:
+  if not parts or len(parts) > 2 or parts[0] not in FORMATS:
     raise ValueError(f"unknown spec {text!r}: use a preset {sorted(PRESETS)} or "
                      f"FORMAT[/GRANULARITY][/{DELAYED_SYNTAX}] with a format in "
                      f"{sorted(FORMATS)}")

@@ -1,7 +1,8 @@
-"""Data pipeline: tfds streaming batches (exact packing, resume, processes), the factory.
+"""Data pipeline: tfds streaming batches (exact packing, processes), the factory.
 
 The shard sources are tested in tests/data/test_shards.py, prepared data in
-tests/data/test_prepare.py."""
+tests/data/test_prepare.py, ``tfds_source`` without tfds (resuming, its errors) in
+tests/data/test_tfds_source.py."""
 
 from __future__ import annotations
 
@@ -105,34 +106,6 @@ def test_mock_c4_batches_match_reference():
     np.testing.assert_array_equal(take(it, 20), reference(texts, 8, 4, 20, seed=7))
     with pytest.raises(KeyError, match=r"no field 'body'; available: \[.*'text'.*'url'\]"):
       pipeline.make_batches("tfds:c4/en:3.1.0", TOK, 8, 4, field="body")
-
-
-@pytest.mark.parametrize("k", [0, 1, 9, 38])
-def test_resume_reproduces_the_uninterrupted_run(data_dir, k):
-  docs = tfds_source.tfds_source("fp8jax_test_docs", data_dir=data_dir)
-  make = lambda: tfds_source.StreamingBatches(docs, TOK, 12, 3, seed=5)
-  full = take(make(), k + 12)
-  it = make()
-  take(it, k)
-  state = json.loads(json.dumps(it.get_state()))
-  assert set(state) == {"seed", "epoch", "doc", "offset"}
-  assert all(type(v) is int for v in state.values())
-  fresh = make()
-  fresh.set_state(state)
-  np.testing.assert_array_equal(take(fresh, 12), full[k:])
-  # The interrupted iterator itself goes on identically, too.
-  np.testing.assert_array_equal(take(it, 12), full[k:])
-
-
-def test_resume_states_include_mid_document_positions(data_dir):
-  docs = tfds_source.tfds_source("fp8jax_test_docs", data_dir=data_dir)
-  it = tfds_source.StreamingBatches(docs, TOK, 12, 3, seed=5)
-  states = [(next(it), it.get_state())[1] for _ in range(45)]
-  assert any(s["offset"] > 0 for s in states) and any(s["epoch"] == 1 for s in states)
-  with pytest.raises(ValueError, match="used seed 5, this run uses 6"):
-    tfds_source.StreamingBatches(docs, TOK, 12, 3, seed=6).set_state(states[-1])
-  with pytest.raises(ValueError, match="out of range"):
-    it.set_state({"seed": 5, "epoch": 0, "doc": len(docs), "offset": 0})
 
 
 def test_processes_read_disjoint_deterministic_streams(data_dir):

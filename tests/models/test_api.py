@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from fp8jax.models import api, config, deepseek_model, registry
+from fp8jax.models import api, registry
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import run_config
 from fp8jax.train import step as step_lib
@@ -21,27 +21,6 @@ from fp8jax.train import step as step_lib
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 320, dtype=jnp.int32)
-
-
-@pytest.mark.slow
-def test_a_registry_model_and_a_config_train_alike():
-  """``make_train_step`` of a registered DeepSeek-MoE and of its config (the older call)
-  are one program: the same state after two steps, bit for bit."""
-  cfg = config.tiny(num_hidden_layers=2)
-  tx = optax.adamw(1e-3)
-  tokens = jax.random.randint(jax.random.key(2), (2, 8), 0, cfg.vocab_size, dtype=jnp.int32)
-  model = deepseek_model.model(cfg, deepseek_model.Options(moe_impl="reference"))
-  states = []
-  for m, extra in ((model, {}), (cfg, {"moe_impl": "reference"})):
-    state = step_lib.seeded_init(m, tx)(0)
-    step = jax.jit(step_lib.make_train_step(m, tx, **extra))
-    for _ in range(2):
-      state, metrics = step(state, tokens)
-    assert bool(metrics["finite"])
-    states.append(state)
-  jax.tree.map(np.testing.assert_array_equal, *states)
-  with pytest.raises(ValueError, match="carries its own"):
-    step_lib.make_train_step(model, tx, moe_impl="pallas")
 
 
 @pytest.mark.slow
