@@ -1,10 +1,23 @@
 """Fixtures of the kernel tests: stand-ins for the Mosaic GPU grouped-GEMM kernels that JAX
-ships (they need a Hopper GPU), for the tests of ``grouped_matmul_mosaic`` and
-``grouped_gpu``."""
+ships (they need a Hopper GPU), and a grouped-GEMM problem, for the tests of
+``grouped_matmul_mosaic`` and ``grouped_gpu``."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+
+
+def grouped_problem(seed=0, n=40, d=32, f=48, e=4, total=None):
+  """BF16 x [n, d], w [e, d, f], dy [n, f] and int32 group sizes [e] summing to ``total``
+  (default ``n``; fewer rows than ``n`` leave padding rows at the end)."""
+  kx, kw, kd, ks = jax.random.split(jax.random.key(seed), 4)
+  x = jax.random.normal(kx, (n, d), jnp.bfloat16)
+  w = jax.random.normal(kw, (e, d, f), jnp.bfloat16)
+  dy = jax.random.normal(kd, (n, f), jnp.bfloat16)
+  cuts = np.sort(np.asarray(jax.random.randint(ks, (e - 1,), 0, total or n)))
+  sizes = np.diff(np.concatenate([[0], cuts, [total or n]])).astype(np.int32)
+  return x, w, dy, jnp.asarray(sizes)
 
 
 def _fake_ragged_dot(lhs, rhs, *, group_sizes, block_m, block_n, block_k,

@@ -9,6 +9,7 @@ import pytest
 
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.kernels import grouped_gpu, placement
+from tests.kernels.conftest import grouped_problem
 
 TOL = dict(rtol=2e-2, atol=0.15)  # bf16 outputs of sums of up to 128 products
 ALL_MOSAIC = dict.fromkeys(grouped_gpu.DIRECTIONS, "mosaic")
@@ -16,16 +17,6 @@ ALL_MOSAIC = dict.fromkeys(grouped_gpu.DIRECTIONS, "mosaic")
 
 def f32(a):
   return np.asarray(a, np.float32)
-
-
-def _problem(seed=0, n=40, d=32, f=48, e=4, total=None):
-  kx, kw, kd, ks = jax.random.split(jax.random.key(seed), 4)
-  x = jax.random.normal(kx, (n, d), jnp.bfloat16)
-  w = jax.random.normal(kw, (e, d, f), jnp.bfloat16)
-  dy = jax.random.normal(kd, (n, f), jnp.bfloat16)
-  cuts = np.sort(np.asarray(jax.random.randint(ks, (e - 1,), 0, total or n)))
-  sizes = np.diff(np.concatenate([[0], cuts, [total or n]])).astype(np.int32)
-  return x, w, dy, jnp.asarray(sizes)
 
 
 def _numpy_grouped(x, w, sizes):
@@ -41,7 +32,7 @@ def _numpy_grouped(x, w, sizes):
 @pytest.mark.slow
 @pytest.mark.parametrize("impls", [("mosaic", "triton", "mosaic"), ("triton", "mosaic", "triton")])
 def test_grouped_gpu_composes_directions(fake_kernels, impls):
-  x, w, dy, sizes = _problem(seed=3, n=24, d=128, f=128, e=3)
+  x, w, dy, sizes = grouped_problem(seed=3, n=24, d=128, f=128, e=3)
   impls = dict(zip(grouped_gpu.DIRECTIONS, impls))
   f = lambda x, w: grouped_gpu.grouped_matmul(x, w, sizes, impls=impls)  # noqa: E731
   ref = lambda x, w: grouped_gemm.padded_grouped_matmul(x, w, sizes)  # noqa: E731

@@ -18,6 +18,7 @@ import pytest
 
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.kernels import grouped_matmul_mosaic as gmm
+from tests.kernels.conftest import grouped_problem
 
 TOL = dict(rtol=2e-2, atol=0.15)  # bf16 outputs of sums of up to 128 products
 
@@ -30,20 +31,10 @@ CFG = gmm.Config(block_m=16, block_n=16, block_k=16, max_concurrent_steps=2, gri
 CONFIGS = (CFG, CFG, CFG)
 
 
-def _problem(seed=0, n=40, d=32, f=48, e=4, total=None):
-  kx, kw, kd, ks = jax.random.split(jax.random.key(seed), 4)
-  x = jax.random.normal(kx, (n, d), jnp.bfloat16)
-  w = jax.random.normal(kw, (e, d, f), jnp.bfloat16)
-  dy = jax.random.normal(kd, (n, f), jnp.bfloat16)
-  cuts = np.sort(np.asarray(jax.random.randint(ks, (e - 1,), 0, total or n)))
-  sizes = np.diff(np.concatenate([[0], cuts, [total or n]])).astype(np.int32)
-  return x, w, dy, jnp.asarray(sizes)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("total,covered", [(None, False), (None, True), (31, False)])
 def test_matches_padded_grouped_matmul_with_gradients(fake_kernels, total, covered):
-  x, w, dy, sizes = _problem(total=total)
+  x, w, dy, sizes = grouped_problem(total=total)
   f = lambda x, w: gmm.grouped_matmul(x, w, sizes, configs=CONFIGS,  # noqa: E731
                                       covered=covered)
   ref = lambda x, w: grouped_gemm.padded_grouped_matmul(x, w, sizes)  # noqa: E731
@@ -58,8 +49,8 @@ def test_matches_padded_grouped_matmul_with_gradients(fake_kernels, total, cover
 
 @pytest.mark.slow
 def test_vmap_loops_over_groups(fake_kernels):
-  x, w, _, sizes = _problem(seed=1)
-  _, _, _, sizes2 = _problem(seed=2)
+  x, w, _, sizes = grouped_problem(seed=1)
+  _, _, _, sizes2 = grouped_problem(seed=2)
   xs, ss = jnp.stack([x, x[::-1]]), jnp.stack([sizes, sizes2])
   got = jax.jit(jax.vmap(lambda a, s: gmm.grouped_matmul(a, w, s, configs=CONFIGS)))(xs, ss)
   for i in range(2):

@@ -149,12 +149,13 @@ def test_a_rules_models_site_grid_gets_its_noise_matched_controls():
 
 def test_a_noise_control_computes_other_numbers_than_its_policy_and_bf16():
   model = registry.get("llama:tiny")
-  params = model.init(jax.random.key(0))
+  params = jax.jit(model.init)(jax.random.key(0))  # one compile, not one per op
   tokens = np.random.default_rng(0).integers(0, model.vocab_size, (2, 16)).astype(np.int32)
   text = r"output:e4m3@layers/\d+/mlp"
-  logits = {name: np.asarray(model.apply(params, tokens, model.policy(name))[0])
+  apply = jax.jit(lambda p, t, policy: model.apply(p, t, policy)[0], static_argnums=2)
+  logits = {name: np.asarray(apply(params, tokens, model.policy(name)))
             for name in ("bf16", text, f"noise({text})")}
-  again = np.asarray(model.apply(params, tokens, model.policy(f"noise({text})"))[0])
+  again = np.asarray(apply(params, tokens, model.policy(f"noise({text})")))
   np.testing.assert_array_equal(again, logits[f"noise({text})"])  # the same draws
   for a, b in ((text, "bf16"), (f"noise({text})", "bf16"), (f"noise({text})", text)):
     assert not np.array_equal(logits[a], logits[b]), (a, b)

@@ -18,20 +18,26 @@ def _record(policy, expr):
   return {"expression": expr, "name": expr}
 
 
+def _fake_reader(monkeypatch, name: str) -> dict:
+  """``{step: value, or an exception for a checkpoint whose meta does not read}``, what
+  ``checkpoint.<name>`` (``saved_policy``, ``saved_meta``) returns for the fake
+  checkpoints."""
+  values = {}
+
+  def read(ckpts, step):
+    del ckpts
+    if isinstance(values[step], Exception):
+      raise values[step]
+    return values[step]
+
+  monkeypatch.setattr(workdir_checks.ckpt_lib, name, read)
+  return values
+
+
 @pytest.fixture
 def saved_records(monkeypatch):
-  """``{step: policy record, or an exception for a checkpoint whose meta does not read}``,
-  what ``checkpoint.saved_policy`` returns for the fake checkpoints."""
-  records = {}
-
-  def saved_policy(ckpts, step):
-    del ckpts
-    if isinstance(records[step], Exception):
-      raise records[step]
-    return records[step]
-
-  monkeypatch.setattr(workdir_checks.ckpt_lib, "saved_policy", saved_policy)
-  return records
+  """The policy records of the fake checkpoints (:func:`_fake_reader`)."""
+  return _fake_reader(monkeypatch, "saved_policy")
 
 
 def _run(workdir, steps=(0,), cfg=None, policy="bf16"):
@@ -176,15 +182,8 @@ def test_a_run_without_config_json_is_checked_against_its_checkpoints_config(
     saved_records[step] = _record(None, "bf16")
   old = run_config.defaults()
   saved = json.loads(old.to_json())  # as the training loop writes it into the meta
-  metas = {0: {"config": saved}, 2: {"config": saved}, 4: OSError("torn")}
-
-  def saved_meta(ckpts, step):
-    del ckpts
-    if isinstance(metas[step], Exception):
-      raise metas[step]
-    return metas[step]
-
-  monkeypatch.setattr(workdir_checks.ckpt_lib, "saved_meta", saved_meta)
+  metas = _fake_reader(monkeypatch, "saved_meta")
+  metas.update({0: {"config": saved}, 2: {"config": saved}, 4: OSError("torn")})
   cfg = run_config.defaults()
   cfg.seed = 7
   with pytest.raises(ValueError, match=r"differs from the config of checkpoint "
