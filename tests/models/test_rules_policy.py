@@ -147,6 +147,7 @@ def test_a_rules_models_site_grid_gets_its_noise_matched_controls():
   assert [p.name for p in grid] == [f"noise({p.name})" for p in small]
 
 
+@pytest.mark.slow
 def test_a_noise_control_computes_other_numbers_than_its_policy_and_bf16():
   model = registry.get("llama:tiny")
   params = jax.jit(model.init)(jax.random.key(0))  # one compile, not one per op
