@@ -42,6 +42,8 @@ class Compute:
     if self.moe_impl not in MOE_IMPLS:
       raise ValueError(f"unknown MoE implementation {self.moe_impl!r}; use one of "
                        f"{MOE_IMPLS}")
+    if int(self.moe_groups) < 1:
+      raise ValueError(f"moe_groups must be >= 1, got {self.moe_groups}")
 
   @classmethod
   def of(cls, compute: Compute | None = None, **fields) -> Compute:

@@ -50,11 +50,7 @@ class Options:
   scan: layer_scan.ScanOptions | bool | None = None
 
   def __post_init__(self):
-    if self.moe_impl not in deepseek_moe.MOE_IMPLS:
-      raise ValueError(f"unknown MoE implementation {self.moe_impl!r}; use one of "
-                       f"{deepseek_moe.MOE_IMPLS}")
-    if int(self.moe_groups) < 1:
-      raise ValueError(f"moe_groups must be >= 1, got {self.moe_groups}")
+    self.compute  # noqa: B018  # its checks: the MoE path and groups
 
   @property
   def compute(self) -> deepseek_moe.Compute:

@@ -168,14 +168,12 @@ class MoE(nnx.Module):
         raise ValueError("the every-expert reference path has no FP8 GEMM hook; use "
                          "moe_impl='dispatch'")
       routed = moe.experts_reference(*args, limit=self.cfg.swiglu_limit)
-    elif impl in DISPATCH_IMPLS:
+    else:  # one of DISPATCH_IMPLS (Compute checks the path)
       if b % groups:
         raise ValueError(f"moe_groups {groups} does not divide the batch {b}")
       kernel = impl == "pallas" and config is None
       routed = moe.dispatch_groups(args, groups, grouped_gemm.matmul_for(impl, config), kernel,
                                    once=once, limit=self.cfg.swiglu_limit).reshape(b * s, d)
-    else:
-      raise ValueError(f"unknown MoE implementation {impl!r}; use one of {MOE_IMPLS}")
     routed = site("moe_routed_out", routed.reshape(b, s, d))
     out = routed
     if self.shared_experts is not None:

@@ -28,6 +28,7 @@ record, whatever its text (:func:`site_cell`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+import dataclasses
 import re
 
 import fp8jax
@@ -118,8 +119,8 @@ def noise_control(variant: api.Variant) -> api.Variant:
     raise ValueError(f"policy {variant.name!r} quantizes nothing: it has no noise-matched "
                      "control")
   name, expr = f"noise({variant.name})", f"noise({variant.expr or variant.name})"
-  rules = Rules([Rule(r.module_path, None if r.action is None
-                      else _noise_action(r.action, variant.name), role=r.role, op=r.op)
+  rules = Rules([r if r.action is None
+                 else dataclasses.replace(r, action=_noise_action(r.action, variant.name))
                  for r in variant.rules])
   record = variant.record or policy_record.of_rules(variant.name, variant.rules, variant.expr)
   record = {**record, "name": name, "expr": expr, "noise": True, "cell": None}

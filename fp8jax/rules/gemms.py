@@ -62,32 +62,45 @@ def _aval(x):
                               weak_type=getattr(jax.typeof(x), "weak_type", False))
 
 
+def split_arrays(tree):
+  """(the array leaves of ``tree``, arrays or ``jax.ShapeDtypeStruct``, in order;
+  ``rebuild(arrays) -> tree`` with those leaves replaced and the others as given): a call's
+  inputs traced over their arrays, flags closed over."""
+  leaves, treedef = jax.tree.flatten(tree)
+  dyn = [i for i, x in enumerate(leaves) if _is_array(x)]
+
+  def rebuild(arrays):
+    vals = list(leaves)
+    for i, x in zip(dyn, arrays):
+      vals[i] = x
+    return jax.tree.unflatten(treedef, vals)
+
+  return [leaves[i] for i in dyn], rebuild
+
+
 def trace(fn, args: tuple, kwargs: dict, argnums: tuple[int, ...]):
-  """``fn(*args, **kwargs)`` traced over its array leaves (the others are closed over).
+  """``fn(*args, **kwargs)`` traced over its array leaves (the others are closed over:
+  :func:`split_arrays`).
 
   Returns:
     (jaxpr, the array leaves in order, each leaf's parameter path (None outside the
     positional arguments ``argnums``; an argument that is one array: its index), the
     output's treedef).
   """
-  leaves, treedef = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
-  values = [x for _, x in leaves]
-  dyn = [i for i, x in enumerate(values) if _is_array(x)]
+  tree = (tuple(args), dict(kwargs))
+  arrays, rebuild = split_arrays(tree)
 
   def flat(*xs):
-    vals = list(values)
-    for i, x in zip(dyn, xs):
-      vals[i] = x
-    a, k = jax.tree.unflatten(treedef, vals)
+    a, k = rebuild(xs)
     return fn(*a, **k)
 
-  jaxpr, out = jax.make_jaxpr(flat, return_shape=True)(*[_aval(values[i]) for i in dyn])
+  jaxpr, out = jax.make_jaxpr(flat, return_shape=True)(*[_aval(x) for x in arrays])
   paths = []
-  for i in dyn:
-    keys = leaves[i][0]
-    own = keys[0].idx == 0 and keys[1].idx in argnums
-    paths.append((path_of(keys[2:]) or str(keys[1].idx)) if own else None)
-  return jaxpr, [values[i] for i in dyn], paths, jax.tree.structure(out)
+  for keys, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if _is_array(x):
+      own = keys[0].idx == 0 and keys[1].idx in argnums
+      paths.append((path_of(keys[2:]) or str(keys[1].idx)) if own else None)
+  return jaxpr, arrays, paths, jax.tree.structure(out)
 
 
 def decide(rules: rule_lib.Rules, site: Site) -> Action:

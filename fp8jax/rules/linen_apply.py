@@ -26,8 +26,8 @@ import contextlib
 
 from flax import linen as nn
 import jax
-import numpy as np
 
+from fp8jax.rules import gemms
 from fp8jax.rules import ops as ops_lib
 from fp8jax.rules import rule as rule_lib
 
@@ -105,21 +105,17 @@ def linen_plans(model: nn.Module, rules, *args, method=None, **kwargs) -> dict:
   abstractly with ``jax.eval_shape``: nothing is computed). Array leaves of the inputs
   may be arrays or ``jax.ShapeDtypeStruct``; other leaves (flags) are passed as given."""
   rules = rule_lib.as_rules(rules)
-  leaves, treedef = jax.tree.flatten((args, kwargs))
-  is_array = [isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
-              for x in leaves]
+  arrays, rebuild = gemms.split_arrays((args, kwargs))
   found = {}
 
   def trace(arrays):
-    given = iter(arrays)
-    a, kw = jax.tree.unflatten(treedef, [next(given) if arr else x
-                                         for x, arr in zip(leaves, is_array)])
+    a, kw = rebuild(arrays)
     with intercept(rules, strict=False) as icpt:
       model.init(jax.random.key(0), *a, method=method, **kw)
     found.update(icpt.plans)
     return 0
 
-  jax.eval_shape(trace, [x for x, arr in zip(leaves, is_array) if arr])
+  jax.eval_shape(trace, arrays)
   return found
 
 

@@ -95,26 +95,29 @@ def _get(config: dict, dotted: str):
 def _checkpoint_config(ckpts: pathlib.Path, saved: pathlib.Path) -> tuple[str, dict]:
   """(where, config dict) of the newest checkpoint whose meta holds the run's config, for
   a run whose ``config.json`` (``saved``) is missing; raises ValueError if none does."""
-  for step in sorted((int(p.name) for p in ckpts.iterdir() if p.name.isdigit()), reverse=True):
-    try:
-      config = ckpt_lib.saved_meta(ckpts, step).get("config")
-    except Exception:  # pylint: disable=broad-except  # a torn save: try the one before
-      continue
+  for step, meta in _readable(ckpts, ckpt_lib.saved_meta):
+    config = meta.get("config")
     if isinstance(config, dict):
       return f"the config of checkpoint {ckpts / str(step)}", run_config.with_defaults(config)
   raise ValueError(f"--resume: {saved} is missing and no checkpoint in {ckpts} holds the "
                    "run's config, so the resumed config cannot be checked against it")
 
 
-def _latest_policy(ckpts: pathlib.Path):
-  """(step, policy record or None) of the newest checkpoint whose meta reads; (None, None)
-  when none does (the restore then reports the damage)."""
+def _readable(ckpts: pathlib.Path, read):
+  """``(step, read(ckpts, step))`` of the checkpoints whose meta reads, newest first (a
+  torn save is passed over: the restore reports the damage)."""
   for step in sorted((int(p.name) for p in ckpts.iterdir() if p.name.isdigit()), reverse=True):
     try:
-      return step, ckpt_lib.saved_policy(ckpts, step)
+      value = read(ckpts, step)
     except Exception:  # pylint: disable=broad-except  # a torn save: try the one before
       continue
-  return None, None
+    yield step, value
+
+
+def _latest_policy(ckpts: pathlib.Path):
+  """(step, policy record or None) of the newest checkpoint whose meta reads; (None, None)
+  when none does."""
+  return next(_readable(ckpts, ckpt_lib.saved_policy), (None, None))
 
 
 def _check_policy(ckpts, old_expr, expr: str, policy, allow: bool, record, stream) -> None:

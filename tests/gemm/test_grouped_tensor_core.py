@@ -12,7 +12,7 @@ from fp8jax.gemm import accumulate
 from fp8jax.gemm import grouped as grouped_gemm
 from fp8jax.gemm import grouped_tensor_core as gtc
 from fp8jax.quant import qtensor
-from tests.gemm.conftest import ragged_case
+from tests.gemm.conftest import nonempty_experts, ragged_case
 from tests.references import reference_gemm as rg
 
 POW2 = fp8jax.QuantSpec(format="e4m3", granularity=fp8jax.per_tensor(), scale_format="pow2",
@@ -105,13 +105,7 @@ def test_tensor_core_accumulation_equals_dense_per_expert_bit_for_bit(policy):
       lambda p, q: grouped_gemm.fp8_ragged_dot(p, q, sizes, cfg), a, b, c))(x, w, dy)
   dense = jax.jit(lambda a, b, c: _vjp(
       lambda p, q: fp8jax.fp8_dot_general(p, q, DN, config=cfg), a, b, c))
-  start = 0
-  for e, size in enumerate(np.asarray(sizes)):
-    rows = slice(start, start + size)
-    start += size
-    if size == 0:
-      np.testing.assert_array_equal(dw[e], 0)
-      continue
+  for e, rows in nonempty_experts(sizes, dw):
     ye, dxe, dwe = dense(x[rows], w[e], dy[rows])
     np.testing.assert_array_equal(y[rows], ye)
     np.testing.assert_array_equal(dx[rows], dxe)

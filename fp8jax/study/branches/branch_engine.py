@@ -62,37 +62,37 @@ class Engine:
     return jax.ShapeDtypeStruct((data.global_batch, data.seq_len), jnp.int32,
                                 sharding=mesh_lib.batch_sharding(self.mesh))
 
-  def fill_cache(self, stream) -> None:
-    """Every policy's step compiled together (:mod:`fp8jax.train.parallel_compile`)."""
-    tokens = self._tokens()
-    lowerings = {}
+  def _lowerings(self) -> dict:
+    """``{policy key: () -> the lowered step}`` on the run's abstract state and batch."""
+    tokens, out = self._tokens(), {}
     for key, step in self.steps.items():
       delayed, sharding = self.layouts[key]
       state = loop.restore_target(self.abstract._replace(delayed=delayed), sharding)
-      lowerings[f"the step of policy {key}"] = functools.partial(step.lower, state, tokens)
-    parallel_compile.fill_cache(lowerings, stream, "branch")
+      out[key] = functools.partial(step.lower, state, tokens)
+    return out
+
+  def fill_cache(self, stream) -> None:
+    """Every policy's step compiled together (:mod:`fp8jax.train.parallel_compile`)."""
+    parallel_compile.fill_cache({f"the step of policy {key}": lower
+                                 for key, lower in self._lowerings().items()}, stream, "branch")
 
   def step_temp_bytes(self) -> int | None:
     """The largest temporary memory of the compiled steps per device (None: unknown, or
     no memory limit to fit, e.g. CPU: nothing is compiled for it)."""
     if not (self.mesh.devices.flat[0].memory_stats() or {}).get("bytes_limit"):
       return None
-    tokens = self._tokens()
-    temps = []
-    for key, step in self.steps.items():
-      delayed, sharding = self.layouts[key]
-      state = loop.restore_target(self.abstract._replace(delayed=delayed), sharding)
-      temps.append(branch_memory.temp_bytes(step.lower(state, tokens).compile()))
+    temps = [branch_memory.temp_bytes(lower().compile()) for lower in self._lowerings().values()]
     return None if None in temps or not temps else max(temps)
 
   def restore(self, ckpt, step: int, groups: int, keep: bool):
     """(:class:`~fp8jax.study.branches.branch_memory.RestoredState` for ``groups`` groups,
-    data position) of checkpoint ``step``."""
-    target = loop.restore_target(self.abstract, self.sharding)
-    state, position, meta = ckpt.restore(step, target, "branch")
-    del meta  # its policy was checked before any step (check_trained_policies)
-    reread = lambda: ckpt.restore(step, target, "branch")[0]  # noqa: E731
-    return branch_memory.RestoredState(state, self.sharding, groups, reread, keep), position
+    data position) of checkpoint ``step``; its meta's policy was checked before any step
+    (``check_trained_policies``)."""
+    read = functools.partial(ckpt.restore, step, loop.restore_target(self.abstract,
+                                                                     self.sharding), "branch")
+    state, position, _ = read()
+    return branch_memory.RestoredState(state, self.sharding, groups, lambda: read()[0],
+                                       keep), position
 
   def _batches(self, position) -> list:
     """The ``k`` batches the run reads after the data position ``position``."""
