@@ -107,11 +107,14 @@ def choose_scales(xs: jax.Array, amax: jax.Array, spec, inner: tuple[int, ...]):
   d = 1.0 / s_enc
   e2m1 = formats.get_format("e2m1")
   x = xs.astype(jnp.float32)
+  # A true division, as TE's reference divides: XLA rewrites a division by a constant
+  # into a multiply by its rounded reciprocal, which moves near-ties between 4 and 6.
+  six_e = jax.lax.optimization_barrier(jnp.float32(6.0 * e))
   cands = []
   for sd in candidates(finite, s_enc):
     s = jnp.minimum(1.0 / (sd * d), jnp.float32(_FLT_MAX))
     q = formats.round_to_format(x * s, e2m1)
-    diff = ((q * sd) * g) / jnp.float32(6.0 * e) - x
+    diff = ((q * sd) * g) / six_e - x
     diff = jnp.abs(diff) if spec.four_over_six == "mae" else diff * diff
     cands.append((s, sd, block_error(diff, inner)))
   (s6, sd6, err6), (s4, sd4, err4) = cands
