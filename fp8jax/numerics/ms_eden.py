@@ -37,7 +37,10 @@ reference (``tests/references/reference_ms_eden.py``) follows; the Triton kernel
 "Conformance"): Triton rounds E2M1 ties away from zero and gives ``-0`` for an element
 ``+0`` (its sign is ``x > 0 ? 1 : -1``); fp8jax rounds ties to even (as the CUDA kernel's
 ``cvt.rn``) and keeps the sign of zero. ``D`` is clipped to [2**-126, 2**126] as fp8jax's
-NVFP4 tensor scale. A block holding NaN or inf gets a NaN scale (the whole block NaN), and
+NVFP4 tensor scale, and a scale-level product or reciprocal below 2**-126 (a float32
+subnormal) is taken as 0 (:func:`_ftz`): XLA:CPU flushes such values and XLA:GPU does not,
+so the flush is explicit and both give the same bits. It matters only for tensors whose
+largest magnitude is below about 2e-35, where ``D`` is clipped. A block holding NaN or inf gets a NaN scale (the whole block NaN), and
 its elements stay out of its group's sums, so the other blocks of the group keep a finite
 correction.
 """
@@ -59,18 +62,25 @@ VAL_MAX = np.float32(6.0 / SCALE_OVERRIDE)
 SCALES_MAX = np.float32(255.99)
 """The largest block scale the tensor level allows (E4M3 headroom for the correction)."""
 _FLT_MAX = float(np.finfo(np.float32).max)
+_FLT_TINY = np.float32(np.finfo(np.float32).tiny)
 _BLOCK = 16
 
 
+def _ftz(v: jax.Array) -> jax.Array:
+  """``v`` (float32, >= 0) with its subnormal values taken as 0, on every backend."""
+  return jnp.where(v < _FLT_TINY, jnp.float32(0.0), v)
+
+
 def _rcp_mul(a: jax.Array, b) -> jax.Array:
-  """``a * (1 / b)``, each operation rounded to float32 (the model of Triton's ``/``, PTX
-  ``div.full.f32``). The operands pass a barrier, so that XLA neither merges the product
-  into a division nor reassociates two of them (``(a * r1) * r2`` into ``a * (r1 * r2)``)."""
+  """``a * (1 / b)`` for ``a, b >= 0``, each operation rounded to float32 (the model of
+  Triton's ``/``, PTX ``div.full.f32``) and its subnormal results taken as 0. The operands
+  pass a barrier, so that XLA neither merges the product into a division nor reassociates
+  two of them (``(a * r1) * r2`` into ``a * (r1 * r2)``)."""
   a = jnp.asarray(a, jnp.float32)
   b = jnp.asarray(b, jnp.float32)
-  r = jnp.float32(1.0) / b
+  r = _ftz(jnp.float32(1.0) / b)
   a, r = jax.lax.optimization_barrier((a, r))
-  return a * r
+  return _ftz(a * r)
 
 
 def _block_tree_sum(v: jax.Array) -> jax.Array:
@@ -114,7 +124,7 @@ def quantize_blocks(x: jax.Array, bits: jax.Array):
   d = jnp.where(g > 0, d, jnp.float32(1.0))
   sd = formats.round_to_format(_rcp_mul(_rcp_mul(amax, VAL_MAX), d), e4m3)
   sd = jnp.where(sd == 0, jnp.float32(1.0), sd)
-  s = jnp.minimum(1.0 / (sd * d), jnp.float32(_FLT_MAX))
+  s = jnp.minimum(1.0 / _ftz(sd * d), jnp.float32(_FLT_MAX))
   s = jnp.where(finite, s, jnp.float32(1.0))
   scaled = xb * s[..., None]
   q = formats.round_to_format(scaled, e2m1)

@@ -2,8 +2,9 @@
 Quartet II's Triton kernel ``eden_1x16s_fp4_kernel`` (IST-DASLab/Quartet-II commit 8776a90)
 with the conventions fp8jax states (docs/formats.md): every division of the kernel as
 Triton compiles it (PTX ``div.full.f32``: the dividend times a reciprocal of the divisor),
-modelled as ``a * float32(1 / b)``; elements rounded to nearest even, the group sums element
-after element per 16-element block and then a tree over the eight blocks.
+modelled as ``a * float32(1 / b)``; scale-level subnormals taken as 0; elements rounded to
+nearest even, the group sums element after element per 16-element block and then a tree
+over the eight blocks.
 
 Explicit loops over the groups and blocks of one row at a time, float32 scalars
 (``np.float32`` arithmetic rounds every operation), E4M3 and E2M1 through ml_dtypes casts,
@@ -22,9 +23,20 @@ SCALES_MAX = F32(255.99)
 GROUP, BLOCK = 128, 16
 
 
+TINY = F32(np.finfo(F32).tiny)
+FLT_MAX = F32(np.finfo(F32).max)
+
+
+def flush(v) -> np.float32:
+  """float32 ``v`` >= 0, a subnormal taken as 0 (fp8jax's convention for the scale level)."""
+  return F32(0.0) if F32(v) < TINY else F32(v)
+
+
 def over(a, b) -> np.float32:
-  """Triton's float32 ``a / b``: ``a`` times the float32 reciprocal of ``b``."""
-  return F32(F32(a) * F32(F32(1.0) / F32(b)))
+  """Triton's float32 ``a / b`` for ``a, b >= 0``: ``a`` times the float32 reciprocal of
+  ``b``, the reciprocal and the product flushed below 2**-126."""
+  with np.errstate(over="ignore", divide="ignore"):
+    return flush(F32(a) * flush(F32(F32(1.0) / F32(b))))
 
 
 def e4m3(v) -> np.float32:
@@ -88,7 +100,8 @@ def ms_eden_row_major(x: np.ndarray, words: np.ndarray):
         sd = e4m3(over(over(amax, VAL_MAX), d))
         if sd == 0:
           sd = F32(1.0)
-        s = F32(F32(1.0) / F32(sd * d))
+        with np.errstate(over="ignore", divide="ignore"):
+          s = F32(min(F32(F32(1.0) / flush(F32(sd * d))), FLT_MAX))
         vv, vq = F32(0.0), F32(0.0)
         for i in range(b0, b0 + BLOCK):
           v = F32(x[r, i] * s)
