@@ -1,4 +1,4 @@
-"""The seed study's baseline: DeepSeek-MoE-2B, BF16, C4 English, 4 GPUs, data parallel.
+"""The original study's baseline: DeepSeek-MoE-2B, BF16, C4 English, 4 GPUs, data parallel.
 
     python -m fp8jax.experiments.train --config=experiments/configs/train_2b_c4.py \
         --workdir=$WORK/ds2b_bf16 --config.data.source=prepared \
@@ -14,9 +14,9 @@ the prepared tfds C4 in TFRecord (``--config.data.source=tfds:c4/en:3.0.1``, nee
 ``tf`` extra) or in ArrayRecord (the default source below, with
 ``--config.data.data_dir=$TFDS_DATA_DIR``).
 
-Recipe (DeepSeekMoE paper, section 4.1, and the seed study): AdamW (0.9, 0.95), weight
+Recipe (DeepSeekMoE paper, section 4.1, and the original study): AdamW (0.9, 0.95), weight
 decay 0.1, clip 1.0, peak LR 1.08e-3 with 2000 warmup steps and x0.316 at 80% and 90%
-of the schedule, sequences of 2048 tokens. The seed study trained to step 10000 with a
+of the schedule, sequences of 2048 tokens. The original study trained to step 10000 with a
 batch the 4 GPUs hold and kept checkpoints every 500 steps from step 0. Here 16 x 2048
 tokens per step: 4 sequences per device (an H100 holds 8 with the Pallas grouped GEMM,
 ``moe_impl="pallas"``, used here; docs/performance.md). BF16 compute, FP32 master weights

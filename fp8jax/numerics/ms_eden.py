@@ -40,9 +40,9 @@ reference (``tests/references/reference_ms_eden.py``) follows; the Triton kernel
 NVFP4 tensor scale, and a scale-level product or reciprocal below 2**-126 (a float32
 subnormal) is taken as 0 (:func:`_ftz`): XLA:CPU flushes such values and XLA:GPU does not,
 so the flush is explicit and both give the same bits. It matters only for tensors whose
-largest magnitude is below about 2e-35, where ``D`` is clipped. A block holding NaN or inf gets a NaN scale (the whole block NaN), and
-its elements stay out of its group's sums, so the other blocks of the group keep a finite
-correction.
+largest magnitude is below about 2e-35, where ``D`` is clipped. A block holding NaN or inf
+gets a NaN scale (the whole block NaN), and its elements stay out of its group's sums, so
+the other blocks of the group keep a finite correction.
 """
 
 from __future__ import annotations

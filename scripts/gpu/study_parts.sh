@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# The seed study (`fp8jax.experiments.study`) with its sweep split over processes and GPUs,
+# The site study (`fp8jax.experiments.study`) with its sweep split over processes and GPUs,
 # so that a baseline and a sweep of many evaluation batches fit one device call
-# (docs/validation.md, the seed study at small scale). Trains the BF16 baseline of CONFIG
+# (docs/validation.md, the site study at small scale). Trains the BF16 baseline of CONFIG
 # on GPU 0 (RESULTS/train), then runs one `compare` per evaluation offset (the site grid,
 # its two noise-matched controls and the noise floor; RESULTS/parts/o<offset>, each
 # resumable), spread round-robin over the GPUs, then merges the parts into RESULTS/compare
 # and writes its report:
 #   bash scripts/gpu/study_parts.sh RESULTS TOKENIZER_JSON
-# CONFIG (default experiments/configs/seed_study_small.py), OFFSETS (default "0 2 4 6"),
+# CONFIG (default experiments/configs/site_study_small.py), OFFSETS (default "0 2 4 6"),
 # BATCHES per offset (default 2), BATCH_SIZE (default 16), GPUS (default: all that
 # nvidia-smi lists) and TRAIN_EXTRA (more --config.* flags) from the environment. The
 # controls name the config's 9 layers (CONTROLS to change them).
 set -uo pipefail
 out=${1:?usage: study_parts.sh RESULTS TOKENIZER_JSON}
 tok=${2:?usage: study_parts.sh RESULTS TOKENIZER_JSON}
-config=${CONFIG:-experiments/configs/seed_study_small.py}
+config=${CONFIG:-experiments/configs/site_study_small.py}
 read -r -a offsets <<<"${OFFSETS:-0 2 4 6}"
 read -r -a train_extra <<<"${TRAIN_EXTRA:-}"
 gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}

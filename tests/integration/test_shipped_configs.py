@@ -34,10 +34,10 @@ def test_config_validates(path):
   assert "python -m fp8jax.experiments." in (module.__doc__ or ""), "each config names its command"
 
 
-def test_seed_study_small_keeps_the_seed_studys_layout():
+def test_site_study_small_keeps_the_original_studys_layout():
   """9 layers, every one MoE (DeepSeek-MoE-2B's layout: the site grid's layer-0 MoE site
   exists), 11 checkpoints from step 0."""
-  cfg = _load(CONFIGS[0].parent / "seed_study_small.py")
+  cfg = _load(CONFIGS[0].parent / "site_study_small.py")
   model_cfg, _ = run_config.validate(cfg)
   assert model_cfg.num_hidden_layers == 9
   assert all(model_cfg.is_moe_layer(i) for i in range(9))

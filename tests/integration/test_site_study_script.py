@@ -1,4 +1,4 @@
-"""scripts/gpu/seed_study_2b.sh at tiny size on CPU: killed mid-way, rerun, complete; its
+"""scripts/gpu/site_study_2b.sh at tiny size on CPU: killed mid-way, rerun, complete; its
 default policies are known grids and expressions."""
 
 import json
@@ -16,7 +16,7 @@ from fp8jax.models import registry
 from fp8jax.study.comparison import sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "gpu" / "seed_study_2b.sh"
+SCRIPT = REPO / "scripts" / "gpu" / "site_study_2b.sh"
 
 
 def _env(work) -> dict:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The seed study at 2B on a GPU machine (docs/study_2b.md: The seed study at 2B in device
+# The site study at 2B on a GPU machine (docs/study_2b.md: The site study at 2B in device
 # calls): an 8192-id BPE on generated text, the BF16 baseline of deepseek_moe_2b
 # (train_2b_c4.py's recipe on synthetic:TEXT_MB, params-only checkpoints but the newest),
 # branch-off runs from the BRANCH_FROM checkpoints (each while it is the newest, so it
 # still holds its optimizer state), the site grid with the noise floor and the
 # noise-matched controls on every checkpoint, and the report. Resumable: run it again,
 # one call after another, until it prints "all stages done".
-#   bash scripts/gpu/seed_study_2b.sh RESULTS [DEADLINE_S]
+#   bash scripts/gpu/site_study_2b.sh RESULTS [DEADLINE_S]
 # RESULTS: what comes back (< 64 MiB): train/ (metrics.jsonl, config.json, every
 # checkpoint's meta, verify.txt), compare/ (rows, report, figures, details.jsonl.gz),
 # branch/, tok/, logs/ (each call's card, date and stage times; the binaries' logs) and
@@ -23,7 +23,7 @@
 # BRANCH_POLICIES, OFFSETS, BATCHES, BATCH_SIZE, EXTRA (more --config.* flags), PY
 # (default python3).
 set -uo pipefail
-results=${1:?usage: seed_study_2b.sh RESULTS [DEADLINE_S]}
+results=${1:?usage: site_study_2b.sh RESULTS [DEADLINE_S]}
 deadline=${2:-540}
 t0=$SECONDS
 size=${SIZE:-2b}
