@@ -86,7 +86,7 @@ RUN_FIRST = ("tests/integration/test_multihost.py", "tests/integration/test_mult
 
 
 FAST_LIMIT_VARIABLE = "FP8JAX_FAST_TEST_LIMIT_S"
-"""Seconds: when set (CI's suite step sets 5), a test outside the slow tier whose call takes
+"""Seconds: when set (CI's suite step sets 10), a test outside the slow tier whose call takes
 longer fails, naming its time, so that the suite stays within its budget as it grows."""
 
 
@@ -109,8 +109,10 @@ SHARD_VARIABLE = "FP8JAX_SLOW_SHARD"
 """``i/k``: of the slow tests, only those in shard ``i`` of ``k`` (:func:`slow_shard`) and
 those of :data:`EVERY_SHARD`; unset or ``all``: every one. CI runs one shard per commit
 (``.ci/run``)."""
-EVERY_SHARD = ("tests/integration/test_notebooks.py",)
-"""Slow files that run in every shard: the notebooks are executed in every CI run."""
+EVERY_SHARD = ("tests/integration/test_notebooks.py",
+               "tests/integration/test_readme.py::test_readme")
+"""Slow tests (node id prefixes) that run in every shard: the notebooks are executed, and the
+README's examples run, in every CI run."""
 
 
 def slow_shard(nodeid: str, k: int) -> int:
@@ -146,7 +148,7 @@ def pytest_collection_modifyitems(config, items):
       return False
     if shard is None or item.get_closest_marker("slow") is None:
       return True
-    return (item.nodeid.split("::")[0] in EVERY_SHARD
+    return (item.nodeid.startswith(EVERY_SHARD)
             or slow_shard(item.nodeid, shard[1]) == shard[0])
 
   keep, drop = [], []

@@ -33,6 +33,12 @@ def test_readme_python_blocks_run():
   q4 = namespace["q4"]
   assert str(q4.data.dtype) == "float4_e2m1fn" and str(q4.scale_inv.dtype) == "float8_e4m3fn"
   assert namespace["get_config"]().model == "my_lm:tiny"
+  assert namespace["logits"].shape == (2, 16, 320)
+  report = [line.split() for line in namespace["fp8jax"].describe(
+      namespace["forward"], namespace["rules"], namespace["params"],
+      namespace["tokens"]).splitlines()[1:]]
+  assert sorted(r[0] for r in report) == ["head/kernel", "mlp/0/kernel", "mlp/1/kernel"]
+  assert all(r[3:5] == ["recipe", "mxfp8"] for r in report)
   from fp8jax.models import registry
   assert "my_lm:tiny" in registry.known()  # the README's model, registered by its block
 
