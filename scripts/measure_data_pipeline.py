@@ -12,7 +12,7 @@ a child process:
   text MB/s of wall time and per CPU-second of the workers.
 
   .venv/bin/python scripts/measure_data_pipeline.py --work=/tmp/fp8jax_data_perf \
-      --sizes_mb=200,2000 --out=docs/perf_raw/2026-11-23_cpu_data_pipeline.json
+      --sizes_mb=200,2000 --out=out/data_pipeline.json
 
 The corpora are deleted at the end unless ``--keep``.
 """
