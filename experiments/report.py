@@ -1,7 +1,9 @@
 r"""Report of a precision comparison sweep: report.md and PNG figures.
 
 Reads the folder written by the comparison sweep (meta.json, rows.jsonl, details.jsonl,
-baseline.jsonl, weights.jsonl) and writes ``report.md`` and ``figures/*.png``::
+baseline.jsonl, weights.jsonl) and writes ``report.md`` and ``figures/*.png``, naming the
+reference by the precision the sweep read from the model (``meta.json``'s ``reference``,
+e.g. "FP32 reference"; a folder written before it was recorded reads as BF16)::
 
   python -m fp8jax.experiments.report --results=out/compare
   python -m fp8jax.experiments.report --results=out/compare --out=/tmp/report --top_k=20

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -149,6 +150,9 @@ class Model:
     sites: the modules of a rules model's site grid, ``{module: its path in layer
       "{i}"}`` (e.g. ``{"attn": "layers/{i}/attn", "mlp": "layers/{i}/mlp"}``;
       :func:`fp8jax.models.rules_policy.site_grid`); empty: none.
+
+  The precision of the reference (``baseline``) is read from the model itself
+  (:meth:`reference_precision`), never from a name.
   """
   name: str
   abstract_params: Callable[[], Any]
@@ -186,6 +190,24 @@ class Model:
     model whose entries have none)."""
     return self.policy_meta(policy).get("record")
 
+  def reference_precision(self, batch) -> dict:
+    """What the reference (``baseline``) computes in on ``batch`` (arrays or
+    ``jax.ShapeDtypeStruct`` s, e.g. int32 tokens [B, S]), from an abstract trace of
+    ``apply`` (nothing runs): ``{"precision": "bf16" | "fp32" | ..., "gemm_share":
+    {precision: share of the GEMM multiply-adds}}``; ``precision`` is the one of most
+    multiply-adds, else (no floating GEMM) the commonest floating dtype of the params
+    ("n/a": neither)."""
+    params = self.abstract_params()
+    share = gemm_precisions(lambda p, b: self.apply(self.store(p), b, self.baseline)[0],
+                            params, abstract_of(batch))
+    sizes: dict[str, int] = {}
+    for x in jax.tree.leaves(params):
+      if jnp.issubdtype(x.dtype, jnp.floating):
+        name = precision_name(x.dtype)
+        sizes[name] = sizes.get(name, 0) + x.size
+    most = max(share or sizes, key=(share or sizes).get, default="n/a")
+    return {"precision": most, "gemm_share": share}
+
   def policy(self, text: str):
     """The policy of the ``--policy`` text ``text`` (checked against the model)."""
     if self.parse_policy is None:
@@ -193,6 +215,50 @@ class Model:
     policy = self.parse_policy(text)
     self.check(policy)
     return policy
+
+
+def precision_name(dtype) -> str:
+  """The short name of a floating dtype: ``"bf16"``, ``"fp32"``, ``"fp16"``, ``"fp64"``
+  (others: numpy's name, e.g. ``"float8_e4m3fn"``)."""
+  name = jnp.dtype(dtype).name
+  return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+          "float64": "fp64"}.get(name, name)
+
+
+def _equations(jaxpr, times: int = 1):
+  """``(equation, times it runs)`` of every equation of a jaxpr and of the jaxprs its
+  equations hold (scan bodies times their length; pjit, custom VJPs, cond branches and
+  loop bodies once)."""
+  for eqn in jaxpr.eqns:
+    yield eqn, times
+    inner_times = times * (eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner, inner_times)
+
+
+def gemm_precisions(fn: Callable[..., Any], *args) -> dict[str, float]:
+  """``{precision: share}`` of the multiply-adds of the floating GEMMs (``dot_general``,
+  ``ragged_dot_general``) of ``fn(*args)``, by the promoted dtype of their operands
+  (:func:`precision_name`), largest share first, from an abstract trace (``args`` may be
+  ``jax.ShapeDtypeStruct`` s); {} when it has none."""
+  macs: dict[str, float] = {}
+  for eqn, times in _equations(jax.make_jaxpr(fn)(*args).jaxpr):
+    if eqn.primitive.name not in ("dot_general", "ragged_dot_general"):
+      continue
+    lhs, rhs = (v.aval for v in eqn.invars[:2])
+    dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      continue
+    dims = eqn.params.get("dimension_numbers") or getattr(
+        eqn.params.get("ragged_dot_dimension_numbers"), "dot_dimension_numbers", None)
+    k = math.prod(lhs.shape[i] for i in dims[0][0]) if dims else lhs.shape[-1]
+    name = precision_name(dtype)
+    macs[name] = macs.get(name, 0.0) + float(eqn.outvars[0].aval.size) * k * times
+  total = sum(macs.values())
+  return {n: round(v / total, 6) for n, v in sorted(macs.items(), key=lambda kv: -kv[1])}
 
 
 def direct_pairs(quantized: Iterable[str], param_paths: Iterable[str],

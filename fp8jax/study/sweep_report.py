@@ -5,16 +5,19 @@ statistics (:mod:`fp8jax.study.common.stats`) and the answers to the study's fou
 (:mod:`fp8jax.study.comparison.questions`), draws the figures
 (:mod:`fp8jax.study.comparison.figures`; matplotlib is imported only when drawing) and
 writes ``report.md``: the grid, the non-finite FP8 rows (listed, never averaged) and, apart
-from them, the non-finite BF16 baselines (a data problem), the conditioning per checkpoint
+from them, the non-finite references (a data problem), the conditioning per checkpoint
 (:mod:`fp8jax.study.comparison.conditioning`), the per-policy summary, every policy against
 the noise floor and its noise-matched control (:mod:`fp8jax.study.comparison.floor`), the
 answers, routing and experts for a model with a router
 (:mod:`fp8jax.study.comparison.experts`), the figures and the method. Per checkpoint,
 positive metrics are geometric means over the batches with the t-interval of the logs,
 signed ones arithmetic means with t-intervals; across checkpoints, medians with bootstrap
-intervals over the batches. Given the folder of the branch-off study (``branch=``, or found
-at ``<folder>/../branch/branches.jsonl``, the pipeline's layout), the report also answers "Does
-the one-step perturbation predict the trajectory?" (:mod:`fp8jax.study.branches.trajectory`).
+intervals over the batches. The reference is named by its precision
+(:attr:`~fp8jax.study.common.results.Results.reference`: the one the sweep recorded from the
+model, BF16 for folders that recorded none). Given the folder of the branch-off study
+(``branch=``, or found at ``<folder>/../branch/branches.jsonl``, the pipeline's layout), the
+report also answers "Does the one-step perturbation predict the trajectory?"
+(:mod:`fp8jax.study.branches.trajectory`).
 Typical notebook use::
 
     res = results.load("out/compare")
@@ -52,6 +55,19 @@ def _direct_text(pairs: list[tuple[str, int | None]]) -> str:
   return ", ".join(f"{m}@{','.join(v)}" for m, v in by.items()) or "none"
 
 
+def reference_text(res: Results) -> str:
+  """The sentence naming the reference: its precision and, where the sweep recorded it,
+  its share of the GEMM multiply-adds."""
+  ref = res.meta.get("reference") or {}
+  share = ", ".join(f"{k.upper()} {100 * v:.4g}%"
+                    for k, v in (ref.get("gemm_share") or {}).items())
+  how = (f"GEMM multiply-adds: {share}" if share else "as the sweep recorded it" if ref
+         else "a folder that predates the record, read as BF16")
+  return (f"Reference: {res.reference}, the model's own precision (its baseline policy, "
+          f"nothing quantized; {how}); every policy is compared with the {res.reference} "
+          "reference.")
+
+
 def grid_markdown(res: Results) -> list[str]:
   """The sweep's identity, grid, windows, row counts and non-finite rows (markdown lines)."""
   meta, w = res.meta, res.meta.get("windows", {})
@@ -59,7 +75,7 @@ def grid_markdown(res: Results) -> list[str]:
   lines = ["# Precision comparison report", "",
            f"Sweep `{res.folder}`; code version `{meta.get('code_version', 'n/a')}`; "
            f"training run `{meta.get('train_workdir', 'n/a')}`.", "",
-           "## Grid", "", f"Model: {model or 'n/a'}.", "",
+           "## Grid", "", f"Model: {model or 'n/a'}.", "", reference_text(res), "",
            f"Checkpoints (steps): {', '.join(str(s) for s in res.steps)}.", "",
            f"Evaluation windows: offsets {w.get('offsets')} (in batches), {w.get('batches')} "
            f"batches per offset, batch size {w.get('batch_size')}, sequence length "
@@ -85,10 +101,10 @@ def grid_markdown(res: Results) -> list[str]:
                      for r in bad])
   base_bad = res.baseline_nonfinite()
   if base_bad:
-    lines += ["## Non-finite BF16 baselines (data problem)", "",
-              f"The BF16 reference itself is non-finite on these {len(base_bad)} (checkpoint, "
-              "batch) pairs: the checkpoint or the batch is bad, not FP8, and no FP8 row is "
-              "compared against them (`python -m fp8jax.experiments.verify "
+    lines += [f"## Non-finite {res.reference} baselines (data problem)", "",
+              f"The {res.reference} reference itself is non-finite on these {len(base_bad)} "
+              "(checkpoint, batch) pairs: the checkpoint or the batch is bad, not FP8, and no "
+              "FP8 row is compared against them (`python -m fp8jax.experiments.verify "
               "--workdir=<training run>` checks the checkpoints).", ""]
     lines += table(["step", "offset", "batch", "non-finite"],
                     [[b["step"], b["offset"], b["batch"], b.get("nonfinite")] for b in base_bad])
@@ -130,31 +146,36 @@ def render(res: Results, ans: dict[str, dict], figures: dict[str, Any],
   lines += experts.markdown(res)
   lines += list(extra)
   lines += ["## Figures", ""] + [f"![{k}]({v})" for k, v in figures.items()] + [""]
-  lines += ["## Method", "", METHOD, ""]
+  lines += ["## Method", "", method(res.reference), ""]
   return "\n".join(lines)
 
 
+def method(reference: str = "BF16") -> str:
+  """The report's method paragraph, naming the reference by its precision."""
+  return METHOD.format(reference=reference)
+
+
 METHOD = (
-    "Each row pairs the BF16 gradient of a checkpoint and batch with a policy's gradient on "
-    "the same batch (the noise floor: with a BF16 gradient at weights perturbed at BF16 "
-    "rounding level). Per checkpoint, over its evaluation batches (all offsets): positive "
-    "quantities (norms, relative errors, ratios) are geometric means with the two-sided 95% "
-    "Student-t interval of their logs, exponentiated (never below 0); signed quantities "
-    "(cosines, shares) are arithmetic means with 95% t-intervals; a single batch has no "
-    "interval. Across checkpoints: the median of the per-checkpoint centers (on the log "
-    "scale for positive quantities) with a 95% percentile bootstrap interval (2000 "
-    "resamples, seed 0) that resamples the batches within each checkpoint, their deviations "
-    "from the checkpoint's mean scaled by sqrt(n / (n - 1)) so that few batches do not give "
-    "too narrow an interval: the checkpoints are the design and stay fixed, the batches are "
-    "the sample (no interval unless every checkpoint has at least 3 batches). Comparisons "
-    "between policies are paired on the batches "
-    "where both are finite: the per-batch ratio for positive metrics (so the batch's own "
-    "difficulty cancels), the difference for signed ones, summarized the same way. "
-    "Trajectory shapes compare the geometric mean over the first third of the checkpoints "
-    "with the last third. In the trajectory section, each predictor x outcome relation has "
-    "a permutation p-value (fixed seed), adjusted with Holm's method over all the pairs "
-    "tested: it controls the chance of stating any false relation at 5% whatever the "
-    "dependence between the predictors.")
+    "Each row pairs the {reference} reference's gradient of a checkpoint and batch with a "
+    "policy's gradient on the same batch (the noise floor: with the reference's gradient at "
+    "weights perturbed at BF16 rounding level, 2^-8). Per checkpoint, over its evaluation "
+    "batches (all offsets): positive quantities (norms, relative errors, ratios) are "
+    "geometric means with the two-sided 95% Student-t interval of their logs, exponentiated "
+    "(never below 0); signed quantities (cosines, shares) are arithmetic means with 95% "
+    "t-intervals; a single batch has no interval. Across checkpoints: the median of the per-"
+    "checkpoint centers (on the log scale for positive quantities) with a 95% percentile "
+    "bootstrap interval (2000 resamples, seed 0) that resamples the batches within each "
+    "checkpoint, their deviations from the checkpoint's mean scaled by sqrt(n / (n - 1)) so "
+    "that few batches do not give too narrow an interval: the checkpoints are the design and "
+    "stay fixed, the batches are the sample (no interval unless every checkpoint has at least"
+    " 3 batches). Comparisons between policies are paired on the batches where both are "
+    "finite: the per-batch ratio for positive metrics (so the batch's own difficulty "
+    "cancels), the difference for signed ones, summarized the same way. Trajectory shapes "
+    "compare the geometric mean over the first third of the checkpoints with the last third. "
+    "In the trajectory section, each predictor x outcome relation has a permutation p-value "
+    "(fixed seed), adjusted with Holm's method over all the pairs tested: it controls the "
+    "chance of stating any false relation at 5% whatever the dependence between the "
+    "predictors.")
 
 
 def branch_folder(folder: str | pathlib.Path) -> pathlib.Path | None:

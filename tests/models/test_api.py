@@ -128,3 +128,45 @@ def test_the_train_binary_trains_resumes_and_records_a_llama(tmp_path):
   assert "Module sensitivity: attention vs MLP" in report
   assert "## Against noise-matched controls" in report and "noise(mlp_l0-1_e4m3)" in report
   assert report.count("Not available") == 1  # only the format-width question (no recipes)
+
+
+@pytest.mark.parametrize("name,kw,want", [
+    ("deepseek_moe:tiny", {}, "bf16"), ("llama:tiny", {}, "bf16"),
+    ("llama:tiny", {"overrides": {"dtype": "float32"}}, "fp32")])
+def test_the_reference_precision_is_read_from_the_model(name, kw, want):
+  """From the baseline's own GEMMs (an abstract trace): DeepSeek-MoE's router computes in
+  FP32, a sliver of its multiply-adds; a Llama set to compute in FP32 says so."""
+  got = registry.get(name, **kw).reference_precision(jax.ShapeDtypeStruct((2, 16), jnp.int32))
+  assert got["precision"] == want and got["gemm_share"][want] > 0.99
+  assert sum(got["gemm_share"].values()) == pytest.approx(1.0)
+
+
+def test_gemm_precisions_weigh_each_gemm_by_its_multiply_adds():
+  def fn(a, b, c, d, i):
+    y = jnp.einsum("bmk,bkn->bmn", a, b)   # 2 x 4 x 2 outputs of 8 products: 128, bf16
+    z = c @ d                              # 4 x 5 outputs of 3 products: 60, fp32
+    return y, z, i @ i                     # an integer product: not a floating GEMM
+  s = jax.ShapeDtypeStruct
+  got = api.gemm_precisions(fn, s((2, 4, 8), jnp.bfloat16), s((2, 8, 2), jnp.bfloat16),
+                            s((4, 3), jnp.float32), s((3, 5), jnp.float32),
+                            s((3, 3), jnp.int32))
+  assert got == pytest.approx({"bf16": 128 / 188, "fp32": 60 / 188}, abs=1e-6)
+  assert list(got) == ["bf16", "fp32"]  # the larger share first
+  def scanned(x, w, v):  # 3 x 32 fp16 multiply-adds in the scan, 48 fp32 ones outside
+    h = jax.lax.scan(lambda h, _: (h @ w, None), x, None, length=3)[0]
+    return h.astype(jnp.float32) @ v
+  got = api.gemm_precisions(scanned, s((2, 4), jnp.float16), s((4, 4), jnp.float16),
+                            s((4, 6), jnp.float32))
+  assert got == pytest.approx({"fp16": 96 / 144, "fp32": 48 / 144}, abs=1e-6)
+  assert api.gemm_precisions(lambda x: x * 2, s((3,), jnp.float32)) == {}
+
+
+def test_a_model_without_gemms_takes_its_params_precision():
+  from fp8jax.metrics import paths  # pylint: disable=import-outside-toplevel
+  model = api.Model(
+      name="scale", abstract_params=lambda: {"w": jax.ShapeDtypeStruct((4,), jnp.bfloat16),
+                                             "b": jax.ShapeDtypeStruct((2,), jnp.float32)},
+      apply=lambda p, x, policy, **_: (x * p["w"] + p["b"][0], {}), loss=jnp.mean,
+      baseline=None, classifier=paths.Classifier.from_patterns({"w": "^w"}))
+  got = model.reference_precision(jnp.ones((2, 4), jnp.float32))
+  assert got == {"precision": "bf16", "gemm_share": {}}

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -127,14 +128,16 @@ def metric_row(ids: dict, name: str, r: float, lre: float, loss: float, i: int,
 
 def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSETS,
           batches=BATCHES, flip=False, floor=False, controls=None, grad_norm=None,
-          floor_scale=None, extra=None, fields=None, records=False) -> pathlib.Path:
+          floor_scale=None, extra=None, fields=None, records=False, reference=None
+          ) -> pathlib.Path:
   """A sweep folder of known numbers. ``floor``: with a noise floor (:func:`floor_rel_err`);
   ``controls``: {policy: per-batch factors of its noise-matched control's rel_err over the
   policy's}; ``grad_norm``: {step: BF16 gradient norm} (default 2); ``floor_scale``: {step:
   factor on the floor}; ``extra``: {policy name: f(i, j) -> rel_err}; ``fields``: {policy:
   f(i, j) -> further row fields}. Without floor and controls the meta has no kinds, without
   ``records`` no policy records (the formats of earlier sweeps); with ``records`` each
-  entry has the record of the policy its name parses to."""
+  entry has the record of the policy its name parses to; ``reference``: the precision
+  ``meta.json`` records for the reference (None: none, as sweeps before the record)."""
   folder.mkdir(parents=True, exist_ok=True)
   controls, extra, fields = controls or {}, extra or {}, fields or {}
   kinds = bool(floor or controls)
@@ -154,6 +157,8 @@ def build(folder: pathlib.Path, policies=tuple(SEED), steps=STEPS, offsets=OFFSE
           "steps": list(steps), "windows": {"offsets": list(offsets), "batches": batches,
                                             "batch_size": 2, "seq_len": 16},
           "code_version": "abc1234-test", "train_workdir": "/runs/synthetic"}
+  if reference:
+    meta["reference"] = {"precision": reference, "gemm_share": {reference: 1.0}}
   (folder / "meta.json").write_text(json.dumps(meta))
   rows, details, base, weights = [], [], [], []
   for i, s in enumerate(steps):
@@ -363,3 +368,29 @@ def test_nonfinite_baselines_are_a_data_problem_apart_from_nonfinite_fp8_rows(tm
   assert "| 100 | 8 | 0 | moe_l0-8_e5m2 | " + BAD_WHERE + " |" in fp8_part
   assert "bf16 " + where not in fp8_part
   assert f"| 200 | 0 | 1 | {where} |" in base_part
+
+
+REFERENCE_NAMES = re.compile(r"(BF16|FP32) (reference|baseline|gradient|loss|pass)|g_(bf16|fp32)")
+"""Where the report names the reference by a precision (a column name such as
+``loss_bf16`` is no name of it)."""
+
+
+@pytest.mark.parametrize("reference,label", [(None, "BF16"), ("bf16", "BF16"),
+                                             ("fp32", "FP32")])
+def test_the_report_names_the_reference_by_its_precision(tmp_path, reference, label):
+  """A sweep of a model that computes in FP32 says FP32 wherever it names the reference;
+  a folder that recorded no precision (written before the record) reads as BF16."""
+  folder = build(tmp_path / "s", policies=SEED[:2], steps=(0, 100), floor=True,
+                 reference=reference)
+  edit = [json.loads(x) for x in (folder / "baseline.jsonl").read_text().splitlines()]
+  edit[0].update(finite=False, nonfinite="grads/lm_head/kernel")  # its own section
+  (folder / "baseline.jsonl").write_text("".join(json.dumps(x) + "\n" for x in edit))
+  res = results.load(folder)
+  assert res.reference == label
+  text = sweep_report.render(res, questions.answers(res, top_k=3), {})
+  named = {m.group(0) for m in REFERENCE_NAMES.finditer(text)}
+  assert f"{label} reference" in named and f"## Non-finite {label} baselines" in text
+  other = {"BF16": "FP32", "FP32": "BF16"}[label]
+  assert not [n for n in named if other in n.upper()], named
+  assert f"Reference: {label}, the model's own precision" in text
+  assert ("predates the record" in text) == (reference is None)

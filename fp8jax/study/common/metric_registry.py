@@ -5,11 +5,14 @@ positive quantities such as norms and relative errors, summarized by geometric m
 intervals of the logs; :data:`LINEAR`: signed ones such as cosines, shares and fractions,
 and losses, summarized by arithmetic means), the columns it is written as and where the
 report uses it: the summary table, against the noise floor, as a branch-off predictor, in
-the figures, as a conditioning signal, as a branch outcome.
+the figures, as a conditioning signal, as a branch outcome, per expert. ``bf16`` in a name
+or doc is the reference (the model's baseline, in its own precision: BF16 for DeepSeek-MoE,
+FP32 for a model that computes in FP32; the report's labels say "reference").
 
 The views the report reads keep the registry's order (its tables' column order):
 :func:`summary_names`, :func:`floor_names`, :func:`predictors`, :func:`signals`,
-:func:`flag_signals`, :func:`telemetry`, :func:`outcomes`, :func:`positive_names`.
+:func:`flag_signals`, :func:`telemetry`, :func:`outcomes`, :func:`expert_names`,
+:func:`positive_names`.
 Lookups (:func:`get`, :func:`is_positive`) read a name by its last ``/`` component, so
 ``module/attn_o/rel_err`` and ``moe/rel_err`` are ``rel_err``; :func:`column_metric` also
 checks that a ``rows.jsonl`` column has one of its metric's column forms. An unknown name
@@ -57,6 +60,8 @@ class Metric:
     signal: a conditioning signal per checkpoint.
     flag: a signal that flags a checkpoint (a spike).
     outcome: an outcome of a branch-off line.
+    expert: a gradient metric per expert (``by_expert`` of ``details.jsonl``, the report's
+      section on experts).
   """
 
   name: str
@@ -72,6 +77,7 @@ class Metric:
   signal: bool = False
   flag: bool = False
   outcome: bool = False
+  expert: bool = False
 
   @property
   def positive(self) -> bool:
@@ -90,13 +96,13 @@ METRICS: tuple[Metric, ...] = (
     # module, coarse group and layer. Norms in loss units per parameter unit; experts no
     # token chose count as zero (union).
     M("rel_err", "||g_fp8 - g_bf16|| / ||g_bf16|| (dimensionless)", LOG,
-      "one-step relative gradient error", GROUPED, summary=True, floor=True,
+      "one-step relative gradient error", GROUPED, summary=True, floor=True, expert=True,
       predictor=ALWAYS, figures=("grad_error", "loss_vs_grad", "format_width", "noise_floor",
                                  "trajectory")),
-    M("diff_norm", "||g_fp8 - g_bf16||", LOG, columns=GROUPED, summary=True,
+    M("diff_norm", "||g_fp8 - g_bf16||", LOG, columns=GROUPED, summary=True, expert=True,
       figures=("grad_error", "heatmaps")),
     M("cosine", "cosine of g_fp8 and g_bf16 (NaN when either is 0)", LINEAR,
-      columns=GROUPED, summary=True),
+      columns=GROUPED, summary=True, expert=True),
     M("loss_rel_err", "|loss_fp8 - loss_bf16| / |loss_bf16| (dimensionless)", LOG,
       columns=BARE, summary=True, floor=True, figures=("loss_vs_grad",)),
     M("share_direct", "share of ||g_fp8 - g_bf16||^2 in the directly quantized parameters",
@@ -126,15 +132,17 @@ METRICS: tuple[Metric, ...] = (
     M("n_only_a", "experts that only the BF16 pass chose (count)", LINEAR, columns=ROUTING),
     M("n_only_b", "experts that only the policy's pass chose (count)", LINEAR,
       columns=ROUTING),
+    M("expert_tokens", "tokens the reference pass routed to an expert, per batch (count; "
+      "details.jsonl)", LINEAR, "tokens"),
     M("routing", "a row's topk_set_diff_frac, mean over the MoE layers (fraction)", LINEAR,
       "one-step routing divergence", predictor=ALWAYS, figures=("trajectory",)),
     M("floor_multiple", "rel_err / the noise floor's on the same batch, geometric mean", LOG,
       "one-step rel_err / noise floor", predictor=EXTRA),
     # Conditioning of a checkpoint: the BF16 baseline (baseline.jsonl) and the noise floor.
-    M("loss", "the BF16 LM + balance loss of a batch (nats per token)", LINEAR, "BF16 loss",
-      baseline=True, predictor=EXTRA, signal=True),
+    M("loss", "the BF16 LM + balance loss of a batch (nats per token)", LINEAR,
+      "reference loss", baseline=True, predictor=EXTRA, signal=True),
     M("grad_norm", "||g_bf16|| of a batch (loss units per parameter unit)", LOG,
-      "BF16 gradient norm", baseline=True, predictor=EXTRA, signal=True, flag=True),
+      "reference gradient norm", baseline=True, predictor=EXTRA, signal=True, flag=True),
     M("lm_loss", "the BF16 LM loss of a batch (nats per token)", LINEAR, baseline=True),
     M("aux_loss", "the BF16 balance loss of a batch (0 without one)", LINEAR, baseline=True),
     M("floor_rel_err", "the noise floor's rel_err at a checkpoint (dimensionless)", LOG,
@@ -268,6 +276,11 @@ def telemetry() -> dict[str, str]:
 def outcomes() -> dict[str, str]:
   """``{name: label}`` of the branch-off outcomes."""
   return {m.name: m.label for m in METRICS if m.outcome}
+
+
+def expert_names() -> tuple[str, ...]:
+  """The gradient metrics per expert (``by_expert`` of ``details.jsonl``)."""
+  return tuple(m.name for m in METRICS if m.expert)
 
 
 def plotted_in(figure: str) -> tuple[str, ...]:

@@ -3,11 +3,13 @@
 A sweep folder holds ``meta.json`` (model, policies with their directly quantized modules,
 checkpoint steps, evaluation windows), ``rows.jsonl`` (metrics per checkpoint step,
 evaluation batch and FP8 policy), ``details.jsonl`` (per-parameter and module x layer
-gradient difference norms), ``baseline.jsonl`` (BF16 losses per batch) and ``weights.jsonl``
-(baseline weight norms per step). Norms are L2 norms of gradients (loss units per parameter
-unit), ``rel_err`` = ||g_fp8 - g_bf16|| / ||g_bf16|| and ``loss_rel_err`` are
-dimensionless, losses are in nats per token; steps are optimizer steps, offsets are in
-batches.
+gradient difference norms), ``baseline.jsonl`` (the reference's losses per batch) and
+``weights.jsonl`` (weight norms per step). The reference is the model's baseline policy (no
+quantization), in its own precision (:attr:`Results.reference`: BF16 for DeepSeek-MoE);
+columns keep their historical names (``loss_bf16``, ``norm_bf16``) whatever it is. Norms
+are L2 norms of gradients (loss units per parameter unit), ``rel_err`` = ||g_fp8 -
+g_bf16|| / ||g_bf16|| and ``loss_rel_err`` are dimensionless, losses are in nats per
+token; steps are optimizer steps, offsets are in batches.
 
 :func:`load` reads a folder into :class:`Results` (a torn last JSONL line, left by a killed
 writer, is dropped; later duplicates of a row replace earlier ones). A (checkpoint, batch)
@@ -110,6 +112,14 @@ class Results:
       if row_key(d) in finite:
         self._details[(d["policy"], int(d["step"]))].append(d)
     self._records: dict[str, dict] = {}
+
+  @property
+  def reference(self) -> str:
+    """The reference's precision as the report names it (``"BF16"``, ``"FP32"``):
+    ``meta["reference"]["precision"]``, which the sweep reads from the model's baseline
+    (:meth:`fp8jax.models.api.Model.reference_precision`), upper case. A folder written
+    before the sweep recorded it reads as BF16 (DeepSeek-MoE's BF16 baseline)."""
+    return str((self.meta.get("reference") or {}).get("precision") or "bf16").upper()
 
   @property
   def classifier(self) -> paths_lib.Classifier:
@@ -292,9 +302,9 @@ def merge(parts: list[Results]) -> Results:
   part order), the union of their steps and of their windows' offsets.
 
   Raises:
-    ValueError: no parts; the parts differ in model, data, training run or in their
-      windows other than the offsets; two parts define one policy differently, or name
-      more than one floor between them.
+    ValueError: no parts; the parts differ in model, data, training run, the reference's
+      precision (:attr:`Results.reference`) or in their windows other than the offsets;
+      two parts define one policy differently, or name more than one floor between them.
   """
   if not parts:
     raise ValueError("merge: no sweeps to merge")
@@ -305,6 +315,9 @@ def merge(parts: list[Results]) -> Results:
       if part.meta.get(key) != first_meta.get(key):
         raise ValueError(f"{part.folder}: meta.json {key} {part.meta.get(key)!r} differs from "
                          f"{parts[0].folder}'s {first_meta.get(key)!r}: not parts of one sweep")
+    if part.reference != parts[0].reference:
+      raise ValueError(f"{part.folder}: its reference computes in {part.reference}, "
+                       f"{parts[0].folder}'s in {parts[0].reference}: not parts of one sweep")
     if _but_offsets(part.meta.get("windows")) != _but_offsets(first_meta.get("windows")):
       raise ValueError(f"{part.folder}: evaluation windows {part.meta.get('windows')} differ "
                        f"from {parts[0].folder}'s {first_meta.get('windows')} (other than in "

@@ -1,8 +1,8 @@
 """Conditioning per checkpoint: how sensitive a checkpoint's gradient is to any perturbation.
 
 Signals per checkpoint (:func:`per_checkpoint`, :data:`SIGNALS`): from ``baseline.jsonl``
-the BF16 loss (nats per token, arithmetic mean over the batches) and gradient norm (loss
-units per parameter unit, geometric mean); when the sweep has a noise floor
+the reference's loss (nats per token, arithmetic mean over the batches) and gradient norm
+(loss units per parameter unit, geometric mean); when the sweep has a noise floor
 (:attr:`~fp8jax.study.common.results.Results.floor`), the floor's relative gradient error
 (dimensionless) and its curvature signal ``curvature`` = diff_norm / perturbation_norm (the
 norm of a Hessian-vector product along the random perturbation; geometric means).
@@ -135,10 +135,11 @@ def markdown(res: Results, signals: dict[int, dict[str, Stat]] | None = None,
   flagged = flags(res, signals=signals) if flagged is None else flagged
   lines = ["## Conditioning per checkpoint", ""]
   if res.floor:
-    lines += [f"The noise floor (`{res.floor}`) is the BF16 gradient at weights perturbed at "
-              "BF16 rounding level, w (1 + 2^-8 U(-1, 1)), against the BF16 gradient on the "
-              "same batch; its curvature is diff_norm / perturbation_norm, the norm of a "
-              "Hessian-vector product along the perturbation.", ""]
+    lines += [f"The noise floor (`{res.floor}`) is the {res.reference} reference's gradient "
+              "at weights perturbed at BF16 rounding level, w (1 + 2^-8 U(-1, 1)), against "
+              "its gradient at the checkpoint's weights on the same batch; its curvature is "
+              "diff_norm / perturbation_norm, the norm of a Hessian-vector product along the "
+              "perturbation.", ""]
   else:
     lines += ["This sweep has no noise floor (written without one): no metric of this report "
               "can be read against the checkpoint's own sensitivity, and only the gradient "

@@ -4,11 +4,14 @@ changes the router's choices, and which experts' gradients it changes most.
 It reads what the sweep (:mod:`fp8jax.study.comparison.sweep`) derives from the model's
 own routing statistics (``aux["routing"]``: each MoE layer's top-k expert ids and tokens
 per expert): the rows' routing divergence (``routing/<layer>/topk_set_diff_frac``,
-:func:`fp8jax.metrics.routing_divergence` of the BF16 pass and the policy's on the same
-batch) and the details lines' per-expert gradient metrics (``by_expert``: over each
+:func:`fp8jax.metrics.routing_divergence` of the reference pass and the policy's on the
+same batch) and the details lines' per-expert gradient metrics (``by_expert``: over each
 expert's slice of the stacked expert weights that the model's classifier marks, as
-:func:`fp8jax.metrics.compare_grads` groups them) with the BF16 pass's tokens per expert
-(``expert_tokens``). A model without a router has neither, and no section.
+:func:`fp8jax.metrics.compare_grads` groups them) with the reference pass's tokens per
+expert (``expert_tokens``). A model without a router has neither, and no section. The
+metrics and their scales are those of :mod:`fp8jax.study.common.metric_registry`
+(``expert``, and ``expert_tokens``); the reference is named by its precision
+(:attr:`~fp8jax.study.common.results.Results.reference`).
 
     experts.routing_table(res)["gemm:nvfp4_recipe"]   # {layer: Stat of the fraction}
     experts.expert_table(res)["gemm:nvfp4_recipe"]    # {(layer, expert): {metric: Stat}}
@@ -19,14 +22,18 @@ from __future__ import annotations
 from collections import defaultdict
 import math
 
+from fp8jax.study.common import metric_registry
 from fp8jax.study.common.intervals import Stat, ci
 from fp8jax.study.common.results import Results
 from fp8jax.study.common.stats import fmt, stat, table
 from fp8jax.study.comparison.figures import routing_layers
 
-EXPERT_METRICS = ("diff_norm", "rel_err", "cosine")
-"""The per-expert metrics the section shows (positive ones on the log scale)."""
-_POSITIVE = ("diff_norm", "rel_err")
+RANK_BY = "diff_norm"
+"""The metric the per-expert table ranks the experts by (its first metric column)."""
+EXPERT_METRICS = (RANK_BY, *(m for m in metric_registry.expert_names() if m != RANK_BY))
+"""The per-expert metrics the section shows (those registered with ``expert``)."""
+TOKENS = "expert_tokens"
+"""The reference pass's tokens per expert (a registered metric of ``details.jsonl``)."""
 
 
 def names(res: Results) -> list[str]:
@@ -36,7 +43,7 @@ def names(res: Results) -> list[str]:
 
 def routing_table(res: Results) -> dict[str, dict[int, Stat]]:
   """``{name: {MoE layer: Stat}}``: the fraction of tokens whose top-k expert set differs
-  from the BF16 pass's, over the finite rows of every checkpoint (arithmetic mean)."""
+  from the reference pass's, over the finite rows of every checkpoint (arithmetic mean)."""
   layers = routing_layers(res)
   return {p: {lay: stat(res, f"routing/{lay}/topk_set_diff_frac", p) for lay in layers}
           for p in names(res)}
@@ -44,10 +51,10 @@ def routing_table(res: Results) -> dict[str, dict[int, Stat]]:
 
 def expert_table(res: Results) -> dict[str, dict[tuple[int, int], dict[str, Stat]]]:
   """``{name: {(layer, expert): {metric: Stat}}}`` over the finite details lines of every
-  checkpoint: :data:`EXPERT_METRICS` and ``tokens`` (the BF16 pass's tokens routed to the
-  expert per batch). Geometric means for the positive metrics, arithmetic for the cosine;
-  an expert that no token chose has no ``rel_err`` or ``cosine`` in that batch (NaN,
-  left out)."""
+  checkpoint: :data:`EXPERT_METRICS` and :data:`TOKENS` (the reference pass's tokens
+  routed to the expert per batch). Each on its registered scale (geometric means for the
+  positive metrics, arithmetic for the cosine and the tokens); an expert that no token
+  chose has no ``rel_err`` or ``cosine`` in that batch (NaN, left out)."""
   out = {}
   for p in names(res):
     acc = defaultdict(lambda: defaultdict(list))
@@ -58,8 +65,9 @@ def expert_table(res: Results) -> dict[str, dict[tuple[int, int], dict[str, Stat
           for e, v in enumerate(cols.get(m, [])):
             acc[(int(layer), e)][m].append(math.nan if v is None else float(v))
         for e, v in enumerate(tokens or []):
-          acc[(int(layer), e)]["tokens"].append(float(v))
-    out[p] = {key: {m: ci([v for v in vals if not math.isnan(v)], m in _POSITIVE)
+          acc[(int(layer), e)][TOKENS].append(float(v))
+    out[p] = {key: {m: ci([v for v in vals if not math.isnan(v)],
+                          metric_registry.is_positive(m))
                     for m, vals in cols.items()} for key, cols in sorted(acc.items())}
   return out
 
@@ -72,12 +80,12 @@ def markdown(res: Results, top_k: int = 10) -> list[str]:
   layers = routing_layers(res)
   if not layers and not any(experts.values()):
     return []
-  lines = ["## Routing and experts", ""]
+  lines, ref = ["## Routing and experts", ""], res.reference
   if layers:
     lines += ["Routing divergence: the fraction of tokens whose top-k expert set differs "
-              "between the BF16 pass and the policy's on the same batch, per MoE layer "
-              "(mean over the finite rows of every checkpoint; the router's choices are "
-              "the model's own routing statistics).", ""]
+              f"between the {ref} reference pass and the policy's on the same batch, per "
+              "MoE layer (mean over the finite rows of every checkpoint; the router's "
+              "choices are the model's own routing statistics).", ""]
     rows = []
     for p, by_layer in routing.items():
       means = [by_layer[lay].mean for lay in layers]
@@ -86,19 +94,20 @@ def markdown(res: Results, top_k: int = 10) -> list[str]:
                    fmt(sum(finite) / len(finite) if finite else math.nan)])
     lines += table(["policy", *(f"layer {lay}" for lay in layers), "mean"], rows)
   if any(experts.values()):
+    signed = [m for m in (TOKENS, *EXPERT_METRICS) if not metric_registry.is_positive(m)]
     lines += [f"Per-expert gradient difference: per policy, the {top_k} (MoE layer, "
               "expert) pairs with the largest gradient difference norm over the expert's "
-              "own weights; tokens: routed to the expert per batch in the BF16 pass. "
-              "Geometric means over the finite batches of every checkpoint (cosine: "
-              "arithmetic).", ""]
+              f"own weights; tokens: routed to the expert per batch in the {ref} reference "
+              "pass. Geometric means over the finite batches of every checkpoint "
+              f"(arithmetic: {', '.join(signed)}).", ""]
     rows = []
     for p, cells in experts.items():
       def size(key, cells=cells):
-        v = cells[key]["diff_norm"].mean if "diff_norm" in cells[key] else math.nan
+        v = cells[key][RANK_BY].mean if RANK_BY in cells[key] else math.nan
         return -v if math.isfinite(v) else math.inf
       for layer, e in sorted(cells, key=lambda k: (size(k), k))[:top_k]:
         c = cells[(layer, e)]
         rows.append([p, layer, e, *(fmt(c[m].mean) if m in c else "n/a"
-                                    for m in ("tokens", *EXPERT_METRICS))])
-    lines += table(["policy", "layer", "expert", "tokens (BF16)", *EXPERT_METRICS], rows)
+                                    for m in (TOKENS, *EXPERT_METRICS))])
+    lines += table(["policy", "layer", "expert", f"tokens ({ref})", *EXPERT_METRICS], rows)
   return lines

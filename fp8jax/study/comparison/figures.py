@@ -5,6 +5,8 @@ Every function draws one figure of a loaded sweep (:func:`fp8jax.study.common.re
 objects directly (no pyplot state and no backend switch), so notebooks can call them too.
 Centers are over the finite rows of each checkpoint (geometric means for positive metrics,
 arithmetic means otherwise), bands are their 95% intervals (:func:`fp8jax.study.common.stats.stat`).
+The reference is labelled by its precision (:attr:`fp8jax.study.common.results.Results.reference`:
+"FP32 reference", gradient ``g_fp32``, for a model that computes in FP32).
 """
 
 from __future__ import annotations
@@ -81,23 +83,30 @@ def _log_if_positive(ax, values) -> None:
     ax.set_yscale("log")
 
 
+def reference_gradient(res: results.Results) -> str:
+  """The reference's gradient in the figures' labels: ``g_bf16``, ``g_fp32``, ..."""
+  return f"g_{res.reference.lower()}"
+
+
 def loss_curves(res: results.Results, out_dir) -> pathlib.Path:
-  """(a) BF16 and FP8 loss (nats/token) over checkpoints, one panel per policy."""
+  """(a) The reference's and the policy's loss (nats/token) over checkpoints, one panel
+  per policy."""
   fig, axes = _figure(len(res.policies))
   for ax, p in zip(axes, res.policies):
-    _band(ax, res, "loss_bf16", p, "BF16", color="k")
-    _band(ax, res, "loss_fp8", p, "FP8", color="tab:red", ls="--")
+    _band(ax, res, "loss_bf16", p, f"{res.reference} reference", color="k")
+    _band(ax, res, "loss_fp8", p, "policy", color="tab:red", ls="--")
     ax.set(title=p, xlabel="checkpoint step", ylabel="loss")
     ax.legend(fontsize=7)
-  fig.suptitle("Loss of BF16 and FP8 on the same batches")
+  fig.suptitle(f"Loss of the {res.reference} reference and the policy on the same batches")
   return _save(fig, out_dir, "loss_curves")
 
 
 def grad_error(res: results.Results, out_dir) -> pathlib.Path:
-  """(b) ||g_fp8 - g_bf16|| and the relative error over checkpoints, a line per policy."""
+  """(b) ||g_fp8 - g_ref|| and the relative error over checkpoints, a line per policy."""
   fig, axes = _figure(2, size=(6.0, 4.0))
-  for ax, metric, label in ((axes[0], "diff_norm", "||g_fp8 - g_bf16||"),
-                            (axes[1], "rel_err", "||g_fp8 - g_bf16|| / ||g_bf16||")):
+  g = reference_gradient(res)
+  for ax, metric, label in ((axes[0], "diff_norm", f"||g_fp8 - {g}||"),
+                            (axes[1], "rel_err", f"||g_fp8 - {g}|| / ||{g}||")):
     _log_if_positive(ax, [r.get(metric) for r in res.rows if r["finite"]])
     for p in res.policies:
       _band(ax, res, metric, p, p)
@@ -133,7 +142,7 @@ def loss_vs_grad(res: results.Results, out_dir) -> pathlib.Path:
 
 
 def weight_norms(res: results.Results, out_dir) -> pathlib.Path:
-  """(d) BF16 baseline weight norms over checkpoints: global and per module."""
+  """(d) The checkpoints' weight norms: global and per module."""
   fig, axes = _figure(2, size=(6.0, 4.0))
   rows = sorted(res.weights, key=lambda w: w["step"])
   steps = [w["step"] for w in rows]
@@ -153,7 +162,7 @@ def weight_norms(res: results.Results, out_dir) -> pathlib.Path:
     _empty(axes[1])
   axes[0].set(title="global", xlabel="checkpoint step", ylabel="||W||")
   axes[1].set(title="per module", xlabel="checkpoint step", ylabel="||W||")
-  fig.suptitle("BF16 baseline weight norm")
+  fig.suptitle("Weight norm of the checkpoints")
   return _save(fig, out_dir, "weight_norms")
 
 
@@ -187,7 +196,7 @@ def heatmaps(res: results.Results, out_dir) -> pathlib.Path:
     ax.set_yticks(range(len(modules)), modules, fontsize=7)
     ax.set_xticks(range(len(layers)), [str(x) for x in layers], fontsize=7)
     ax.set(title=f"{p} (step {steps[-1]})", xlabel="layer")
-    fig.colorbar(im, ax=ax, label="||g_fp8 - g_bf16||")
+    fig.colorbar(im, ax=ax, label=f"||g_fp8 - {reference_gradient(res)}||")
   fig.suptitle("Gradient difference norm per module and layer")
   return _save(fig, out_dir, "heatmaps")
 
@@ -218,7 +227,7 @@ def migration(res: results.Results, out_dir, redistribution: dict[str, Any] | No
                                                         else -1.05, 1.05))
   for p in per:
     _band(axes[3], res, "share_direct", p, p)
-  axes[3].set(title="share_direct: direct share of ||g_fp8 - g_bf16||^2",
+  axes[3].set(title=f"share_direct: direct share of ||g_fp8 - {reference_gradient(res)}||^2",
               xlabel="checkpoint step")
   if per:
     axes[0].legend(fontsize=7)
@@ -256,7 +265,7 @@ def routing(res: results.Results, out_dir) -> pathlib.Path:
                   rotation=45)
     ax.set(xlabel="checkpoint step", ylabel="MoE layer")
     fig.colorbar(im, ax=ax, label="top-k set differs (fraction of tokens)")
-  fig.suptitle("Routing divergence FP8 vs BF16")
+  fig.suptitle(f"Routing divergence of the policy from the {res.reference} reference")
   return _save(fig, out_dir, "routing")
 
 

@@ -7,8 +7,10 @@
 :func:`fp8jax.study.comparison.sweep.run` reads DeepSeek-MoE checkpoints and the training data;
 :func:`evaluate` takes a :class:`~fp8jax.study.comparison.model_api.StudyModel`, its params per step
 and the evaluation batches directly, and writes the same folder (``meta.json``,
-``rows.jsonl``, ``details.jsonl``, ``baseline.jsonl``, ``weights.jsonl``), so the report
-reads it unchanged. It resumes like the sweep: finished rows are skipped. One process.
+``rows.jsonl``, ``details.jsonl``, ``baseline.jsonl``, ``weights.jsonl``; ``meta.json``'s
+``reference``: the precision the model's baseline computes in, read from the model), so the
+report reads it unchanged and names the reference by that precision. It resumes like the
+sweep: finished rows are skipped. One process.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def evaluate(model: model_api.StudyModel, out, policies: Sequence[Any],
                       "batch_size": int(np.shape(first)[0]),
                       "seq_len": int(np.shape(first)[1]) if np.ndim(first) > 1 else 0,
                       "seed": None, "split": ""},
-          "classes": model.classifier.to_table(metrics.flatten(model.abstract_params()))}
+          "classes": model.classifier.to_table(metrics.flatten(model.abstract_params())),
+          "reference": model.reference_precision(next(iter(batches.values())))}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",

@@ -260,12 +260,12 @@ def redistribution_answer(res: Results, k: int = 10, flagged: Sequence[int] = ()
         and math.isfinite(r["share_direct_last"])]
   if sd:
     down = sum(r["share_direct_last"] < r["share_direct_first"] for r in sd)
-    text += (f". share_direct (the direct modules' share of ||g_fp8 - g_bf16||^2) decreases "
-             f"from the first to the last checkpoint in {down} of {len(sd)} policies")
+    text += (". share_direct (the direct modules' share of the squared gradient difference) "
+             f"decreases from the first to the last checkpoint in {down} of {len(sd)} policies")
   floor = redistribution(res, res.floor, k) if res.floor else {"available": False}
   if floor["available"]:
     alike = floor["overlap_first_last"] <= np.mean([r["overlap_first_last"] for r in ok])
-    text += (f". The noise floor's own top-{k} (BF16 at perturbed weights) moves "
+    text += (f". The noise floor's own top-{k} ({res.reference} at perturbed weights) moves "
              f"{'as much' if alike else 'less'}: overlap "
              f"{fmt(floor['overlap_first_last'])}, Spearman "
              f"{fmt(floor['spearman_first_last'])} first vs last"

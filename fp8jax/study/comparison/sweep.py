@@ -3,16 +3,19 @@
     summary = run(train_workdir, out, policies=["sites"], windows=Windows(...))
 
 For every checkpoint of a training run, the same evaluation batches (``windows``: N
-batches at each of several data offsets) are fed to the BF16 model once and to every
-policy; each (checkpoint, batch, policy) gives one row of ``rows.jsonl`` plus one line of
-per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the BF16 losses and
-``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the sweep. The
-sweep resumes: finished work is skipped, and a killed run leaves no partial row (rows
-are whole-line appends; the details line goes first and is dropped on resume if its row
-never landed; a row whose details line is missing is recomputed). A torn last line is
+batches at each of several data offsets) are fed to the reference (the model's baseline
+policy, in the model's own precision: BF16 for DeepSeek-MoE) once and to every policy;
+each (checkpoint, batch, policy) gives one row of ``rows.jsonl`` plus one line of
+per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the reference's
+losses and ``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the
+sweep, and in ``reference`` the precision the reference computes in, read from the model
+(:meth:`fp8jax.models.api.Model.reference_precision`; the report names the reference by
+it). The sweep resumes: finished work is skipped, and a killed run leaves no partial row
+(rows are whole-line appends; the details line goes first and is dropped on resume if its
+row never landed; a row whose details line is missing is recomputed). A torn last line is
 repaired; a damaged line elsewhere stops the sweep with ValueError naming ``file:line``.
 Non-finite FP8 results are kept as rows with ``finite: false`` and the name
-of the first non-finite gradient, never averaged (the report lists them). A BF16 baseline
+of the first non-finite gradient, never averaged (the report lists them). A reference
 that is itself non-finite is a data problem (a bad checkpoint or batch), not an FP8 one:
 its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
 (checkpoint, batch).
@@ -45,7 +48,7 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
-from fp8jax.study.common import noise_floor, results_io
+from fp8jax.study.common import metric_registry, noise_floor, results_io
 from fp8jax.study.comparison import paired
 from fp8jax.study.comparison.eval_data import (  # noqa: F401  (also this module's API)
   Windows,
@@ -81,7 +84,7 @@ class _Output:
     if not write:
       return
     out.mkdir(parents=True, exist_ok=True)
-    keys = ("model", "windows", "train_workdir", "data", "replicas")
+    keys = ("model", "windows", "train_workdir", "data", "replicas", "reference")
     old = results_io.resumed_meta(out, meta, keys, "a sweep", optional=keys[3:])
     if old is not None:
       for name in set(old["policies"]) & set(meta["policies"]):
@@ -186,6 +189,7 @@ def run(train_workdir, out, policies=("sites",), steps=None, windows: Windows | 
                                    if model.delayed_init(p) else {})} for p in pols},
           "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
           "replicas": replicas, "code_version": ckpt_lib.code_version(), **mode,
+          "reference": model.reference_precision(next(iter(batches.values()))),
           "classes": model.classifier.to_table(metrics.flatten(model.abstract_params()))}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
@@ -302,8 +306,9 @@ def _baseline_row(base: paired.Baseline, params) -> dict:
           "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
 
 
-EXPERT_METRICS = ("diff_norm", "rel_err", "cosine")
-"""Per-expert metrics of a details line (``by_expert``: ``{layer: {metric: [E]}}``)."""
+EXPERT_METRICS = metric_registry.expert_names()
+"""Per-expert metrics of a details line (``by_expert``: ``{layer: {metric: [E]}}``;
+registered with ``expert`` in :mod:`fp8jax.study.common.metric_registry`)."""
 
 
 def expert_tokens(routing) -> dict[str, list[int]]:

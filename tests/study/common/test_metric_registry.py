@@ -9,7 +9,7 @@ from fp8jax.study import sweep_report
 from fp8jax.study.branches import trajectory, trajectory_figures
 from fp8jax.study.common import metric_registry as reg
 from fp8jax.study.common import results, results_io, stats
-from fp8jax.study.comparison import conditioning, figures, floor
+from fp8jax.study.comparison import conditioning, experts, figures, floor, sweep
 from tests.study.test_sweep_report import SEED, build
 
 IDS = frozenset(results.ROW_KEYS + results.STATUS_KEYS)
@@ -87,7 +87,13 @@ def test_the_report_reads_the_registry():
   assert conditioning.FLAG_SIGNALS == ("grad_norm", "floor_rel_err", "curvature")
   assert list(trajectory.EXTRA_PREDICTORS)[:5] == ["floor_multiple", *conditioning.SIGNALS]
   assert list(trajectory.EXTRA_PREDICTORS)[5:] == [f"tel/{k}" for k in conditioning.TELEMETRY]
-  assert trajectory.EXTRA_PREDICTORS["grad_norm"] == "BF16 gradient norm (checkpoint)"
+  assert trajectory.EXTRA_PREDICTORS["grad_norm"] == "reference gradient norm (checkpoint)"
+  assert conditioning.SIGNALS["loss"] == "reference loss"  # whatever its precision
+  # The report's section on experts reads its metrics and their scales here too.
+  assert reg.expert_names() == ("rel_err", "diff_norm", "cosine")
+  assert set(experts.EXPERT_METRICS) == set(reg.expert_names())
+  assert sweep.EXPERT_METRICS == reg.expert_names()
+  assert not reg.is_positive("expert_tokens") and reg.get("expert_tokens").columns == ()
   assert trajectory.EXTRA_PREDICTORS["tel/kurtosis"] == (
       "telemetry: kurtosis of the quantized activations")
   assert list(trajectory.OUTCOMES) == ["param_div", "loss_gap", "update_cos", "routing_div",

@@ -70,12 +70,16 @@ def test_parts_of_other_runs_or_windows_are_refused(tmp_path):
   for key, value, match in (("train_workdir", "/runs/other", "train_workdir"),
                             ("model", {"num_hidden_layers": 2}, "model"),
                             ("windows", {**meta["windows"], "batch_size": 4},
-                             "evaluation windows")):
+                             "evaluation windows"),
+                            ("reference", {"precision": "fp32"}, "computes in FP32")):
     (b / "meta.json").write_text(json.dumps({**meta, key: value}))
     with pytest.raises(ValueError, match=match):
       results.merge([results.load(a), results.load(b)])
   with pytest.raises(ValueError, match="no sweeps"):
     results.merge([])
+  # A part that recorded no reference precision (an older one) reads as BF16.
+  (b / "meta.json").write_text(json.dumps({**meta, "reference": {"precision": "bf16"}}))
+  assert results.merge([results.load(a), results.load(b)]).reference == "BF16"
 
 
 @pytest.mark.slow

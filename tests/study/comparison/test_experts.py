@@ -1,25 +1,31 @@
 """The report's routing and per-expert section, on a sweep of known numbers held in memory."""
 
+import dataclasses
 import math
 import pathlib
 
 import numpy as np
 import pytest
 
+from fp8jax.study.common import metric_registry
 from fp8jax.study.common.results import Results
 from fp8jax.study.comparison import experts
 
 STEPS = (0, 10)
 
 
-def _sweep(routing: bool = True, per_expert: bool = True) -> Results:
+def _sweep(routing: bool = True, per_expert: bool = True, reference: str | None = None
+           ) -> Results:
   """Two policies and a floor, 2 checkpoints x 2 batches, 2 MoE layers of 3 experts:
   ``fp4`` changes 10% / 20% of the tokens' experts (batch 0 / 1) in layer 1 only and its
   expert e's gradient by (e + 1) x 0.1 in layer 0, 0.01 in layer 1; expert 2 of layer 1
-  gets no token in batch 1 (its rel_err and cosine undefined there)."""
+  gets no token in batch 1 (its rel_err and cosine undefined there). ``reference``: the
+  precision ``meta.json`` records for the reference (None: none, an older folder)."""
   meta = {"policies": {"bf16": {"kind": "policy"}, "fp4": {"kind": "policy"},
                        "floor": {"kind": "floor"}},
           "steps": list(STEPS), "windows": {"offsets": [0], "batches": 2}}
+  if reference:
+    meta["reference"] = {"precision": reference}
   rows, details, base = [], [], []
   for s in STEPS:
     for b in (0, 1):
@@ -61,7 +67,7 @@ def test_per_expert_metrics_and_tokens():
   assert fp4[(0, 1)]["diff_norm"].mean == pytest.approx(0.4)
   assert fp4[(0, 0)]["cosine"].mean == pytest.approx(0.9)
   assert fp4[(1, 2)]["rel_err"].n == 2  # the batches where the expert had no token: out
-  assert fp4[(1, 1)]["tokens"].mean == pytest.approx(17.0)  # arithmetic: a count
+  assert fp4[(1, 1)]["expert_tokens"].mean == pytest.approx(17.0)  # arithmetic: a count
   assert table["bf16"][(0, 0)]["diff_norm"].mean == 0
 
 
@@ -76,3 +82,26 @@ def test_markdown_tables_and_no_section_without_a_router():
   assert experts.markdown(_sweep(routing=False, per_expert=False)) == []
   only_routing = "\n".join(experts.markdown(_sweep(per_expert=False)))
   assert "layer 1" in only_routing and "Per-expert" not in only_routing
+
+
+def test_the_metrics_and_their_scales_come_from_the_registry(monkeypatch):
+  assert set(experts.EXPERT_METRICS) == set(metric_registry.expert_names()) == {
+      "diff_norm", "rel_err", "cosine"}
+  assert experts.EXPERT_METRICS[0] == experts.RANK_BY == "diff_norm"
+  assert not hasattr(experts, "_POSITIVE")  # no table of its own
+  assert experts.expert_table(_sweep())["fp4"][(1, 1)]["expert_tokens"].mean == 17.0
+  # Registered on the log scale, the tokens (16 and 18 per batch) get a geometric mean.
+  tokens = metric_registry.get("expert_tokens")
+  monkeypatch.setitem(metric_registry._BY_NAME, "expert_tokens",  # pylint: disable=protected-access
+                      dataclasses.replace(tokens, scale=metric_registry.LOG))
+  got = experts.expert_table(_sweep())["fp4"][(1, 1)]["expert_tokens"].mean
+  assert got == pytest.approx(math.sqrt(16 * 18))
+
+
+@pytest.mark.parametrize("reference,label", [(None, "BF16"), ("bf16", "BF16"),
+                                             ("fp32", "FP32")])
+def test_the_reference_is_named_by_its_precision(reference, label):
+  text = "\n".join(experts.markdown(_sweep(reference=reference)))
+  assert f"| tokens ({label}) |" in text and f"the {label} reference pass" in text
+  other = {"BF16": "FP32", "FP32": "BF16"}[label]
+  assert other not in text

@@ -1,11 +1,13 @@
 """The data behind the report's figures (``fp8jax.study.comparison.figures``), on the
 synthetic sweep with known numbers (``tests.study.test_sweep_report.build``)."""
 
+import re
 import types
 
 import numpy as np
 import pytest
 
+from fp8jax.study.common import results
 from fp8jax.study.comparison import figures
 from tests.study import test_sweep_report as synthetic
 from tests.study.comparison.test_floor import _log_t
@@ -25,3 +27,20 @@ def test_routing_layers_from_the_row_keys(res):
   rows = [{"routing/10/topk_set_diff_frac": 0.1, "routing/3/n_only_a": 0.0},
           {"routing/2/topk_set_diff_frac": 0.2, "rel_err": 0.1}, {}]
   assert figures.routing_layers(types.SimpleNamespace(rows=rows)) == [2, 10]
+
+
+@pytest.mark.parametrize("reference,label", [(None, "BF16"), ("fp32", "FP32")])
+def test_the_figures_name_the_reference_by_its_precision(tmp_path, monkeypatch, reference,
+                                                         label):
+  res = results.load(synthetic.build(tmp_path / "s", policies=synthetic.SEED[:1],
+                                     steps=(0, 100), reference=reference))
+  drawn = []
+  monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: drawn.append(fig))
+  for draw in (figures.loss_curves, figures.grad_error, figures.weight_norms,
+               figures.routing):
+    draw(res, tmp_path)
+  from matplotlib.text import Text  # pylint: disable=import-outside-toplevel
+  text = " ".join(t.get_text() for fig in drawn for t in fig.findobj(Text))
+  assert f"{label} reference" in text and f"g_{label.lower()}" in text
+  other = {"BF16": "FP32", "FP32": "BF16"}[label]
+  assert not re.search(f"{other}|g_{other.lower()}", text), text

@@ -5,6 +5,7 @@ registers a 2-block backbone in the package's own table ``canvit_core.backbone.B
 which the config reads by name."""
 
 import json
+import re
 
 from flax import nnx
 import jax
@@ -87,9 +88,15 @@ def test_sweep_and_report_on_a_dense_nnx_model(tmp_path):
   assert not any(k.startswith("routing/") for k in row)  # no MoE: no routing columns
   assert rows[(0, "floor")]["rel_err"] < row["rel_err"]
   assert model_sweep.evaluate(model, out, variants, params, batches)["rows_written"] == 0
+  # TinyLM computes in FP32: its reference is FP32, read from the model, never "BF16".
+  meta = json.loads((out / "meta.json").read_text())
+  assert meta["reference"] == {"precision": "fp32", "gemm_share": {"fp32": 1.0}}
+  assert row["loss_bf16"] == rows[(0, "floor")]["loss_bf16"]  # the column keeps its name
   path = sweep_report.write_report(out)
   text = path.read_text()
   assert "blocks_fp8" in text and "`blocks/*: fp8_tensor`" in text
+  assert "Reference: FP32" in text and "the FP32 reference" in text
+  assert not re.search(r"BF16 (reference|baseline|gradient|loss|pass)|g_bf16", text)
 
 
 def test_a_rule_matching_nothing_is_refused(tmp_path):

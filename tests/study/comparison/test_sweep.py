@@ -66,6 +66,7 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   meta = json.loads((out / "meta.json").read_text())
   assert meta["steps"] == [0, 2, 4] and set(meta["policies"]) == set(names)
   assert meta["policies"]["floor"]["kind"] == "floor"
+  assert meta["reference"]["precision"] == "bf16"  # DeepSeek-MoE's baseline, from the model
   control = meta["policies"]["noise(attn_l0_e4m3)"]
   assert {k: v for k, v in control.items() if k != "record"} == {
       "expr": "noise(attn_out@0:e4m3/tensor)", "kind": "control",
@@ -100,6 +101,7 @@ def test_sweep_rows_details_and_zero_for_an_empty_policy(train_run, tmp_path):
   for policy in POLICIES:
     assert policy in md
   assert "nan" not in md.split("## Question")[0].lower().replace("nan%", "")
+  assert "Reference: BF16" in md and "tokens (BF16)" in md and "FP32 reference" not in md
 
 
 @pytest.mark.slow
