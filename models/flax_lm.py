@@ -87,7 +87,7 @@ def model(name: str, *, init: Callable[[jax.Array], Any],
 
   def apply(params, tokens, policy, *, delayed=None, telemetry=False, param_transform=None,
             **unused):
-    del delayed, telemetry, unused  # no delayed scaling, no telemetry of its own
+    del delayed, telemetry, unused  # no output rules on the jaxpr route: no histories
     return quantized(policy.rules)(api.transform_top_level(params, param_transform), tokens)
 
   def parse(text):

@@ -16,6 +16,7 @@ are :class:`fp8jax.models.api.Variant` s, as text in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -29,6 +30,7 @@ from fp8jax.metrics import paths as paths_lib
 from fp8jax.models import api, moe, rules_policy
 from fp8jax.models.attention import attention_core, rope
 from fp8jax.models.norm import RMSNorm
+from fp8jax.quant.delayed import needs_state
 from fp8jax.rules import nnx_apply
 
 NAME = "llama"
@@ -36,6 +38,9 @@ LAYER_PATH = "layers/{i}/.*"
 """The regex of layer ``{i}``'s modules (a recipe's BF16 layers)."""
 SITES = {"attn": "layers/{i}/attn", "mlp": "layers/{i}/mlp"}
 """The site grid's modules: attention and the MLP, at their outputs."""
+EXAMPLE_LEN = 16
+"""Tokens of the example sequence whose abstract trace finds a policy's delayed-scaled
+outputs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,13 +193,35 @@ def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, fl
       return graphdef
     return nnx.split(rules_lib.quantize_model(skeleton, rules), nnx.Param)[0]
 
+  def forward(params, tokens, rules):
+    state = jax.tree.map(lambda x: x, abstract_state)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graph(rules), state)(tokens)
+
   def apply(params, tokens, policy, *, delayed=None, telemetry=False, param_transform=None,
             **unused):
-    del delayed, telemetry, unused  # no delayed scaling, no telemetry of its own
-    state = jax.tree.map(lambda x: x, abstract_state)
-    nnx.replace_by_pure_dict(state, api.transform_top_level(params, param_transform))
-    out = nnx.merge(graph(policy.rules), state)(tokens)
+    """``delayed``: the amax histories of the policy's delayed-scaled outputs
+    (``delayed_init(policy)``; their update is the gradient with respect to them)."""
+    del telemetry, unused  # no telemetry of its own
+    params = api.transform_top_level(params, param_transform)
+    with (contextlib.nullcontext() if delayed is None else rules_lib.delayed_scope(delayed)):
+      out = forward(params, tokens, policy.rules)
     return out if isinstance(out, tuple) else (out, {})
+
+  example = jax.ShapeDtypeStruct((1, min(EXAMPLE_LEN, cfg.max_len or EXAMPLE_LEN)), jnp.int32)
+
+  @functools.cache
+  def delayed_layout(rules):
+    """The abstract histories of the delayed-scaled outputs the model runs under ``rules``
+    (an abstract trace of one example sequence)."""
+    if not any(r.role == "output" and r.action is not None and needs_state(r.action)
+               for r in rules):
+      return {}
+    return api.abstract_of(rules_lib.delayed_init(
+        forward, nnx.to_pure_dict(abstract_state), example, rules))
+
+  def delayed_init(policy):
+    return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), delayed_layout(policy.rules))
 
   def init(rng):
     return nnx.to_pure_dict(nnx.state(module_cls(cfg, nnx.Rngs(params=rng)), nnx.Param))
@@ -212,6 +239,7 @@ def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, fl
     if not isinstance(policy, api.Variant):
       raise TypeError(f"{family} takes a Variant (rules), got {type(policy).__name__}")
     graph(policy.rules)  # quantize_model raises on a rule that matches no module
+    delayed_layout(policy.rules)  # refuses a delayed-scaled module called twice per pass
 
   param_paths = tuple(paths_lib.flatten(nnx.to_pure_dict(abstract_state)))
 
@@ -228,5 +256,5 @@ def rules_model(cfg, module_cls, classifier: paths_lib.Classifier, name: str, fl
       name=name, abstract_params=lambda: nnx.to_pure_dict(abstract_state), apply=apply,
       loss=api.next_token_loss, baseline=baseline, classifier=classifier, init=init,
       vocab_size=cfg.vocab_size, max_len=cfg.max_len, flops_per_token=flops, parse_policy=parse,
-      direct=direct, check=check, describe=describe, meta=dataclasses.asdict(cfg),
-      config=cfg, sites=dict(sites or {}))
+      direct=direct, check=check, delayed_init=delayed_init, describe=describe,
+      meta=dataclasses.asdict(cfg), config=cfg, sites=dict(sites or {}))

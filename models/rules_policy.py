@@ -20,7 +20,8 @@ refused such a recipe, never silently given it without its tail.
 
 A model that names the modules of its site grid (``sites``: ``{"attn": "layers/{i}/attn",
 "mlp": "layers/{i}/mlp"}``, each module's path in layer ``{i}``) gets the site grid's
-cells as ``output`` terms (:func:`site_grid`), and a policy whose ``output`` rule quantizes
+cells as ``output`` terms (:func:`site_grid`; delayed vs current scaling on them:
+:func:`delayed_grid`), and a policy whose ``output`` rule quantizes
 exactly one such module on consecutive layers, in a cell's format, gets that cell in its
 record, whatever its text (:func:`site_cell`).
 """
@@ -157,6 +158,21 @@ def site_grid(sites: Mapping[str, str], num_layers: int) -> dict[str, str]:
           for module, template in sites.items()
           for depth, layers in (("0", [0]), (every, range(num_layers)))
           for fmt in policy_grid.FORMATS}
+
+
+def delayed_grid(sites: Mapping[str, str], num_layers: int) -> dict[str, str]:
+  """``{cell name: policy text}``: delayed vs current scaling on the site grid's modules and
+  depths, as :func:`fp8jax.models.policy_grid.delayed_grid` for DeepSeek-MoE: each module
+  of ``sites`` on layer 0 and on every layer, in E4M3 per tensor with current scaling
+  (``attn_l0_e4m3``: ``output:e4m3@layers/0/attn``) and with Transformer Engine's delayed
+  scaling (``attn_l0_e4m3_delayed``: ``output:e4m3/delayed(h=1024,reduce=max,margin=0)@...``),
+  straight-through backward."""
+  every = f"0-{num_layers - 1}"
+  return {policy_grid.cell_name(module, depth, "e4m3", scaling):
+          f"output:e4m3{suffix}@{site_regex(template, layers)}"
+          for module, template in sites.items()
+          for depth, layers in (("0", [0]), (every, range(num_layers)))
+          for scaling, suffix in policy_grid.SCALINGS.items()}
 
 
 def site_cell(rules: Rules, sites: Mapping[str, str], module_paths: Iterable[str],

@@ -15,10 +15,13 @@ layer_path)``), which adds them. Two routes apply them, neither editing the mode
 
 :func:`describe` reports, from an abstract trace on example inputs, each GEMM that runs and
 what the rules do to it. A model that names values inside its modules asks
-:func:`output_spec` / :func:`gemm_config` for those named points. See ``docs/rules.md``.
+:func:`output_spec` / :func:`gemm_config` for those named points. Output rules with delayed
+scaling read their amax histories, explicit state from :func:`delayed_init`, inside
+:func:`delayed_scope` (:mod:`fp8jax.rules.delayed_outputs`). See ``docs/rules.md``.
 """
 
 from fp8jax.rules.api import describe, plans, quantize_model
+from fp8jax.rules.delayed_outputs import delayed_init, delayed_scope
 from fp8jax.rules.gemms import quantize_gemms
 from fp8jax.rules.linen_apply import check_linen, intercept
 from fp8jax.rules.nnx_apply import module_paths
@@ -26,6 +29,6 @@ from fp8jax.rules.points import gemm_config, output_spec
 from fp8jax.rules.recipe_rules import Recipe
 from fp8jax.rules.rule import OPS, ROLES, Plan, Rule, Rules
 
-__all__ = ["OPS", "ROLES", "Plan", "Recipe", "Rule", "Rules", "check_linen", "describe",
-           "gemm_config", "intercept", "module_paths", "output_spec", "plans",
-           "quantize_gemms", "quantize_model"]
+__all__ = ["OPS", "ROLES", "Plan", "Recipe", "Rule", "Rules", "check_linen", "delayed_init",
+           "delayed_scope", "describe", "gemm_config", "intercept", "module_paths",
+           "output_spec", "plans", "quantize_gemms", "quantize_model"]

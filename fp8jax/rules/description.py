@@ -15,7 +15,7 @@ from flax import nnx
 import jax
 
 from fp8jax.gemm import recipes
-from fp8jax.rules import gemms, jaxpr_route, linen_apply, nnx_apply
+from fp8jax.rules import delayed_outputs, gemms, jaxpr_route, linen_apply, nnx_apply
 from fp8jax.rules import ops as ops_lib
 from fp8jax.rules import rule as rule_lib
 from fp8jax.rules.jaxpr_route import Action, Site
@@ -90,7 +90,8 @@ def _trace_nnx(model, rules, args, kwargs):
   graphdef, params, rest = nnx.split(quantized, nnx.Param, ...)
 
   def fn(p, r, *a, **k):
-    return nnx.merge(graphdef, p, r)(*a, **k)
+    with delayed_outputs.discovering():  # delayed-scaled outputs: empty histories
+      return nnx.merge(graphdef, p, r)(*a, **k)
 
   return fn, (params, rest), found
 
@@ -101,7 +102,7 @@ def _trace_linen(model, rules, args, kwargs):
   found: dict[str, rule_lib.Plan] = {}
 
   def fn(p, r, *a, **k):
-    with linen_apply.intercept(rules, strict=False) as icpt:
+    with delayed_outputs.discovering(), linen_apply.intercept(rules, strict=False) as icpt:
       out = model.apply({"params": p, **r}, *a, **k)
     found.update(icpt.plans)
     return out

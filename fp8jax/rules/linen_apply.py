@@ -11,7 +11,9 @@ Every method call of a bound module passes the interceptor, which knows the modu
   cleared for that time) is the simulated GEMM of :mod:`fp8jax.rules.ops`, then restored.
   Linen's ``nn.Einsum`` has no such hook: einsum rules apply to user modules exposing
   ``einsum_op`` (and ragged-dot rules to ``ragged_dot``).
-* output rules: the result of the module's ``__call__`` is fake-quantized.
+* output rules: the result of the module's ``__call__`` is fake-quantized; a delayed-scaled
+  one reads its amax histories from the open
+  :func:`~fp8jax.rules.delayed_outputs.delayed_scope`.
 
 Nothing is changed outside the ``with`` block and no parameter moves. The interception
 happens at trace time, so a jitted function must call ``model.apply`` inside the block
@@ -27,7 +29,7 @@ import contextlib
 from flax import linen as nn
 import jax
 
-from fp8jax.rules import gemms
+from fp8jax.rules import delayed_outputs, gemms
 from fp8jax.rules import ops as ops_lib
 from fp8jax.rules import rule as rule_lib
 
@@ -52,9 +54,7 @@ class _Interceptor:
   def plan(self, module: nn.Module) -> rule_lib.Plan:
     path = module_path(module)
     if path not in self.plans:
-      plan = rule_lib.resolve(self.rules, path, module_ops(module))
-      rule_lib.check_stateless(self.rules, path, plan)
-      self.plans[path] = plan
+      self.plans[path] = rule_lib.resolve(self.rules, path, module_ops(module))
     return self.plans[path]
 
   def __call__(self, next_fun, args, kwargs, context):
@@ -75,7 +75,10 @@ class _Interceptor:
       for attr, value in saved.items():
         object.__setattr__(module, attr, value)
     if plan.output is not None and context.method_name == "__call__":
-      out = ops_lib.quantize_output(out, plan.output, module_path(module))
+      path = module_path(module)
+      rule_lib.check_stateless(self.rules, path, plan, delayed_outputs.active())
+      out = ops_lib.quantize_output(out, plan.output, path,
+                                    rule_lib.output_rule(self.rules, plan))
     return out
 
 
@@ -110,7 +113,7 @@ def linen_plans(model: nn.Module, rules, *args, method=None, **kwargs) -> dict:
 
   def trace(arrays):
     a, kw = rebuild(arrays)
-    with intercept(rules, strict=False) as icpt:
+    with delayed_outputs.discovering(), intercept(rules, strict=False) as icpt:
       model.init(jax.random.key(0), *a, method=method, **kw)
     found.update(icpt.plans)
     return 0

@@ -13,7 +13,9 @@ How (checked on flax 0.12.12), and why it is robust:
   the type, so the matched module's class is swapped for a cached subclass whose
   ``__call__`` fake-quantizes the result of the original one, with the spec in a static
   attribute. Wrapping the module in another module instead would change its parameter
-  paths; the subclass keeps the state tree identical.
+  paths; the subclass keeps the state tree identical. A delayed-scaled output reads its
+  amax histories from the :func:`~fp8jax.rules.delayed_outputs.delayed_scope` open when
+  it runs (they are not module state: the graph definition stays static).
 
 The copy (``nnx.split`` + ``nnx.merge``) shares the parameter arrays and has the same state
 structure as the original: ``nnx.split`` of both gives one parameter tree and two graph
@@ -35,6 +37,7 @@ _HOOKS = {"dot_general": "dot_general", "einsum": "einsum_op", "ragged_dot": "ra
 """Op kind -> the attribute of a module that computes it."""
 _SPEC_ATTR = "_fp8jax_output_spec"
 _PATH_ATTR = "_fp8jax_path"
+_RULE_ATTR = "_fp8jax_output_rule"
 
 
 def module_paths(model: nnx.Module) -> dict[str, nnx.Module]:
@@ -76,14 +79,16 @@ def _output_class(base: type) -> type:
     spec = getattr(self, _SPEC_ATTR, None)
     if spec is None:
       return out
-    return ops_lib.quantize_output(out, spec, getattr(self, _PATH_ATTR, "?"))
+    return ops_lib.quantize_output(out, spec, getattr(self, _PATH_ATTR, "?"),
+                                   getattr(self, _RULE_ATTR, ""))
 
   return type(base.__name__, (base,), {"__call__": __call__, "__module__": base.__module__,
                                        "__qualname__": base.__qualname__,
                                        "_fp8jax_base": base})
 
 
-def _apply(module: nnx.Module, path: str, plan: rule_lib.Plan) -> None:
+def _apply(module: nnx.Module, path: str, plan: rule_lib.Plan, rules: rule_lib.Rules
+           ) -> None:
   for op, config in plan.gemm:
     setattr(module, _HOOKS[op], ops_lib.OP_CALLABLES[op](config, path))
     if op == "dot_general" and getattr(module, "dot_general_cls", None) is not None:
@@ -93,6 +98,7 @@ def _apply(module: nnx.Module, path: str, plan: rule_lib.Plan) -> None:
     module.__class__ = _output_class(base)
     setattr(module, _SPEC_ATTR, plan.output)
     setattr(module, _PATH_ATTR, path)
+    setattr(module, _RULE_ATTR, rule_lib.output_rule(rules, plan))
 
 
 def quantize_nnx(model: nnx.Module, rules, *, strict: bool = True) -> nnx.Module:
@@ -104,9 +110,12 @@ def quantize_nnx(model: nnx.Module, rules, *, strict: bool = True) -> nnx.Module
     strict: raise when a rule matches no module (a typo in a regex changes nothing
       silently otherwise).
 
+  An output rule with delayed scaling needs the module's amax histories when it runs
+  (:mod:`fp8jax.rules.delayed_outputs`).
+
   Raises:
-    ValueError: a rule matches nothing (``strict``), an operand rule has no GEMM config
-      to refine, or an output rule uses delayed scaling; the message names the rule.
+    ValueError: a rule matches nothing (``strict``) or an operand rule has no GEMM config
+      to refine; the message names the rule.
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(f"quantize_nnx: model must be an nnx.Module, got {type(model).__name__}")
@@ -118,7 +127,6 @@ def quantize_nnx(model: nnx.Module, rules, *, strict: bool = True) -> nnx.Module
     rule_lib.check_all_matched(rules, found, f"the {type(model).__name__} model")
   modules = module_paths(copy)
   for path, plan in found.items():
-    rule_lib.check_stateless(rules, path, plan)
     if not plan.empty:
-      _apply(modules[path], path, plan)
+      _apply(modules[path], path, plan, rules)
   return copy

@@ -20,7 +20,9 @@ import jax.numpy as jnp
 
 from fp8jax.gemm import dense, grouped
 from fp8jax.numerics.spec import QuantSpec
+from fp8jax.quant.delayed import needs_state
 from fp8jax.quant.fake_quant import fake_quant
+from fp8jax.rules import delayed_outputs
 
 MARK = "fp8jax_hook_"
 """Name-scope prefix of a recorded call: ``fp8jax_hook_<index into the record>``."""
@@ -158,16 +160,26 @@ OP_CALLABLES = {"dot_general": QuantDotGeneral, "einsum": QuantEinsum,
                 "ragged_dot": QuantRaggedDot}
 
 
-def quantize_output(out, spec: QuantSpec, path: str):
-  """``fake_quant(out, spec)`` on every floating-point array of the output ``out`` (an
-  array or a pytree of them); other leaves pass unchanged."""
-  def one(x):
-    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating):
-      return fake_quant(x, spec)
-    return x
+def quantize_output(out, spec: QuantSpec, path: str, rule: str = ""):
+  """``fake_quant(out, spec)`` on every floating-point array of the module's output
+  ``out``: an array or a pytree of them, where a plain tuple or list is ``(output,
+  *auxiliary)`` (an MoE's routing and balance loss, attention weights): only its first
+  element is the output, the rest pass unchanged, as do non-float leaves. A
+  delayed-scaled ``spec`` reads each array's amax history from the open
+  :func:`~fp8jax.rules.delayed_outputs.delayed_scope` (``rule``: the output rule's label,
+  for messages)."""
+  if type(out) in (tuple, list) and out:
+    return type(out)([quantize_output(out[0], spec, path, rule), *out[1:]])
+  leaves, treedef = jax.tree.flatten(out)
+  floats = [i for i, x in enumerate(leaves)
+            if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)]
+  states = [None] * len(floats)
+  if needs_state(spec):
+    states = delayed_outputs.take(path, spec, [leaves[i] for i in floats], rule)
   try:
-    with _recorded("output", path, spec, *(x for x in jax.tree.leaves(out)
-                                           if isinstance(x, jax.Array))):
-      return jax.tree.map(one, out)
+    with _recorded("output", path, spec, *(x for x in leaves if isinstance(x, jax.Array))):
+      for i, state in zip(floats, states, strict=True):
+        leaves[i] = fake_quant(leaves[i], spec, state)
   except ValueError as e:
     raise ValueError(f"output rule at {path!r}: {e}") from None
+  return jax.tree.unflatten(treedef, leaves)

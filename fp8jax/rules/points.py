@@ -10,9 +10,10 @@ a path, as if it were a module, and asks the rules what to do there::
 
 The answers come from the same :func:`fp8jax.rules.rule.resolve` as for modules, so one
 :class:`~fp8jax.rules.Rules` drives both. They are cached per ``(rules, path, op)``: a
-model asking at trace time costs one regex pass per path. Unlike a module's output, a
-named point may use delayed scaling: the model that names it carries the amax history
-(e.g. ``fp8jax.models.delayed_sites``).
+model asking at trace time costs one regex pass per path. A named point may use delayed
+scaling: the model that names it carries the amax history (e.g.
+``fp8jax.models.delayed_sites``), as :mod:`fp8jax.rules.delayed_outputs` does for module
+outputs.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from typing import Any
 from fp8jax.gemm.dense import GemmConfig
 from fp8jax.numerics.roles import OVERRIDES
 from fp8jax.numerics.spec import QuantSpec
+from fp8jax.quant.delayed import needs_state
 
 OPS = ("dot_general", "einsum", "ragged_dot")
 """The matmul ops a module may expose for interception."""
@@ -206,21 +207,29 @@ def resolve(rules: Rules, path: str, ops: tuple[str, ...], aliases: tuple[str, .
   return Plan(configs, output, tuple(matched), tuple(ops))
 
 
-def _delayed(spec: QuantSpec) -> bool:
-  bwd = spec.backward
-  return spec.scaling == "delayed" or (bwd is not None and bwd.scaling == "delayed")
-
-
-def check_stateless(rules: Rules, path: str, plan: Plan) -> None:
-  """ValueError naming the rule when a module's output spec uses delayed scaling: a
-  module output has no amax-history state (named points, :mod:`fp8jax.rules.points`, of a
-  model that carries one may use it)."""
-  if plan.output is None or not _delayed(plan.output):
-    return
+def output_rule(rules: Rules, plan: Plan) -> str:
+  """``rule 'PATTERN', role output (rules[i])``: the rule that gives ``plan`` its output
+  spec (the last matching output rule), for messages."""
   i = next(i for i in reversed(plan.matched) if rules[i].role == "output")
-  raise ValueError(f"{rules[i].label()} (rules[{i}]) puts delayed scaling on the output of "
-                   f"module {path!r}: a module output carries no amax-history state; use "
-                   "current scaling")
+  return f"{rules[i].label()} (rules[{i}])"
+
+
+def check_stateless(rules: Rules, path: str, plan: Plan, state_given: bool = False) -> None:
+  """ValueError naming the rule when a module's output spec uses delayed scaling and no
+  amax histories are given (``state_given``: a
+  :func:`~fp8jax.rules.delayed_outputs.delayed_scope` is open, which holds them)."""
+  if state_given or plan.output is None or not needs_state(plan.output):
+    return
+  raise stateless_error(output_rule(rules, plan), path)
+
+
+def stateless_error(rule: str, path: str) -> ValueError:
+  """The error of the output rule labelled ``rule`` (delayed scaling) at the module
+  ``path`` run with no amax histories."""
+  return ValueError(f"{rule or 'an output rule'} puts delayed scaling on the output of "
+                    f"module {path!r}, and no amax histories are given: run the model inside "
+                    "fp8jax.rules.delayed_scope(state), the state from "
+                    "fp8jax.rules.delayed_init (a model's delayed_init(policy))")
 
 
 def closest_paths(pattern: str, paths, n: int = 5) -> list[str]:

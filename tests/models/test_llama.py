@@ -2,6 +2,8 @@
 decoder, its config's checks, its parameter paths and FLOPs, and the model facade that
 quantizes it by rules."""
 
+import json
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -10,15 +12,16 @@ import pytest
 
 from fp8jax import rules as rules_lib
 from fp8jax.metrics import paths as paths_lib
-from fp8jax.models import llama, registry
+from fp8jax.models import llama, registry, rules_policy
 from fp8jax.train import flops
 
 TOKENS = jax.random.randint(jax.random.key(1), (2, 16), 0, 320, dtype=jnp.int32)
 
 
-def _numpy_forward(p, tokens, cfg):
+def _numpy_forward(p, tokens, cfg, attn_outputs=None):
   """Logits of the decoder the module docstring describes, in float64: pre-norm layers of
-  grouped-query attention with rotate_half RoPE and a SwiGLU MLP, a final norm, a head."""
+  grouped-query attention with rotate_half RoPE and a SwiGLU MLP, a final norm, a head;
+  ``attn_outputs``: a list that gets each layer's attention output [B, S, d]."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
   heads, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   b, s = tokens.shape
@@ -44,7 +47,10 @@ def _numpy_forward(p, tokens, cfg):
     logits = np.where(causal, np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd), -np.inf)
     w = np.exp(logits - logits.max(-1, keepdims=True))
     out = np.einsum("bhqk,bkhd->bqhd", w / w.sum(-1, keepdims=True), v)
-    h = h + out.reshape(b, s, heads * hd) @ a["o"]["kernel"]
+    attn = out.reshape(b, s, heads * hd) @ a["o"]["kernel"]
+    if attn_outputs is not None:
+      attn_outputs.append(attn)
+    h = h + attn
     x, m = norm(h, layer["mlp_norm"]["weight"]), layer["mlp"]
     gate, up = x @ m["gate"]["kernel"], x @ m["up"]["kernel"]
     if cfg.swiglu_limit is not None:
@@ -70,6 +76,35 @@ def test_forward_matches_a_float64_numpy_decoder(swiglu_limit):
   assert aux == {} and got.dtype == jnp.float32 and got.shape == (2, 7, 48)
   want = _numpy_forward(params, tokens, cfg)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.max(np.abs(want)))
+
+
+def test_a_delayed_output_pushes_the_amax_of_the_float64_decoders_attention_output():
+  """Layer 0's attention output under delayed scaling (history 3): each step's update (the
+  gradient with respect to the histories) pushes that output's amax, as the NumPy decoder
+  computes it before any quantization, newest first."""
+  model = registry.get("llama:tiny", {"dtype": "float32", "vocab_size": 48, "hidden_size": 32,
+                                      "intermediate_size": 48})
+  policy = model.policy("output:e4m3/delayed(h=3)@layers/0/attn")
+  state = model.delayed_init(policy)
+  assert jax.tree.map(jnp.shape, state) == {"layers/0/attn": {0: {"fwd": (3,)}}}
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) * 0.5).astype(np.float32),
+                        model.abstract_params())
+
+  def loss(p, s, tokens):
+    logits, _ = model.apply(p, tokens, policy, delayed=s)
+    return model.loss(logits, tokens)
+
+  update = jax.jit(jax.grad(loss, argnums=1))
+  want = [0.0] * 3
+  for _ in range(2):
+    tokens = rng.integers(0, 48, (2, 7))
+    with jax.default_matmul_precision("highest"):
+      state = update(params, state, jnp.asarray(tokens))
+    outputs = []
+    _numpy_forward(params, tokens, model.config, outputs)
+    want = [np.max(np.abs(outputs[0]))] + want[:-1]
+    np.testing.assert_allclose(state["layers/0/attn"][0]["fwd"], want, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fields", [{"hidden_size": 60, "num_heads": 8},
@@ -142,3 +177,44 @@ def test_llama_paths_and_flops_from_its_own_shapes():
   want = 6 * kernels + 12 * cfg.num_layers * cfg.hidden_size * seq
   assert model.flops_per_token(seq) == want
   assert flops.mfu(1000.0, model, seq, 1e12, 2) == pytest.approx(1000.0 * want / 2e12)
+
+
+@pytest.mark.slow
+def test_a_delayed_policy_trains_checkpoints_its_histories_and_the_delayed_grid_compares(
+    tmp_path):
+  """Training under a delayed-scaled output keeps its histories in the train state and the
+  checkpoints; ``compare --policies=delayed`` writes the grid's rows after warm-up passes
+  over a window of two batches, where a delayed cell differs from its current-scaled twin
+  on a batch whose amax is below the window's."""
+  import orbax.checkpoint as ocp
+
+  from fp8jax.study.comparison import sweep
+  from fp8jax.train import checkpoint, loop, run_config
+
+  c = run_config.defaults()
+  c.model, c.policy = "llama:tiny", "output:e4m3/delayed(h=4)@layers/0/attn"
+  c.data.source, c.data.seq_len, c.data.global_batch = "embedded", 32, 4
+  c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 1
+  c.train.steps, c.train.save_every, c.train.log_every = 2, 2, 2
+  work = tmp_path / "train"
+  loop.train(c, work)
+  assert checkpoint.saved_meta(work / "checkpoints", 2)["delayed_state"] == {
+      "layers/0/attn/0/fwd": [4]}
+  saved = ocp.PyTreeCheckpointer().restore(work / "checkpoints" / "2" / "state")
+  (history,) = jax.tree.leaves(saved["delayed"])
+  assert np.all(history[:2] > 0) and not np.any(history[2:])  # two steps pushed
+
+  out = tmp_path / "compare"
+  sweep.run(work, out, policies=["delayed"], steps=[2], delayed_warmup=2, floor=False,
+            windows=sweep.Windows(offsets=(0,), batches=2, batch_size=4), telemetry=False)
+  meta = json.loads((out / "meta.json").read_text())
+  assert {n: e.get("delayed_warmup") for n, e in meta["policies"].items()} == {
+      n: (2 if n.endswith("_delayed") else None) for n in rules_policy.delayed_grid(
+          llama.SITES, 2)}
+  rows = {(r["policy"], r["batch"]): r for r in
+          map(json.loads, (out / "rows.jsonl").read_text().splitlines())}
+  assert len(rows) == 16 and all(r["rel_err"] > 0 for r in rows.values())
+  for name in meta["policies"]:
+    if name.endswith("_delayed"):
+      twin = name.removesuffix("_delayed")
+      assert any(rows[(name, b)]["rel_err"] != rows[(twin, b)]["rel_err"] for b in (0, 1))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fp8jax.gemm import recipes
-from fp8jax.models import llama, registry, rules_policy
+from fp8jax.models import deepseek_model, llama, registry, rules_policy
 from fp8jax.models import policy as policy_lib
 from fp8jax.study.comparison import policies
 
@@ -73,12 +73,46 @@ def test_a_sweep_expands_the_site_grids_of_a_rules_model():
 
 def test_grids_a_rules_model_cannot_take_are_refused_by_name():
   model = registry.get("llama:tiny")
-  for spec in ("delayed", "noise(delayed)"):
-    with pytest.raises(ValueError, match="grid 'delayed'.*DeepSeek-MoE's sites"):
-      policies.expand_policies([spec], model)
   bare = llama.rules_model(model.config, llama.Llama, llama.CLASSIFIER, "bare", lambda s: 0.0)
-  with pytest.raises(ValueError, match=r"names no site modules \(api.Model.sites\)"):
-    policies.expand_policies(["sites_small"], bare)
+  for spec in ("sites_small", "delayed", "noise(delayed)"):
+    with pytest.raises(ValueError, match=r"names no site modules \(api.Model.sites\)"):
+      policies.expand_policies([spec], bare)
+
+
+@pytest.mark.parametrize("name, leaves", [("llama:tiny", {"attn": 1, "mlp": 1}),
+                                          ("mixtral:tiny", {"attn": 1, "moe": 1})])
+def test_the_delayed_grid_of_a_rules_model_is_deepseeks_on_its_site_modules(name, leaves):
+  """DeepSeek-MoE's delayed grid (fp8jax.models.policy_grid.delayed_grid): each site module
+  on layer 0 and on every layer, E4M3 per tensor, current vs delayed scaling (history
+  1024, max); the records carry the scaling (a current cell's record names its cell, a
+  delayed one's none, as DeepSeek's do); a delayed cell's histories are the outputs of
+  its modules (Mixtral's MoE block returns its output, router weights and balance loss)."""
+  model = registry.get(name)
+  n, grid = model.config.num_layers, policies.expand_policies(["delayed"], model)
+  deepseek = {p.name: deepseek_model.policy_record(p, n)
+              for p in policies.expand_policies(["delayed"], n)}
+  names = [n.replace("moe", "mlp") if "mlp" in leaves else n for n in deepseek]
+  assert [p.name for p in grid] == names and len(grid) == 8
+  delayed = policy_lib.parse_spec("e4m3/delayed(h=1024,reduce=max,margin=0)")
+  for p, ds in zip(grid, deepseek.values(), strict=True):
+    record, module = model.policy_meta(p)["record"], p.name.split("_")[0]
+    (rule,) = p.rules
+    assert rule.action == (delayed if p.name.endswith("_delayed") else
+                           policy_lib.parse_spec("e4m3"))
+    ((site,), (ds_site,)) = record["sites"], ds["sites"]
+    assert {k: site[k] for k in ("format", "granularity", "scaling")} == {
+        k: ds_site[k] for k in ("format", "granularity", "scaling")}
+    assert (record["cell"] is None) == (ds["cell"] is None), p.name
+    layers = [0] if "_l0_" in p.name else list(range(n))
+    state = model.delayed_init(p)
+    assert jax.tree.map(np.shape, state) == ({} if ds["cell"] else {
+        model.sites[module].replace("{i}", str(i)): {j: {"fwd": (1024,)}
+                                                       for j in range(leaves[module])}
+        for i in layers})
+  assert [p.name for p in policies.expand_policies(["noise(delayed)"], model)] == [
+      f"noise({p.name})" for p in grid]
+  (one,) = policies.expand_policies([grid[1].name], model)  # a cell by its name
+  assert one.rules == grid[1].rules and one.name == grid[1].name
 
 
 def test_policy_text_parses_into_rules_with_a_recipes_bf16_layers():

@@ -125,6 +125,19 @@ def test_quantize_output_fake_quantizes_the_float_leaves_only():
   np.testing.assert_array_equal(np.asarray(out["ids"]), np.arange(4))
 
 
+def test_of_a_tuple_output_only_the_first_element_is_quantized():
+  """``(output, *auxiliary)``: an MoE's routing weights and balance loss pass unchanged."""
+  y, weights = x_input((4, 128)), x_input((4, 2)) * 0.37
+  loss = jnp.float32(0.123456)
+  out = jax.jit(lambda *a: ops_lib.quantize_output(tuple(a), OUT_SPEC, "moe"))(
+      y, {"w": weights}, loss)
+  np.testing.assert_array_equal(np.asarray(out[0]), ref_for_spec(np.asarray(y), OUT_SPEC)[2])
+  np.testing.assert_array_equal(np.asarray(out[1]["w"]), np.asarray(weights))
+  assert float(out[2]) == float(loss) and type(out) is tuple
+  listed = ops_lib.quantize_output([y, weights], OUT_SPEC, "moe")
+  assert type(listed) is list and listed[1] is weights
+
+
 def test_an_output_spec_that_does_not_fit_names_the_path():
   with pytest.raises(ValueError, match=r"^output rule at 'head': .*needs axis -4"):
     ops_lib.quantize_output(jnp.ones((2, 8)), ODD, "head")

@@ -113,14 +113,17 @@ def expand_policies(specs, num_layers) -> list:
 RULES_GRIDS = {"sites": lambda sites, n: rules_policy.site_grid(sites, n),
                "sites_small": lambda sites, n: _small(rules_policy.site_grid(sites, n), n,
                                                       list(sites)[0], list(sites)[-1]),
-               "formats": lambda sites, n: formats_grid(n)}
+               "formats": lambda sites, n: formats_grid(n),
+               "delayed": lambda sites, n: rules_policy.delayed_grid(sites, n)}
 """The grids of a model quantized by rules: ``{name: f(model.sites, num_layers) ->
-{policy name: policy text}}``; the site grids need the model's ``sites``."""
+{policy name: policy text}}``; the site grids (and ``delayed``) need the model's
+``sites``."""
 
 
 def _rules_policies(model: api.Model, spec: str) -> list:
   """The policies of one spec of a rules model: a grid of :data:`RULES_GRIDS`, a cell of
-  its site grid by name (``attn_l0-1_e4m3``), or the model's own policy text;
+  its site or delayed grid by name (``attn_l0-1_e4m3``, ``attn_l0_e4m3_delayed``), or the
+  model's own policy text;
   ``noise(SPEC)``: the noise-matched controls of SPEC's policies
   (:func:`fp8jax.models.rules_policy.noise_control`)."""
   name = spec.removeprefix("noise(").removesuffix(")")
@@ -131,11 +134,11 @@ def _rules_policies(model: api.Model, spec: str) -> list:
     return [_named_variant(model, cell, text)
             for cell, text in RULES_GRIDS[name](model.sites, num_layers).items()]
   if name in GRIDS:
-    why = ("the model names no site modules (api.Model.sites)" if name in RULES_GRIDS
-           else "it names DeepSeek-MoE's sites")
     raise ValueError(f"the policy grid {spec!r} does not apply to the model {model.name!r}: "
-                     f"{why}; give its policies as its own text, e.g. gemm:fp32_blockwise")
-  cells = rules_policy.site_grid(model.sites, num_layers) if model.sites else {}
+                     "the model names no site modules (api.Model.sites); give its policies "
+                     "as its own text, e.g. gemm:fp32_blockwise")
+  cells = {**rules_policy.site_grid(model.sites, num_layers),
+           **rules_policy.delayed_grid(model.sites, num_layers)} if model.sites else {}
   if spec in cells:
     return [_named_variant(model, spec, cells[spec])]
   return [model.policy(spec)]
