@@ -48,20 +48,22 @@ def fake_quant(x: jax.Array, spec: spec_lib.QuantSpec,
     telemetry: also return a :class:`QuantTelemetry` of the forward quantization.
 
   Returns:
-    ``x_hat`` with the shape and dtype of ``x``, or ``(x_hat, telemetry)``.
+    ``x_hat`` with the shape and dtype of ``x``, or ``(x_hat, telemetry)``. On concrete
+    arrays it runs as one compiled program per shape and spec, as a jitted caller does.
   """
   spec = arguments.quant_spec(spec, "spec", "fake_quant")
   x = arguments.array(x, "x", "fake_quant")
+  concrete = not qtensor.traced(x, state, key)  # one compiled program, not op by op
   if delayed.needs_state(spec):
     _check_state(state, spec)
-    out = _fake_quant_stateful(x, state, spec, telemetry)
+    out = (_stateful_compiled if concrete else _fake_quant_stateful)(x, state, spec, telemetry)
   else:
     if state is not None:
       raise ValueError(
           f"spec {spec.describe()} uses no delayed scaling; pass state=None")
     if key is not None and not _stochastic(spec):
       key = None  # nothing to draw: keep the traced program key-free
-    out = _fake_quant(x, key, spec, telemetry)
+    out = (_compiled if concrete else _fake_quant)(x, key, spec, telemetry)
   return out if telemetry else out[0]
 
 
@@ -174,5 +176,8 @@ def _like(new, old):
 
 
 _fake_quant_stateful.defvjp(_fake_quant_stateful_fwd, _fake_quant_stateful_bwd)
+
+_compiled = jax.jit(_fake_quant, static_argnums=(2, 3))
+_stateful_compiled = jax.jit(_fake_quant_stateful, static_argnums=(2, 3))
 
 __all__ = ["fake_quant"]

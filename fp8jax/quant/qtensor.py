@@ -94,15 +94,29 @@ def _scales(x, spec, history, amax=None):
   return block, s, scale_inv, tensor_scale_inv
 
 
+def traced(*args) -> bool:
+  """Whether any array of ``args`` is a tracer (inside ``jit``, ``grad``, ``vmap``...)."""
+  return any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(args))
+
+
 def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
                          history: jax.Array | None = None, key: jax.Array | None = None,
                          amax: jax.Array | None = None):
-  """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``."""
+  """Like :func:`quantize`, also returning ``x * s`` (float32) and per-block ``s``.
+
+  Called on concrete arrays (outside any transformation), it runs as one compiled program
+  per shape and spec, the program a jitted caller runs, instead of op by op."""
   _check_input(x)
   spec = arguments.quant_spec(spec, "spec", "quantize")
+  if traced(x, history, key, amax):
+    return _quantize_with_scaled(x, spec, history, key, amax)
+  return _quantize_compiled(x, spec, history, key, amax)
+
+
+def _quantize_with_scaled(x, spec, history, key, amax):
   if spec.noise_control:  # the format's own quantization, then its error replaced
-    qt, scaled, s = quantize_with_scaled(x, spec.replace(noise_control=False), history, key,
-                                         amax)
+    qt, scaled, s = _quantize_with_scaled(x, spec.replace(noise_control=False), history,
+                                          key, amax)
     noisy = noise_control.matched_noise(x, dequantize(qt, jnp.float32), qt.full_block)
     ones = jnp.ones(qt.scale_inv.shape, jnp.float32)
     return QTensor(noisy, ones, qt.block, qt.dtype), scaled, s
@@ -128,6 +142,9 @@ def quantize_with_scaled(x: jax.Array, spec: spec_lib.QuantSpec,
     scale_inv = scale_inv.astype(ml_dtypes.float8_e4m3fn)  # exact: E4M3 values
   qt = QTensor(data, scale_inv, block, jnp.dtype(x.dtype), tensor_scale_inv)
   return qt, scaled, s
+
+
+_quantize_compiled = jax.jit(_quantize_with_scaled, static_argnums=1)
 
 
 def quantize(x: jax.Array, spec: spec_lib.QuantSpec,
@@ -169,11 +186,19 @@ def dequantize(qt: QTensor, dtype=None) -> jax.Array:
   Args:
     qt: the quantized tensor.
     dtype: output dtype; defaults to the dtype of the quantized input.
+
+  On concrete arrays it runs as one compiled program, as :func:`quantize` does.
   """
   if not isinstance(qt, QTensor):
     raise TypeError(f"dequantize: qt must be a QTensor (from fp8jax.quantize), got "
                     f"{type(qt).__name__}")
   dtype = arguments.dtype(qt.dtype if dtype is None else dtype, "dtype", "dequantize")
+  if traced(qt):
+    return _dequantize(qt, dtype)
+  return _dequantize_compiled(qt, dtype)
+
+
+def _dequantize(qt: QTensor, dtype) -> jax.Array:
   scale_inv = blocks.broadcast_blocks(
       qt.scale_inv.astype(jnp.float32), qt.full_block, qt.shape)
   out = payload_f32(qt.data) * scale_inv
@@ -182,6 +207,9 @@ def dequantize(qt: QTensor, dtype=None) -> jax.Array:
   top = float(jnp.finfo(dtype).max)
   out = jnp.where(jnp.isnan(out), out, jnp.clip(out, -top, top))
   return out.astype(dtype)
+
+
+_dequantize_compiled = jax.jit(_dequantize, static_argnums=1)
 
 
 def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
@@ -197,7 +225,13 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
   """
   _check_input(x, "quantize_dequantize")
   spec = arguments.quant_spec(spec, "spec", "quantize_dequantize")
-  qt, scaled, s = quantize_with_scaled(x, spec, history, key)
+  if traced(x, history, key):
+    return _quantize_dequantize(x, spec, history, key, telemetry)
+  return _quantize_dequantize_compiled(x, spec, history, key, telemetry)
+
+
+def _quantize_dequantize(x, spec, history, key, telemetry):
+  qt, scaled, s = _quantize_with_scaled(x, spec, history, key, None)
   x_hat = dequantize(qt)
   if not telemetry:
     return x_hat
@@ -208,6 +242,9 @@ def quantize_dequantize(x: jax.Array, spec: spec_lib.QuantSpec,
                                         rules)
   rules = telemetry_lib.scale_rule_blocks(x, qt, spec)
   return x_hat, telemetry_lib.measure(x, scaled, qt.data, x_hat, s, spec.fmt, rules)
+
+
+_quantize_dequantize_compiled = jax.jit(_quantize_dequantize, static_argnums=(1, 4))
 
 
 def quantize_and_update(x: jax.Array, spec: spec_lib.QuantSpec, history: jax.Array):

@@ -144,7 +144,8 @@ def _tie_block():
 
 
 @settings(max_examples=10, deadline=None)
-@given(x=hnp.arrays(np.float32, (32, 32), elements=st.floats(-100, 100, width=32)),
+@given(x=hnp.arrays(np.float32, (32, 32),  # subnormals count as 0 in an amax (formats.md)
+                   elements=st.floats(-100, 100, width=32, allow_subnormal=False)),
        rule=st.sampled_from(["mae", "mse"]))
 @example(x=_tie_block(), rule="mae")
 def test_weight_blocks_16x16_match_te_reference(x, rule):
