@@ -109,7 +109,8 @@ else:
     run_dir = run_dir.parent
   train_cfg = ml_collections.ConfigDict(json.loads((run_dir / "config.json").read_text()))
 
-model_cfg = run_config.model_config(train_cfg)
+model = run_config.model(train_cfg)  # the run's model, computing as the run did
+model_cfg = model.config  # DeepSeek-MoE's config
 MOE_IMPL = train_cfg.train.moe_impl
 NUM_LAYERS = model_cfg.num_hidden_layers
 mesh = mesh_lib.data_mesh()
@@ -157,7 +158,7 @@ windows = sweep.Windows(offsets=(0,), batches=1, batch_size=EVAL_BATCH)
 tokens = mesh_lib.global_batch(sweep.eval_batches(train_cfg, windows)[(0, 0)], mesh)
 print("evaluation batch:", tokens.shape, tokens.dtype)
 
-evaluator = paired.PairedEvaluator(model_cfg, policies, mesh, moe_impl=MOE_IMPL)
+evaluator = paired.PairedEvaluator(model, policies, mesh)
 base = evaluator.baseline(params, tokens)
 results = {p: jax.device_get(evaluator.variant(p, params, tokens, base)) for p in POLICIES}
 direct = {p.name: param_paths.direct_modules(p, NUM_LAYERS) for p in policies}

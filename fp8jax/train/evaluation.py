@@ -26,7 +26,6 @@ import jax
 
 from fp8jax.train import data_parallel as dp
 from fp8jax.train import param_gather
-from fp8jax.train import step as step_lib
 
 PRECISIONS = ("", "train", "bf16")
 """``train.eval_precision``'s values: none, the run's policy, the model's BF16 baseline."""
@@ -43,7 +42,6 @@ def make_eval(model, policy, mesh=None, replicas: int | None = None, moe_groups:
   (:mod:`fp8jax.train.data_parallel`; ``replicas``: their number), or None: one program,
   ``moe_groups`` going to DeepSeek-MoE's ``apply``. ``fp8_param_gather``: the forward on
   the weights as the simulated FP8 gather gives them (:mod:`fp8jax.train.param_gather`)."""
-  model = step_lib.as_model(model)
   groups = {} if moe_groups == 1 else {"moe_groups": moe_groups}
 
   def local(params, delayed, tokens):

@@ -69,7 +69,6 @@ import jax
 from fp8jax.data import pipeline, tokenizers
 from fp8jax.metrics import weights
 from fp8jax.models import layer_stack
-from fp8jax.models.config import ModelConfig
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
   determinism,
@@ -123,15 +122,14 @@ def optimizer_for(cfg):
 
 def build_step(cfg, model, tx, policy, mesh, sharding, with_routing: bool = False):
   """The sharded ``step(state, tokens) -> (state, metrics)`` of the run config ``cfg``'s
-  ``model`` (:func:`fp8jax.train.run_config.model`; a DeepSeek-MoE ``ModelConfig`` is taken
-  with the run's options) under ``policy``, every precision option applied as in
-  :func:`train`; the state laid out as ``sharding``; ``with_routing``:
+  ``model`` (:func:`fp8jax.train.run_config.model`) under ``policy``, every precision
+  option applied as in :func:`train`; the state laid out as ``sharding``; ``with_routing``:
   ``metrics["routing"]`` (see ``step.make_train_step``)."""
   # FSDP: each device gathers a layer's weights where it runs and reduce-scatters its
   # gradient (data_parallel.gather_in_forward); the state stays split as ``sharding`` says.
   specs = (jax.tree.map(lambda s: s.spec, sharding.params) if cfg.train.fsdp else None)
   step = step_lib.make_train_step(
-      _model(cfg, model), tx, policy, loss_scale=run_config.loss_scale_config(cfg),
+      model, tx, policy, loss_scale=run_config.loss_scale_config(cfg),
       fp8_param_gather=cfg.precision.fp8_param_gather, with_routing=with_routing,
       check_update=cfg.precision.check_update, mesh=mesh,
       replicas=cfg.train.replicas or None, param_specs=specs,
@@ -139,18 +137,12 @@ def build_step(cfg, model, tx, policy, mesh, sharding, with_routing: bool = Fals
   return mesh_lib.shard_step(step, mesh, sharding)
 
 
-def _model(cfg, model):
-  """``model``, or the run's model where it is a DeepSeek-MoE config."""
-  return run_config.model(cfg) if isinstance(model, ModelConfig) else model
-
-
 def state_layout(cfg, model, tx, mesh, policy=None):
-  """(init function, abstract train state, its shardings) of a run: replicated, or
-  split over the devices with ``train.fsdp``; with the amax histories of the policy's
-  delayed-scaled sites, if any, params in ``precision.master_weights`` and the dynamic
-  loss-scaling state, if on. ``policy``: the run's parsed policy (None: parse
-  ``cfg.policy``)."""
-  model = _model(cfg, model)
+  """(init function, abstract train state, its shardings) of a run of ``model``
+  (:func:`fp8jax.train.run_config.model`): replicated, or split over the devices with
+  ``train.fsdp``; with the amax histories of the policy's delayed-scaled sites, if any,
+  params in ``precision.master_weights`` and the dynamic loss-scaling state, if on.
+  ``policy``: the run's parsed policy (None: parse ``cfg.policy``)."""
   if policy is None:
     policy = model.policy(cfg.policy)
   init_seeded = step_lib.seeded_init(model, tx, policy, cfg.precision.master_weights,
@@ -215,7 +207,7 @@ def train(cfg, workdir, resume: bool = False, stream=None, devices=None,
   data = make_data(cfg, mesh, model.vocab_size)
   with multihost.lock_folder(workdir):  # one writer per workdir: a second run stops here
     has_run = workdir_checks.check(workdir, cfg, resume, policy, allow_policy_change, stream,
-                                   model.record)
+                                   record=model.record)
     if main:
       workdir.mkdir(parents=True, exist_ok=True)
       tmp = workdir / "config.json.tmp"  # the other processes may be reading config.json

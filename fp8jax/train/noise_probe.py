@@ -25,23 +25,19 @@ import optax
 
 from fp8jax.models import layer_stack
 from fp8jax.train import data_parallel as dp
-from fp8jax.train import step as step_lib
 
 SQRT3 = math.sqrt(3.0)
 """The ratio below which FP4 training stopped improving (arXiv 2505.19115)."""
 
 
-def make_probe(model, policy, moe_impl: str = "dispatch", moe_groups: int = 1,
-               deterministic: bool = False, scan_layers=False, mesh=None,
-               replicas: int | None = None):
-  """``model``: a :class:`fp8jax.models.api.Model`, or DeepSeek-MoE of a config with these
-  options (:func:`fp8jax.train.step.as_model`; ``moe_groups`` goes to DeepSeek-MoE's
-  ``apply`` either way). Returns ``probe(params, delayed, tokens int [B, S]) -> {"probe/grad_norm",
-  "probe/noise_norm", "probe/ratio"}`` (float32 scalars; jit it); ``mesh``: each device
-  takes the gradients of its own rows (:mod:`fp8jax.train.data_parallel`; then
-  ``moe_groups`` is 1; ``replicas``: their number, default one per device), or None."""
+def make_probe(model, policy, moe_groups: int = 1, mesh=None, replicas: int | None = None):
+  """``probe(params, delayed, tokens int [B, S]) -> {"probe/grad_norm", "probe/noise_norm",
+  "probe/ratio"}`` (float32 scalars; jit it) of ``model`` (a
+  :class:`fp8jax.models.api.Model`) under ``policy``; ``moe_groups`` goes to its ``apply``
+  (DeepSeek-MoE's MoE dispatch groups); ``mesh``: each device takes the gradients of its
+  own rows (:mod:`fp8jax.train.data_parallel`; then ``moe_groups`` is 1; ``replicas``:
+  their number, default one per device), or None."""
 
-  model = step_lib.as_model(model, moe_impl, 1, deterministic, scan_layers)
   groups = {} if moe_groups == 1 else {"moe_groups": moe_groups}
 
   def grads(params, delayed, tokens, pol):

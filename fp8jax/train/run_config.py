@@ -30,7 +30,6 @@ import pathlib
 import ml_collections
 
 from fp8jax.models import api, layer_scan, registry
-from fp8jax.models import config as model_config_lib
 from fp8jax.train import evaluation, full_state, optim
 from fp8jax.train import loss_scale as loss_scale_lib
 
@@ -213,15 +212,6 @@ def model(cfg, *, moe_impl: str | None = None, deterministic: bool | None = None
   return registry.get(cfg.model, dict(cfg.model_overrides), options)
 
 
-def model_config(cfg) -> model_config_lib.ModelConfig:
-  """The DeepSeek-MoE config of the run (ValueError for a run of another model)."""
-  config = model(cfg).config
-  if not isinstance(config, model_config_lib.ModelConfig):
-    raise ValueError(f"the run's model {cfg.model!r} is not DeepSeek-MoE, which this "
-                     "takes")
-  return config
-
-
 def optim_config(cfg) -> optim.OptimConfig:
   values = dict(cfg.optim)
   values["total_steps"] = values["total_steps"] or cfg.train.steps
@@ -290,15 +280,6 @@ def _check_full_state(t) -> None:
     if value and t.full_state != "last":
       raise ValueError(f"train.{key}={value!r} needs train.full_state='last' (with 'all' "
                        "every checkpoint keeps its full state, in the params' own dtype)")
-
-
-def validate(cfg) -> tuple[model_config_lib.ModelConfig, object]:
-  """:func:`check` for a DeepSeek-MoE run: (model config, policy)."""
-  m, policy = check(cfg)
-  if not isinstance(m.config, model_config_lib.ModelConfig):
-    raise ValueError(f"the run's model {cfg.model!r} is not DeepSeek-MoE, which this "
-                     "takes")
-  return m.config, policy
 
 
 def check(cfg) -> tuple[api.Model, object]:

@@ -49,8 +49,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8jax.models import api, deepseek_model, layer_stack
-from fp8jax.models.config import ModelConfig
+from fp8jax.models import api, layer_stack
 from fp8jax.train import data_parallel as dp
 from fp8jax.train import loss_scale as loss_scale_lib
 from fp8jax.train import param_gather
@@ -72,23 +71,14 @@ def init_state(params, tx: optax.GradientTransformation, delayed=None,
                     loss_scale or {})
 
 
-def as_model(model: api.Model | ModelConfig, moe_impl: str = "dispatch",
-             moe_groups: int = 1, deterministic: bool = False, scan_layers=False
-             ) -> api.Model:
-  """``model`` itself, or DeepSeek-MoE of the config ``model`` with these options
-  (:class:`fp8jax.models.deepseek_model.Options`). A model carries its own options:
-  giving others with it is refused."""
-  options = deepseek_model.Options(moe_impl, moe_groups, deterministic, scan_layers or None)
-  if isinstance(model, ModelConfig):
-    return deepseek_model.model(model, options)
-  if options != deepseek_model.Options():
-    raise ValueError(f"moe_impl, moe_groups, deterministic and scan_layers are "
-                     f"DeepSeek-MoE's options: the model {model.name!r} carries its own "
-                     "(fp8jax.models.registry.get(..., options=...))")
+def _check_model(model) -> api.Model:
+  if not isinstance(model, api.Model):
+    raise TypeError(f"takes an fp8jax.models.api.Model (fp8jax.models.registry.get, e.g. "
+                    f"'deepseek_moe:tiny'), got {type(model).__name__}")
   return model
 
 
-def seeded_init(model: api.Model | ModelConfig, tx: optax.GradientTransformation,
+def seeded_init(model: api.Model, tx: optax.GradientTransformation,
                 policy=None, master_weights: str = "float32",
                 loss_scale: loss_scale_lib.DynamicLossScale | None = None,
                 stacked: bool = False):
@@ -98,7 +88,7 @@ def seeded_init(model: api.Model | ModelConfig, tx: optax.GradientTransformation
   ``loss_scale``'s state, if on; ``stacked``: the params (and so the optimizer state)
   stored stacked per run of alike layers under ``policy``
   (:mod:`fp8jax.models.layer_stack`; a model whose ``layer_runs`` is None refuses)."""
-  model = as_model(model)
+  model = _check_model(model)
   policy = model.baseline if policy is None else policy
   delayed = model.delayed_init(policy)
   if stacked and model.layer_runs is None:
@@ -119,25 +109,20 @@ def _float32(tree):
   return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
 
 
-def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransformation,
-                    policy=None, moe_impl: str = "dispatch", moe_groups: int = 1, *,
+def make_train_step(model: api.Model, tx: optax.GradientTransformation, policy=None, *,
                     loss_scale: loss_scale_lib.DynamicLossScale | None = None,
-                    fp8_param_gather: bool = False, with_routing: bool = False,
-                    deterministic: bool = False, scan_layers: bool = False, mesh=None,
+                    fp8_param_gather: bool = False, with_routing: bool = False, mesh=None,
                     replicas: int | None = None, reduce_per_layer: bool = False,
                     param_specs=None, gather_dtype=None, check_update: bool = False):
   """Returns ``step(state, tokens) -> (state, metrics)`` (jit it, or shard it) of
-  ``model`` (or DeepSeek-MoE of a config, with ``moe_impl``, ``moe_groups``,
-  ``deterministic`` and ``scan_layers``: :func:`as_model`) under ``policy`` (default: its
-  baseline); ``mesh``: a ``data`` mesh whose devices each compute the gradients of their own rows
-  (:mod:`fp8jax.train.data_parallel`; the state replicated; ``replicas``: their number,
-  default one per device), or None: one program over
-  the global batch, partitioned by XLA, with ``moe_groups`` the number of data-parallel
-  devices (see ``deepseek_moe.apply``; FSDP's sharded state takes this route); the
-  keywords: the precision options of the module docstring; ``deterministic``: the
-  embedding's gradient without atomics (:mod:`fp8jax.train.determinism`); ``scan_layers``:
-  alike consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`: less to
-  trace and compile, the same results); ``reduce_per_layer`` (with ``mesh``): each
+  ``model`` (:class:`fp8jax.models.api.Model`, which carries how it computes: e.g.
+  DeepSeek-MoE's MoE kernel, groups, deterministic mode and layer scan, its registry
+  options) under ``policy`` (default: its baseline); ``mesh``: a ``data`` mesh whose
+  devices each compute the gradients of their own rows (:mod:`fp8jax.train.data_parallel`;
+  the state replicated; ``replicas``: their number, default one per device), or None: one
+  program over the global batch, partitioned by XLA (FSDP's sharded state takes this
+  route); the keywords: the precision options of the module docstring;
+  ``reduce_per_layer`` (with ``mesh``): each
   layer's gradients averaged over the replicas where the backward pass leaves that layer
   (:func:`fp8jax.train.data_parallel.mean_in_backward`), so that XLA may overlap those
   all-reduces with the rest of the backward pass; False (the default): the whole gradient
@@ -156,7 +141,7 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
   ``check_update``: a step whose update would make a parameter non-finite is refused too
   (the module docstring)."""
 
-  model = as_model(model, moe_impl, moe_groups, deterministic, scan_layers)
+  model = _check_model(model)
   policy = model.baseline if policy is None else policy
 
   def objective(params, delayed, tokens, scale, param_transform=None):
@@ -172,9 +157,6 @@ def make_train_step(model: api.Model | ModelConfig, tx: optax.GradientTransforma
     routing = aux.get("routing", {}) if with_routing else {}
     return loss if scale is None else loss * scale, (loss, lm, extra, routing)
 
-  if mesh is not None and moe_groups != 1:
-    raise ValueError(f"moe_groups is {moe_groups}, but with a mesh each device dispatches "
-                     "its own tokens: leave it at 1")
   if param_specs is not None and mesh is None:
     raise ValueError("param_specs split the params over a mesh's devices: pass the mesh")
   if gather_dtype is not None and (param_specs is None or fp8_param_gather):

@@ -13,7 +13,6 @@ import json
 import pathlib
 import sys
 
-from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import metrics_log, run_config
 
@@ -33,9 +32,10 @@ def _config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 
 def check(workdir: pathlib.Path, cfg, resume: bool, policy,
-                   allow_policy_change: bool = False, stream=None, record=None) -> bool:
+          allow_policy_change: bool = False, stream=None, *, record) -> bool:
   """Returns whether there is a run to resume; refuses to overwrite one, or to resume it
-  with another config (or, unless allowed, another policy: :func:`_check_policy`)."""
+  with another config (or, unless allowed, another policy: :func:`_check_policy`, which
+  compares the policies' ``record(policy, text)``, the model's ``Model.record``)."""
   saved = workdir / "config.json"
   ckpts = workdir / "checkpoints"
   has_run = ckpts.exists() and any(p.name.isdigit() for p in ckpts.iterdir())
@@ -64,7 +64,7 @@ def check(workdir: pathlib.Path, cfg, resume: bool, policy,
     source, old = _checkpoint_config(ckpts, saved)
   if has_run:
     _check_policy(ckpts, old and old["policy"], cfg.policy, policy, allow_policy_change,
-                  record or policy_lib.record, stream)
+                  record, stream)
   if old is not None:
     # train.steps may grow, unless the LR schedule follows it (optim.total_steps = 0).
     allowed = {"policy", *run_config.RESUME_MAY_CHANGE}

@@ -32,7 +32,6 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fp8jax.experiments.configs import train_2b_c4, train_tiny  # noqa: E402
-from fp8jax.models import deepseek_moe  # noqa: E402
 from fp8jax.train import (  # noqa: E402
   checkpoint,
   checkpoint_digest,  # noqa: E402
@@ -46,10 +45,9 @@ CONFIGS = {"tiny": train_tiny.get_config, "2b": train_2b_c4.get_config}
 
 def build_state(name: str):
   cfg = CONFIGS[name]()
-  model_cfg = run_config.model_config(cfg)
+  model = run_config.model(cfg)
   tx = optim.optimizer(run_config.optim_config(cfg))
-  init = jax.jit(lambda: step_lib.init_state(deepseek_moe.init(model_cfg, jax.random.key(0)),
-                                             tx))
+  init = jax.jit(lambda: step_lib.init_state(model.init(jax.random.key(0)), tx))
   return jax.block_until_ready(init())
 
 

@@ -27,9 +27,9 @@ import jax
 import optax
 
 from fp8jax.models import config as config_lib
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_model, deepseek_moe
 from fp8jax.models import policy as policy_lib
-from fp8jax.study.comparison import model_api, paired
+from fp8jax.study.comparison import paired
 from fp8jax.train import mesh as mesh_lib
 from fp8jax.train import step as step_lib
 
@@ -52,8 +52,8 @@ def pair(cfg, policy, batch: int, seq: int, scan: bool, moe_impl: str,
   """The stages of the paired evaluation's passes: ``{"bf16": ..., "policy": ...}``, the
   BF16 pass only with ``bf16`` (it is the same for every policy)."""
   mesh = mesh_lib.data_mesh()
-  ev = paired.PairedEvaluator(model_api.deepseek(cfg, scan), [policy], mesh, moe_impl,
-                              telemetry=False)
+  model = deepseek_model.model(cfg, deepseek_model.Options(scan=scan or None))
+  ev = paired.PairedEvaluator(model, [policy], mesh, moe_impl, telemetry=False)
   params = deepseek_moe.abstract_params(cfg)
   tokens = jax.ShapeDtypeStruct((batch, seq), "int32")
   with jax.set_mesh(mesh):
@@ -70,8 +70,8 @@ def split(cfg, policy, batch: int, seq: int, scan: bool, moe_impl: str) -> dict:
   params = deepseek_moe.abstract_params(cfg)
   state = jax.eval_shape(lambda p: step_lib.init_state(p, tx), params)
   tokens = jax.ShapeDtypeStruct((batch, seq), "int32")
-  step = jax.jit(step_lib.make_train_step(cfg, tx, policy, moe_impl=moe_impl,
-                                          scan_layers=scan))
+  model = deepseek_model.model(cfg, deepseek_model.Options(moe_impl, scan=scan or None))
+  step = jax.jit(step_lib.make_train_step(model, tx, policy))
   return _stages(step, state, tokens)
 
 

@@ -46,10 +46,10 @@ import comm_overlap  # noqa: E402
 import jax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_model, layer_scan, layer_stack  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
-from fp8jax.models import layer_scan, layer_stack  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study.comparison import model_api, paired  # noqa: E402
+from fp8jax.study.comparison import paired  # noqa: E402
 from fp8jax.train import data_parallel as dp  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
@@ -115,9 +115,10 @@ def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce, prof
   runs = dm.layer_runs(cfg, pl.BF16) if scan and storage == "stacked" else None
   store = (lambda p: layer_stack.stack(p, runs)) if runs else (lambda p: p)
   per_device = route == "per_device"
+  model = deepseek_model.model(cfg, deepseek_model.Options(
+      moe_impl, 1 if per_device else n, scan=scan or None))
   step = mesh_lib.shard_step(step_lib.make_train_step(
-      cfg, tx, moe_impl=moe_impl, moe_groups=1 if per_device else n, scan_layers=scan,
-      mesh=mesh if per_device else None, reduce_per_layer=reduce == "per_layer",
+      model, tx, mesh=mesh if per_device else None, reduce_per_layer=reduce == "per_layer",
       check_update=guard == "outputs"), mesh)
   init = jax.jit(lambda k: step_lib.init_state(store(dm.init(cfg, k)), tx),
                  out_shardings=mesh_lib.replicated(mesh))
@@ -142,7 +143,7 @@ def train(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce, prof
   record(name, devices=n,
          batch_per_device=batch, seq=seq, trace_s=trace_s, compile_s=compile_s,
          ms=t_step * 1e3, tokens_per_s=tps,
-         mfu_per_gpu=flops.mfu(tps, cfg, seq, peak, n) or float("nan"),
+         mfu_per_gpu=flops.mfu(tps, model, seq, peak, n) or float("nan"),
          peak_gib=_peaks_gib(mesh.devices.flat), temp_gib=temp, collectives=kinds, times=ts)
 
 
@@ -153,8 +154,8 @@ def paired_eval(cfg, mesh, n, batch, seq, scan, route, moe_impl, storage, reduce
   last = cfg.num_hidden_layers - 1
   first = 0 if cfg.is_moe_layer(0) else 1
   policies = [pl.parse_policy(p.replace("l0-8", f"l{first}-{last}")) for p in POLICIES]
-  model = dataclasses.replace(model_api.deepseek(cfg, scan),
-                              param_transform=reduce == "per_layer")
+  model = dataclasses.replace(deepseek_model.model(cfg, deepseek_model.Options(
+      scan=scan or None)), param_transform=reduce == "per_layer")
   ev = paired.PairedEvaluator(model, policies, mesh, moe_impl, telemetry=False)
   params = jax.jit(lambda k: dm.init(cfg, k), out_shardings=mesh_lib.replicated(mesh))(
       jax.random.key(0))

@@ -37,7 +37,7 @@ from _timing import median_time  # noqa: E402
 from data_parallel import _compiled, _peaks_gib, _profile, _tokens, model_config  # noqa: E402,E501
 import jax  # noqa: E402
 
-from fp8jax.models import layer_scan  # noqa: E402
+from fp8jax.models import deepseek_model, layer_scan  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
@@ -68,15 +68,15 @@ def main():
   cfg = model_config(args.model)
   mesh = mesh_lib.data_mesh(devices)
   tx = optim.optimizer(optim.OptimConfig())
-  init = step_lib.seeded_init(cfg, tx, pl.BF16, stacked=True)
+  per_device = args.route == "per_device"
+  model = deepseek_model.model(cfg, deepseek_model.Options(
+      args.moe_impl if per_device else "dispatch", 1 if per_device else n,
+      scan=layer_scan.ScanOptions(args.scan_unroll, args.scan_remat)))
+  init = step_lib.seeded_init(model, tx, pl.BF16, stacked=True)
   abstract = jax.eval_shape(lambda: init(0))
   sharding = mesh_lib.fsdp_sharding(abstract, mesh)
-  per_device = args.route == "per_device"
   step = mesh_lib.shard_step(step_lib.make_train_step(
-      cfg, tx, moe_impl=args.moe_impl if per_device else "dispatch",
-      moe_groups=1 if per_device else n,
-      scan_layers=layer_scan.ScanOptions(args.scan_unroll, args.scan_remat),
-      mesh=mesh if per_device else None,
+      model, tx, mesh=mesh if per_device else None,
       param_specs=jax.tree.map(lambda s: s.spec, sharding.params) if per_device else None,
       gather_dtype=args.gather_dtype if per_device else None),
       mesh, sharding)
@@ -111,7 +111,7 @@ def main():
         _profile(run, toks[0], name)
       record(name, devices=n, batch_per_device=batch, seq=args.seq, trace_s=trace_s,
              compile_s=compile_s, ms=t_step * 1e3, tokens_per_s=tps,
-             mfu_per_gpu=flops.mfu(tps, cfg, args.seq, peak, n) or float("nan"),
+             mfu_per_gpu=flops.mfu(tps, model, args.seq, peak, n) or float("nan"),
              peak_gib=_peaks_gib(devices), temp_gib=temp, collectives=kinds, times=ts)
     except Exception as err:  # pylint: disable=broad-except
       record(f"{name}_failed", error=f"{type(err).__name__}: {str(err)[:600]}")

@@ -43,9 +43,10 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_model  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study.comparison import model_api, paired  # noqa: E402
+from fp8jax.study.comparison import paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
@@ -126,9 +127,9 @@ def main():
     zeros = jax.tree.map(jnp.zeros_like, params)
     t_opt, _ = median_time(opt, [(state, zeros)], runs=5)
     del zeros
-    step = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=args.moe_impl,
-                                           scan_layers=args.scan_layers),
-                   donate_argnums=0)
+    model = deepseek_model.model(cfg, deepseek_model.Options(
+        args.moe_impl, scan=args.scan_layers or None))
+    step = jax.jit(step_lib.make_train_step(model, tx), donate_argnums=0)
     holder = {"state": state}  # params are donated from here on
 
     def run(x):
@@ -142,16 +143,16 @@ def main():
     tps = args.batch * args.seq / t_step
     peak = flops.peak_flops(jax.devices()[0].device_kind)
     record(f"train_{tag}", step_ms=t_step * 1e3, optimizer_only_ms=t_opt * 1e3,
-           tokens_per_s=tps, flops_per_token=flops.flops_per_token(cfg, args.seq),
-           mfu_vs_datasheet=flops.mfu(tps, cfg, args.seq, peak, 1) or float("nan"),
-           mfu_vs_measured_matmul=flops.mfu(tps, cfg, args.seq, ceiling, 1))
+           tokens_per_s=tps, flops_per_token=flops.flops_per_token(model, args.seq),
+           mfu_vs_datasheet=flops.mfu(tps, model, args.seq, peak, 1) or float("nan"),
+           mfu_vs_measured_matmul=flops.mfu(tps, model, args.seq, ceiling, 1))
     profile(run, (tokens,), args.steps, f"train_{tag}", keep)
     del holder, step, state
     params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   if "paired" in args.parts:
     pol = pl.parse_policy(args.paired_policy)
-    ev = paired.PairedEvaluator(model_api.deepseek(cfg, args.scan_layers), [pol], mesh,
-                                args.moe_impl)
+    scanned = deepseek_model.model(cfg, deepseek_model.Options(scan=args.scan_layers or None))
+    ev = paired.PairedEvaluator(scanned, [pol], mesh, args.moe_impl)
     t_base, _ = median_time(ev.baseline, [(params, tokens)], runs=5)
     base = ev.baseline(params, tokens)
     t_var, _ = median_time(lambda p, x, b: ev.variant(pol.name, p, x, b)["compare"],

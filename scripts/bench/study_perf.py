@@ -43,10 +43,10 @@ import numpy as np  # noqa: E402
 from fp8jax.gemm import grouped as grouped_gemm  # noqa: E402
 from fp8jax.kernels import grouped_matmul_triton  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_model, moe  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
-from fp8jax.models import moe  # noqa: E402
 from fp8jax.models import policy as pl  # noqa: E402
-from fp8jax.study.comparison import model_api, paired  # noqa: E402
+from fp8jax.study.comparison import paired  # noqa: E402
 from fp8jax.train import flops, optim  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
@@ -127,8 +127,8 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False, moments_dtype
   tx = optim.optimizer(optim.OptimConfig(), moments_dtype=moments_dtype)
   mesh = mesh_lib.data_mesh()
   state = step_lib.init_state(params, tx)
-  fn = jax.jit(step_lib.make_train_step(cfg, tx, moe_impl=moe_impl, scan_layers=scan),
-               donate_argnums=0)
+  model = deepseek_model.model(cfg, deepseek_model.Options(moe_impl, scan=scan or None))
+  fn = jax.jit(step_lib.make_train_step(model, tx), donate_argnums=0)
   holder = {"state": state}
 
   def run(tokens):
@@ -142,8 +142,8 @@ def train_step(batch=8, seq=2048, moe_impl="dispatch", scan=False, moments_dtype
                                                         if moments_dtype else ""),
          moe_impl=moe_impl, batch=batch,
          seq=seq, ms=t * 1e3, tokens_per_s=tps, peak_gib=_peak_gib(),
-         model_tflops=tps * flops.flops_per_token(cfg, seq) / 1e12,
-         mfu=flops.mfu(tps, cfg, seq, peak, 1) or float("nan"), times=ts)
+         model_tflops=tps * flops.flops_per_token(model, seq) / 1e12,
+         mfu=flops.mfu(tps, model, seq, peak, 1) or float("nan"), times=ts)
   del mesh
 
 
@@ -154,7 +154,8 @@ def paired_eval(batch=8, seq=2048, moe_impl="dispatch", policies=PAIRED, scan=Fa
   cfg, params, toks = _setup_2b(batch, seq)
   mesh = mesh_lib.data_mesh()
   policies = [pl.parse_policy(n) for n in policies]
-  ev = paired.PairedEvaluator(model_api.deepseek(cfg, scan), policies, mesh, moe_impl)
+  model = deepseek_model.model(cfg, deepseek_model.Options(scan=scan or None))
+  ev = paired.PairedEvaluator(model, policies, mesh, moe_impl)
   t_base, ts = median_time(ev.baseline, [(params, x) for x in toks], runs=8)
   record("paired_bf16_grad", moe_impl=moe_impl, batch=batch, seq=seq, scan=scan,
          ms=t_base * 1e3, times=ts)
@@ -170,7 +171,8 @@ def memory(seq=2048, moe_impl="dispatch"):
   cfg = mc.deepseek_moe_2b(expert_pad_to=896)
   params = jax.jit(dm.init, static_argnums=0)(cfg, jax.random.key(0))
   mesh = mesh_lib.data_mesh()
-  ev = paired.PairedEvaluator(cfg, [pl.parse_policy("moe_l0-8_e4m3")], mesh, moe_impl)
+  ev = paired.PairedEvaluator(deepseek_model.model(cfg), [pl.parse_policy("moe_l0-8_e4m3")],
+                              mesh, moe_impl)
   fits = {}
   for batch in (1, 2, 4, 8, 16):
     tokens = jax.random.randint(jax.random.key(0), (batch, seq), 0, cfg.vocab_size)
@@ -193,8 +195,8 @@ def compile_memory(batches=(4, 8), seq=2048, moe_impl="dispatch"):
   params = jax.eval_shape(lambda: dm.init(cfg, jax.random.key(0)))
   gib = lambda b: b / 2**30  # noqa: E731
   names = ("moe_l0-8_e4m3", "gemm:fp32_blockwise")
-  ev = paired.PairedEvaluator(cfg, [pl.parse_policy(n) for n in names], mesh,
-                              moe_impl)
+  ev = paired.PairedEvaluator(deepseek_model.model(cfg), [pl.parse_policy(n) for n in names],
+                              mesh, moe_impl)
   for batch in batches:
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     with jax.set_mesh(mesh):
@@ -219,7 +221,7 @@ def scaling(batch=2, seq=2048, moe_impl="dispatch"):
   for devices in (jax.devices()[:1], jax.devices()):
     n = len(devices)
     mesh = mesh_lib.data_mesh(devices)
-    ev = paired.PairedEvaluator(cfg, [policy], mesh, moe_impl)
+    ev = paired.PairedEvaluator(deepseek_model.model(cfg), [policy], mesh, moe_impl)
     p = jax.device_put(params, mesh_lib.replicated(mesh))
     toks = [jax.device_put(jax.random.randint(jax.random.key(i), (batch * n, seq), 0,
                                               cfg.vocab_size), mesh_lib.batch_sharding(mesh))

@@ -14,6 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from fp8jax.kernels import placement  # noqa: E402
 from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_model  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import policy as policy_lib  # noqa: E402
 from fp8jax.study.comparison import paired  # noqa: E402
@@ -23,6 +24,7 @@ from fp8jax.train import optim  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
 
 CFG = mc.tiny()
+MODEL = deepseek_model.model(CFG)
 PER_DEVICE, SEQ = 2, 32
 POLICY = "attn@0-2:e4m3"
 
@@ -38,12 +40,12 @@ def programs(n: int) -> dict:
   baseline, a per-tensor E4M3 policy) on n devices."""
   mesh = mesh_lib.data_mesh(jax.devices()[:n])
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-3, warmup_steps=1, total_steps=10))
-  step = mesh_lib.shard_step(step_lib.make_train_step(CFG, tx, mesh=mesh), mesh)
+  step = mesh_lib.shard_step(step_lib.make_train_step(MODEL, tx, mesh=mesh), mesh)
   params = jax.eval_shape(lambda: dm.init(CFG, jax.random.key(0)))
   state = jax.eval_shape(lambda p: step_lib.init_state(p, tx), params)
   tokens = jax.ShapeDtypeStruct((PER_DEVICE * n, SEQ), jnp.int32)
   out = {"train": describe(step.lower(state, tokens))}
-  ev = paired.PairedEvaluator(CFG, [policy_lib.parse_policy(POLICY)], mesh)
+  ev = paired.PairedEvaluator(MODEL, [policy_lib.parse_policy(POLICY)], mesh)
   rep = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                     sharding=mesh_lib.replicated(mesh)), params)
   batch = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype,

@@ -15,6 +15,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 
 from fp8jax.models import config as mc  # noqa: E402
+from fp8jax.models import deepseek_model  # noqa: E402
 from fp8jax.models import deepseek_moe as dm  # noqa: E402
 from fp8jax.models import policy as policy_lib  # noqa: E402
 from fp8jax.train import mesh as mesh_lib  # noqa: E402
@@ -22,11 +23,16 @@ from fp8jax.train import optim  # noqa: E402
 from fp8jax.train import step as step_lib  # noqa: E402
 
 
+def _model(cfg, scan=False):
+  """DeepSeek-MoE of ``cfg``, its layers scanned with ``scan``."""
+  return deepseek_model.model(cfg, deepseek_model.Options(scan=scan or None))
+
+
 def losses(devices):
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh(devices)
-  step = mesh_lib.shard_step(step_lib.make_train_step(cfg, tx), mesh)
+  step = mesh_lib.shard_step(step_lib.make_train_step(_model(cfg), tx), mesh)
   state = jax.device_put(step_lib.init_state(dm.init(cfg, jax.random.key(0)), tx),
                          mesh_lib.replicated(mesh))
   out = []
@@ -48,13 +54,13 @@ def per_layer_reduction() -> bool:
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh()
-  state = jax.device_get(step_lib.seeded_init(cfg, tx, policy_lib.BF16,
+  state = jax.device_get(step_lib.seeded_init(_model(cfg), tx, policy_lib.BF16,
                                               stacked=True)(0))  # each step donates its own
   tokens = jax.random.randint(jax.random.key(3), (8, 16), 0, cfg.vocab_size)
   outs = []
   for per_layer in (True, False):
     step = mesh_lib.shard_step(step_lib.make_train_step(
-        cfg, tx, mesh=mesh, scan_layers=True, reduce_per_layer=per_layer), mesh)
+        _model(cfg, scan=True), tx, mesh=mesh, reduce_per_layer=per_layer), mesh)
     outs.append(jax.device_get(step(jax.device_put(state, mesh_lib.replicated(mesh)),
                                     jax.device_put(tokens, mesh_lib.batch_sharding(mesh)))))
   return all(jax.tree.leaves(jax.tree.map(np.array_equal, *outs)))
@@ -74,7 +80,7 @@ def fsdp_split() -> dict:
                 num_hidden_layers=4, dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh()
-  init = step_lib.seeded_init(cfg, tx, policy_lib.BF16, stacked=True)
+  init = step_lib.seeded_init(_model(cfg), tx, policy_lib.BF16, stacked=True)
   state0 = jax.device_get(init(0))
   split = mesh_lib.fsdp_sharding(jax.eval_shape(lambda: init(0)), mesh)
   specs = jax.tree.map(lambda sh: sh.spec, split.params)
@@ -85,7 +91,7 @@ def fsdp_split() -> dict:
   for name, param_specs, sharding in (("replicated", None, mesh_lib.replicated(mesh)),
                                       ("fsdp", specs, split)):
     step = mesh_lib.shard_step(step_lib.make_train_step(
-        cfg, tx, mesh=mesh, scan_layers=True, param_specs=param_specs), mesh,
+        _model(cfg, scan=True), tx, mesh=mesh, param_specs=param_specs), mesh,
         None if param_specs is None else sharding)
     compiled = step.lower(jax.device_put(state0, sharding), batches[0]).compile()
     out[f"{name}_collectives"] = sorted(dp.collectives(compiled))
@@ -114,7 +120,7 @@ def fsdp_gather_in_bf16() -> dict:
                 num_hidden_layers=2, dtype="bfloat16")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
   mesh = mesh_lib.data_mesh()
-  init = step_lib.seeded_init(cfg, tx, policy_lib.BF16, stacked=True)
+  init = step_lib.seeded_init(_model(cfg), tx, policy_lib.BF16, stacked=True)
   split = mesh_lib.fsdp_sharding(jax.eval_shape(lambda: init(0)), mesh)
   specs = jax.tree.map(lambda sh: sh.spec, split.params)
   tokens = jax.device_put(jax.random.randint(jax.random.key(3), (8, 32), 0, cfg.vocab_size),
@@ -122,7 +128,8 @@ def fsdp_gather_in_bf16() -> dict:
   out, params = {}, {}
   for name, dtype in (("f32", None), ("bf16", "bfloat16")):
     step = mesh_lib.shard_step(step_lib.make_train_step(
-        cfg, tx, mesh=mesh, scan_layers=True, param_specs=specs, gather_dtype=dtype), mesh,
+        _model(cfg, scan=True), tx, mesh=mesh, param_specs=specs, gather_dtype=dtype),
+        mesh,
         split)
     state = jax.device_put(jax.device_get(init(0)), split)
     # The program as lowered (XLA:CPU then gathers bfloat16 as float32, the same values;

@@ -38,7 +38,7 @@ def test_site_study_small_keeps_the_original_studys_layout():
   """9 layers, every one MoE (DeepSeek-MoE-2B's layout: the site grid's layer-0 MoE site
   exists), 11 checkpoints from step 0."""
   cfg = _load(CONFIGS[0].parent / "site_study_small.py")
-  model_cfg, _ = run_config.validate(cfg)
+  model_cfg = run_config.check(cfg)[0].config  # DeepSeek-MoE's ModelConfig
   assert model_cfg.num_hidden_layers == 9
   assert all(model_cfg.is_moe_layer(i) for i in range(9))
   assert cfg.train.checkpoints and cfg.train.steps // cfg.train.save_every + 1 == 11
@@ -70,7 +70,7 @@ def test_scan_options_come_from_the_run_config():
     ({"scan_layers": True, "scan_unroll": -1}, "layers per iteration")])
 def test_scan_options_refused_by_name(train, match):
   with pytest.raises(ValueError, match=match):
-    run_config.validate(_train_config(**train))
+    run_config.check(_train_config(**train))
 
 
 @pytest.mark.parametrize("train, match", [
@@ -78,6 +78,6 @@ def test_scan_options_refused_by_name(train, match):
     ({"fsdp": True, "fsdp_gather_dtype": "float16"}, "must be '' or one of")])
 def test_fsdp_gather_dtype_refused_by_name(train, match):
   with pytest.raises(ValueError, match=match):
-    run_config.validate(_train_config(**train))
+    run_config.check(_train_config(**train))
   ok = _train_config(fsdp=True, fsdp_gather_dtype="bfloat16")
-  run_config.validate(ok)
+  run_config.check(ok)

@@ -49,8 +49,6 @@ def test_run_config_builds_the_model_and_refuses_what_it_lacks():
   c = _config(model="llama:tiny", policy="gemm:fp32_blockwise")
   model, policy = run_config.check(c)
   assert model.name == "llama:tiny" and isinstance(policy, api.Variant)
-  with pytest.raises(ValueError, match="not DeepSeek-MoE"):
-    run_config.validate(c)
   for key, value, match in (("moe_impl", "pallas", "no options"),
                             ("scan_layers", True, "no options")):
     bad = _config(model="llama:tiny")

@@ -11,8 +11,8 @@ import pytest
 
 import fp8jax
 from fp8jax.models import config as mc
+from fp8jax.models import deepseek_model, delayed_sites
 from fp8jax.models import deepseek_moe as dm
-from fp8jax.models import delayed_sites
 from fp8jax.models import policy as pl
 from fp8jax.study.comparison import policies as policies_lib
 from fp8jax.train import checkpoint, optim
@@ -94,7 +94,7 @@ def test_site_histories_over_training_steps_match_a_numpy_loop(monkeypatch):
   records = {}
   _tapped_fake_quant(monkeypatch, records)
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-2, warmup_steps=0, total_steps=10))
-  step = jax.jit(step_lib.make_train_step(cfg, tx, MIXED))
+  step = jax.jit(step_lib.make_train_step(deepseek_model.model(cfg), tx, MIXED))
   state = step_lib.init_state(params, tx, delayed_sites.init(cfg, MIXED))
   assert delayed_sites.layout(state.delayed) == {
       "attn_out/0/fwd": [3], "attn_out/0/bwd": [2], "moe_out/1/fwd": [2],
@@ -244,7 +244,8 @@ def test_evaluator_warm_up_cycles_the_window_and_records_each_amax():
   cfg, params, _ = _setup(2)
   window = [jax.random.randint(jax.random.key(k), (4, 16), 0, cfg.vocab_size) for k in (5, 6)]
   pol = pl.parse_policy("attn@0:e4m3/delayed(h=4)")
-  ev = paired.PairedEvaluator(cfg, [pol, pl.parse_policy("attn@0:e4m3")], mesh_lib.data_mesh())
+  ev = paired.PairedEvaluator(deepseek_model.model(cfg), [pol, pl.parse_policy("attn@0:e4m3")],
+                              mesh_lib.data_mesh())
   state = ev.warm_state(pol.name, params, window, 3)
   site_amax = jax.jit(lambda b: dm.apply(params, b, cfg, pl.parse_policy("attn@0:e4m3"),
                                          telemetry=True)[1]["telemetry"]["layer_0/attn_out"].amax)
@@ -302,7 +303,7 @@ def test_training_with_delayed_sites_resumes_exactly(tmp_path):
   assert losses(tmp_path / "part") == losses(tmp_path / "full")
   c = config(6)
   tx = optim.optimizer(run_config.optim_config(c))
-  _, abstract, sharding = loop.state_layout(c, run_config.model_config(c), tx,
+  _, abstract, sharding = loop.state_layout(c, run_config.model(c), tx,
                                             mesh_lib.data_mesh())
   final = []
   for run in ("full", "part"):

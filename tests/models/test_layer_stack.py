@@ -10,12 +10,13 @@ import optax
 import pytest
 
 from fp8jax.models import config as config_lib
-from fp8jax.models import deepseek_moe, layer_stack
+from fp8jax.models import deepseek_model, deepseek_moe, layer_stack
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint
 from fp8jax.train import step as step_lib
 
 CFG = config_lib.tiny(num_hidden_layers=4, dtype="float32")  # layer 0 dense, 1-3 MoE
+MODEL = deepseek_model.model(CFG)
 
 
 def _equal(a, b) -> bool:
@@ -110,14 +111,14 @@ def test_global_norm_sums_as_the_per_layer_layout_to_the_bit():
 @pytest.mark.slow
 def test_a_nonfinite_stacked_parameter_is_named_by_its_layer():
   tx = optax.sgd(1e-3)
-  init = step_lib.seeded_init(CFG, tx, policy_lib.BF16, stacked=True)
+  init = step_lib.seeded_init(MODEL, tx, policy_lib.BF16, stacked=True)
   state = init(0)
   assert layer_stack.layout(state.params) == [[0], [1, 2, 3]]
   bad = state.params["layer_runs"][1]["self_attn"]["q_proj"]["kernel"].at[1, 0, 0].set(jnp.nan)
   state = state._replace(params={**state.params, "layer_runs": {1: {
       **state.params["layer_runs"][1], "self_attn": {
           **state.params["layer_runs"][1]["self_attn"], "q_proj": {"kernel": bad}}}}})
-  step = jax.jit(step_lib.make_train_step(CFG, tx))
+  step = jax.jit(step_lib.make_train_step(MODEL, tx))
   new, m = step(state, jnp.zeros((2, 8), jnp.int32))
   assert not bool(m["finite"])
   assert step_lib.first_nonfinite(m["finite_groups"]) == "params/layers/2/self_attn/q_proj/kernel"
@@ -127,7 +128,7 @@ def test_a_nonfinite_stacked_parameter_is_named_by_its_layer():
 @pytest.mark.slow
 def test_checkpoints_of_either_layout_load_into_either(tmp_path):
   tx = optax.adamw(1e-3)
-  per_layer = step_lib.seeded_init(CFG, tx, policy_lib.BF16)(0)
+  per_layer = step_lib.seeded_init(MODEL, tx, policy_lib.BF16)(0)
   stacked = layer_stack.stack(per_layer, [[0], [1, 2, 3]])
   ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", save_every=1)
   ckpt.save(0, per_layer, {"step": 0}, {})  # a checkpoint of the per-layer layout
@@ -154,12 +155,13 @@ def test_the_paired_evaluator_gives_the_same_rows_from_stored_runs():
   and XLA may keep other BF16 intermediates in float32 in each, so the last bits can
   differ unless ``--xla_allow_excess_precision=false`` (bit for bit then:
   tests/models/test_layer_scan.py, tests/models/test_scan_wiring.py)."""
-  from fp8jax.study.comparison import model_api, paired  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import paired  # pylint: disable=import-outside-toplevel
   from fp8jax.train import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   policy = policy_lib.parse_policy("moe_l1-3_e4m3")  # runs [[0], [1, 2, 3]], as stored
-  ev = paired.PairedEvaluator(model_api.deepseek(CFG, scan_layers=True), [policy],
-                              mesh_lib.data_mesh(jax.devices()[:1]), telemetry=False)
+  scanned = deepseek_model.model(CFG, deepseek_model.Options(scan=True))
+  ev = paired.PairedEvaluator(scanned, [policy], mesh_lib.data_mesh(jax.devices()[:1]),
+                              telemetry=False)
   params = deepseek_moe.init(CFG, jax.random.key(0))
   stored = ev.store(params)
   assert layer_stack.layout(stored) == [[0], [1, 2, 3]]

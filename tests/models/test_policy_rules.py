@@ -156,7 +156,7 @@ def test_grid_policy_logits_and_gradients_are_bit_identical(monkeypatch, name):
 
 
 def test_the_parsed_policy_flows_to_the_state_layout(monkeypatch):
-  """The run's policy is parsed once (``run_config.validate``); the train state's layout
+  """The run's policy is parsed once (``run_config.check``); the train state's layout
   takes that object instead of parsing ``cfg.policy`` again."""
   from fp8jax.train import loop, run_config  # noqa: PLC0415
   from fp8jax.train import mesh as mesh_lib  # noqa: PLC0415
@@ -164,12 +164,12 @@ def test_the_parsed_policy_flows_to_the_state_layout(monkeypatch):
 
   c = small_config(steps=1)
   c.policy = "attn@0-2:e4m3/delayed(h=4)"
-  model_cfg, policy = run_config.validate(c)
+  model, policy = run_config.check(c)
 
   def parse_again(expr):
     raise AssertionError(f"the policy {expr!r} was parsed a second time")
 
   monkeypatch.setattr(pl, "parse_policy", parse_again)
-  _, abstract, _ = loop.state_layout(c, model_cfg, loop.optimizer_for(c), mesh_lib.data_mesh(),
+  _, abstract, _ = loop.state_layout(c, model, loop.optimizer_for(c), mesh_lib.data_mesh(),
                                      policy)
   assert abstract.delayed["attn_out"][2]["fwd"].shape == (4,)

@@ -1,5 +1,5 @@
 """``scan_layers`` reaches the model from the training step (``train.scan_layers``), the
-paired evaluator (``model_api.deepseek(cfg, scan_layers=True)``) and ``compare
+paired evaluator (DeepSeek-MoE's option ``scan``) and ``compare
 --scan_layers``; a scanned training run logs the loop's losses bit for bit (where XLA rounds
 every BF16 intermediate, as in ``tests/models/test_layer_scan.py``)."""
 
@@ -14,14 +14,17 @@ import optax
 import pytest
 
 from fp8jax.models import config as config_lib
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_model, deepseek_moe
 from fp8jax.models import policy as policy_lib
-from fp8jax.study.comparison import model_api
 from fp8jax.train import run_config
 from fp8jax.train import step as step_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CFG = config_lib.tiny(num_hidden_layers=4)  # layer 0 dense, 1-3 MoE: one run of 3
+
+
+def _model(scan: bool):
+  return deepseek_model.model(CFG, deepseek_model.Options(scan=scan or None))
 
 
 def _scans(fn, *args) -> int:
@@ -34,7 +37,7 @@ def test_the_training_step_scans_when_asked():
   state = jax.eval_shape(lambda p: step_lib.init_state(p, tx), params)
   tokens = jax.ShapeDtypeStruct((2, 8), "int32")
   for scan, want in ((False, 0), (True, 1)):
-    step = step_lib.make_train_step(CFG, tx, scan_layers=scan)
+    step = step_lib.make_train_step(_model(scan), tx)
     # the forward's scan, and its transpose in the backward pass
     assert (_scans(step, state, tokens) > 0) == bool(want), scan
   assert run_config.defaults().train.scan_layers is False
@@ -44,7 +47,7 @@ def test_the_evaluators_model_scans_when_asked():
   params = deepseek_moe.abstract_params(CFG)
   tokens = jax.ShapeDtypeStruct((2, 8), "int32")
   for scan in (False, True):
-    model = model_api.deepseek(CFG, scan_layers=scan)
+    model = _model(scan)
     n = _scans(lambda p, t, m=model: m.apply(p, t, policy_lib.BF16)[0], params, tokens)
     assert n == (1 if scan else 0)
 

@@ -220,6 +220,37 @@ def test_only_deepseek_tools_import_deepseek_moe_above_models():
                    f"fp8jax.models.api.Model instead): {bad}")
 
 
+DEEPSEEK_SHORTCUTS = ("fp8jax.models.deepseek_model", "fp8jax.models.config",
+                      "fp8jax.models.policy")
+"""DeepSeek-MoE's model entry, its ``ModelConfig`` and its ``PrecisionPolicy`` grammar."""
+
+DEEPSEEK_SHORTCUT_IMPORTERS = {  # above models/, each with why it still must
+    **DEEPSEEK_IMPORTERS,  # the DeepSeek-MoE-only tools (its configs, sites and policies)
+    "fp8jax.study.common.legacy_records":
+        "rebuilds the records of sweep folders written before records, by parsing policies",
+    "fp8jax.study.comparison.policies":
+        "DeepSeek-MoE's named grids and policy expressions on the command line",
+    "fp8jax.study.runs.matrix":
+        "checks a matrix's recipes in DeepSeek-MoE's grammar before a run config is known",
+}
+"""The modules above ``models/`` (the binaries included) that may import
+:data:`DEEPSEEK_SHORTCUTS`; everything else takes an ``fp8jax.models.api.Model``, built by
+``fp8jax.models.registry`` (DeepSeek-MoE's registry entry builds it from a config)."""
+
+
+def test_only_listed_modules_import_deepseeks_config_policy_or_model_above_models():
+  graph = _graph()
+  bad = sorted(f"{m}: {sorted(hit)}" for m, imported in graph.items()
+               if layer_of(m) != "models" and m not in DEEPSEEK_SHORTCUT_IMPORTERS
+               and (hit := imported & set(DEEPSEEK_SHORTCUTS)))
+  assert not bad, ("modules above models/ that import DeepSeek-MoE's model, config or "
+                   "policy (take an fp8jax.models.api.Model, from fp8jax.models.registry):\n"
+                   + "\n".join(bad))
+  stale = sorted(m for m in DEEPSEEK_SHORTCUT_IMPORTERS
+                 if not graph.get(m, set()) & set(DEEPSEEK_SHORTCUTS))
+  assert not stale, f"allowed importers that import none of them now (remove them): {stale}"
+
+
 TIMING = re.compile(r"\d(?:[\d.,]*\d)?[kKM]?\s?(?:ms|us|µs|tokens/s|tok/s|TFLOP/s)(?![\w/])")
 DEVICE = re.compile(r"\b(?:GH200|GB200|H100|H200|B200|A100|MI300X?|L40S?)\b")
 GIB = re.compile(r"\d(?:[\d.]*\d)?\s?GiB\b")

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fp8jax.models import config as mc
+from fp8jax.models import deepseek_model
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.train import checkpoint, optim
 from fp8jax.train import step as step_lib
@@ -14,7 +15,7 @@ from fp8jax.train import step as step_lib
 def test_save_every_n_keep_all_and_restore_exactly(tmp_path):
   cfg = mc.tiny(dtype="float32")
   tx = optim.optimizer(optim.OptimConfig(peak_lr=1e-3, warmup_steps=1, total_steps=10))
-  step = jax.jit(step_lib.make_train_step(cfg, tx))
+  step = jax.jit(step_lib.make_train_step(deepseek_model.model(cfg), tx))
   state = step_lib.init_state(dm.init(cfg, jax.random.key(0)), tx)
   ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", save_every=2)
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)

@@ -292,7 +292,7 @@ def test_a_nonfinite_baseline_is_a_data_problem_not_an_fp8_row(train_run, tmp_pa
   ckpt = checkpoint.Checkpointer(run / "checkpoints", save_every=1)
   cfg = ml_collections.ConfigDict(json.loads((run / "config.json").read_text()))
   tx = optim.optimizer(run_config.optim_config(cfg))
-  _, abstract, sharding = loop.state_layout(cfg, run_config.model_config(cfg), tx,
+  _, abstract, sharding = loop.state_layout(cfg, run_config.model(cfg), tx,
                                             mesh_lib.data_mesh())
   state, position, meta = ckpt.restore(4, loop.restore_target(abstract, sharding))
   params = dict(state.params, lm_head={"kernel": state.params["lm_head"]["kernel"] * jnp.nan})

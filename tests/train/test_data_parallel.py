@@ -113,18 +113,19 @@ def test_gradients_reduced_per_layer_equal_reduced_at_the_end(scan_layers):
   the all-reduce fuses with nothing, and the scan is bit for bit too
   (tests/integration/test_multidevice.py, 4 devices)."""
   from fp8jax.models import config as mc  # pylint: disable=import-outside-toplevel
+  from fp8jax.models import deepseek_model  # pylint: disable=import-outside-toplevel
   from fp8jax.train import optim  # pylint: disable=import-outside-toplevel
   from fp8jax.train import step as step_lib  # pylint: disable=import-outside-toplevel
 
   cfg = mc.tiny(dtype="float32")
+  model = deepseek_model.model(cfg, deepseek_model.Options(scan=scan_layers or None))
   mesh = mesh_lib.data_mesh(jax.devices()[:1])
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=20))
-  state = step_lib.seeded_init(cfg, tx, policy_lib.BF16, stacked=scan_layers)(0)
+  state = step_lib.seeded_init(model, tx, policy_lib.BF16, stacked=scan_layers)(0)
   tokens = jax.random.randint(jax.random.key(3), (4, 16), 0, cfg.vocab_size)
   outs = {}
   for per_layer in (True, False):
-    step = jax.jit(step_lib.make_train_step(cfg, tx, mesh=mesh, replicas=2,
-                                            scan_layers=scan_layers,
+    step = jax.jit(step_lib.make_train_step(model, tx, mesh=mesh, replicas=2,
                                             reduce_per_layer=per_layer))
     outs[per_layer] = step(state, tokens)
   new, metrics = outs[True]
@@ -137,8 +138,7 @@ def test_gradients_reduced_per_layer_equal_reduced_at_the_end(scan_layers):
                          outs[True], outs[False])
     assert all(jax.tree.leaves(equal)), equal
   # The replicas' gradients differ (their rows do): one replica's norm is not the mean's.
-  alone = jax.jit(step_lib.make_train_step(cfg, tx, scan_layers=scan_layers))(state,
-                                                                              tokens[:2])
+  alone = jax.jit(step_lib.make_train_step(model, tx))(state, tokens[:2])
   assert float(alone[1]["grad_norm"]) != float(metrics["grad_norm"])
   del new
 
@@ -167,8 +167,8 @@ def test_paired_evaluator_reduces_per_layer_as_at_the_end():
   import dataclasses  # pylint: disable=import-outside-toplevel
 
   from fp8jax.models import config as mc  # pylint: disable=import-outside-toplevel
-  from fp8jax.models import deepseek_moe  # pylint: disable=import-outside-toplevel
-  from fp8jax.study.comparison import model_api, paired  # pylint: disable=import-outside-toplevel
+  from fp8jax.models import deepseek_model, deepseek_moe  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import paired  # pylint: disable=import-outside-toplevel
 
   cfg = mc.tiny(dtype="float32")
   policy = policy_lib.parse_policy("moe_l1-2_e4m3")
@@ -176,7 +176,7 @@ def test_paired_evaluator_reduces_per_layer_as_at_the_end():
   tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
   rows = []
   for per_layer in (True, False):
-    model = dataclasses.replace(model_api.deepseek(cfg), param_transform=per_layer)
+    model = dataclasses.replace(deepseek_model.model(cfg), param_transform=per_layer)
     ev = paired.PairedEvaluator(model, [policy], mesh_lib.data_mesh(jax.devices()[:1]),
                                 telemetry=False, replicas=2)
     base = ev.baseline(params, tokens)

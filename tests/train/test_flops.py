@@ -3,7 +3,7 @@ hand-computed values."""
 
 import pytest
 
-from fp8jax.models import config as mc
+from fp8jax.models import registry
 from fp8jax.train import flops
 
 
@@ -33,10 +33,13 @@ def test_mfu_is_model_flops_over_the_peak_of_all_devices():
   assert flops.mfu(2000.0, _Counted(0.0), 128, 1e13, 2) is None  # the model does not say
 
 
-def test_a_config_counts_as_deepseek_moe():
-  # mc.tiny (d 64, 3 layers, layer 0 dense of width 96, layers 1-2 MoE: router 64x8, one
+def test_flops_per_token_are_the_models_own():
+  # DeepSeek-MoE tiny (d 64, 3 layers, layer 0 dense of width 96, layers 1-2 MoE: router 64x8, one
   # shared and 2 of 8 routed experts of width 32, head 64x320), by hand: attention
   # 3 x 4 x 64x64 = 49152, dense MLP 3 x 64x96 = 18432, per MoE layer 512 + 3 x 3 x 64x32
   # = 18944, head 20480 -> 125952 weights; 6 x 125952 + 12 x 3 x 64 x 64 (seq 64).
-  assert flops.flops_per_token(mc.tiny(), 64) == 6 * 125952 + 12 * 3 * 64 * 64
+  tiny = registry.get("deepseek_moe:tiny")
+  assert flops.flops_per_token(tiny, 64) == 6 * 125952 + 12 * 3 * 64 * 64
   assert flops.flops_per_token(_Counted(7), 64) == 7.0
+  with pytest.raises(AttributeError):  # a model config is not a model
+    flops.flops_per_token(tiny.config, 64)

@@ -89,7 +89,7 @@ def test_bad_options_are_named(key, value, error):
   c = run_config.defaults()
   c.optim.warmup_steps, c.train[key] = 1, value
   with pytest.raises(ValueError, match=error):
-    run_config.validate(c)
+    run_config.check(c)
 
 
 def _rows(out):

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from fp8jax.models import config as config_lib
-from fp8jax.models import deepseek_moe
+from fp8jax.models import deepseek_model, deepseek_moe
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import noise_probe, run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CFG = config_lib.tiny(num_hidden_layers=2)
+MODEL = deepseek_model.model(CFG)
 
 
 def _grad(params, tokens, policy):
@@ -33,7 +34,7 @@ def test_probe_against_separate_gradients():
   params = deepseek_moe.init(CFG, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, CFG.vocab_size)
   policy = policy_lib.parse_policy("attn@0-1:e5m2")
-  got = jax.device_get(jax.jit(noise_probe.make_probe(CFG, policy))(params, {}, tokens))
+  got = jax.device_get(jax.jit(noise_probe.make_probe(MODEL, policy))(params, {}, tokens))
   ref, q = _grad(params, tokens, policy_lib.BF16), _grad(params, tokens, policy)
   signal = np.sqrt(sum(np.sum(g * g) for g in ref))
   noise = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(q, ref)))
@@ -42,7 +43,7 @@ def test_probe_against_separate_gradients():
   assert got["probe/noise_norm"] == pytest.approx(noise, rel=1e-2)
   assert got["probe/ratio"] == pytest.approx(signal / noise, rel=1e-2)
   assert 0 < noise < signal  # E5M2 perturbs the gradient, and less than its own size
-  same = jax.device_get(jax.jit(noise_probe.make_probe(CFG, policy_lib.BF16))(params, {},
+  same = jax.device_get(jax.jit(noise_probe.make_probe(MODEL, policy_lib.BF16))(params, {},
                                                                               tokens))
   assert same["probe/noise_norm"] == 0 and same["probe/ratio"] == np.inf
 
@@ -59,9 +60,9 @@ def test_due_steps_crossing_and_config_checks():
   c.train.log_every, c.train.noise_probe_every = 10, 25
   with pytest.raises(ValueError, match="noise_probe_every must be 0 .off. or a positive "
                                        "multiple of train.log_every 10, got 25"):
-    run_config.validate(c)
+    run_config.check(c)
   c.train.noise_probe_every = 20
-  run_config.validate(c)
+  run_config.check(c)
 
 
 @pytest.mark.slow

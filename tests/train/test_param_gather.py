@@ -7,6 +7,7 @@ import pytest
 
 import fp8jax
 from fp8jax.models import config as mc
+from fp8jax.models import deepseek_model
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.train import optim, param_gather
 from fp8jax.train import step as step_lib
@@ -36,7 +37,7 @@ def test_param_gather_quantizes_each_matrix_blockwise_with_a_straight_through_gr
   for a, b in zip(jax.tree.leaves(through), jax.tree.leaves(at_gathered)):
     np.testing.assert_array_equal(a, b)
   tx = optim.optimizer(optim.OptimConfig(warmup_steps=1, total_steps=10))
-  step = jax.jit(step_lib.make_train_step(cfg, tx, fp8_param_gather=True))
+  step = jax.jit(step_lib.make_train_step(deepseek_model.model(cfg), tx, fp8_param_gather=True))
   _, m = step(step_lib.init_state(params, tx), tokens)
   loss = jax.jit(loss)
   assert float(m["lm_loss"]) == pytest.approx(float(loss(gathered)), rel=1e-6)

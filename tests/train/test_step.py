@@ -7,8 +7,8 @@ import optax
 import pytest
 
 from fp8jax.models import config as mc
+from fp8jax.models import deepseek_model, layer_stack
 from fp8jax.models import deepseek_moe as dm
-from fp8jax.models import layer_stack
 from fp8jax.train import optim
 from fp8jax.train import step as step_lib
 
@@ -25,17 +25,18 @@ def test_schedule_matches_the_paper_recipe():
 
 
 def _setup():
+  """(DeepSeek-MoE tiny in float32, its params, an optimizer, a batch of tokens)."""
   cfg = mc.tiny(dtype="float32")
   params = dm.init(cfg, jax.random.key(0))
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=2, total_steps=50))
   tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, cfg.vocab_size)
-  return cfg, params, tx, tokens
+  return deepseek_model.model(cfg), params, tx, tokens
 
 
 @pytest.mark.slow
 def test_train_step_reduces_the_loss_on_a_fixed_batch():
-  cfg, params, tx, tokens = _setup()
-  step = jax.jit(step_lib.make_train_step(cfg, tx))
+  model, params, tx, tokens = _setup()
+  step = jax.jit(step_lib.make_train_step(model, tx))
   state = step_lib.init_state(params, tx)
   losses = []
   for _ in range(15):
@@ -47,11 +48,11 @@ def test_train_step_reduces_the_loss_on_a_fixed_batch():
 
 @pytest.mark.slow
 def test_nonfinite_gradients_are_named_and_skip_the_update():
-  cfg, params, tx, tokens = _setup()
+  model, params, tx, tokens = _setup()
   bad = jax.tree.map(lambda x: x, params)
   bad["layers"][1]["mlp"]["experts_up"] = bad["layers"][1]["mlp"]["experts_up"].at[
       0, 0, 0].set(jnp.nan)
-  step = jax.jit(step_lib.make_train_step(cfg, tx))
+  step = jax.jit(step_lib.make_train_step(model, tx))
   state = step_lib.init_state(bad, tx)
   new, m = step(state, tokens)
   assert not bool(m["finite"]) and int(new.step) == 0
@@ -69,7 +70,7 @@ def test_nonfinite_gradients_are_named_and_skip_the_update():
   adam = next(s for s in jax.tree.leaves(nan_mu, is_leaf=lambda x: hasattr(x, "mu"))
               if hasattr(s, "mu"))
   adam.mu["norm"]["weight"] = adam.mu["norm"]["weight"].at[0].set(jnp.nan)
-  checked = jax.jit(step_lib.make_train_step(cfg, tx, check_update=True))
+  checked = jax.jit(step_lib.make_train_step(model, tx, check_update=True))
   new, m3 = checked(state._replace(opt_state=nan_mu), tokens)
   assert not bool(m3["finite"]) and int(new.step) == 0
   assert step_lib.first_nonfinite(m3["finite_groups"]) == "new_params/norm/weight"
@@ -86,9 +87,9 @@ def test_an_update_that_overflows_the_weights(check_update):
   the step is flagged at the updated parameters and leaves the state as it was; without,
   it is applied, the state it leaves is named non-finite, and the next step refuses to
   read it."""
-  cfg, params, _, tokens = _setup()
+  model, params, _, tokens = _setup()
   sgd = optax.chain(optax.scale(1e30), optax.scale(1e30))  # 1e60 x the gradient
-  step = jax.jit(step_lib.make_train_step(cfg, sgd, check_update=check_update))
+  step = jax.jit(step_lib.make_train_step(model, sgd, check_update=check_update))
   new, m = step(step_lib.init_state(params, sgd), tokens)
   if check_update:
     assert not bool(m["finite"]) and int(new.step) == 0

@@ -11,6 +11,7 @@ import pytest
 
 import fp8jax
 from fp8jax.models import config as mc
+from fp8jax.models import deepseek_model
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.models import policy as policy_lib
 from fp8jax.train import checkpoint, loop, optim, run_config
@@ -122,8 +123,9 @@ def test_step_returns_the_forward_routing_on_request():
   params = dm.init(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
   state = step_lib.init_state(params, tx)
-  _, plain = jax.jit(step_lib.make_train_step(cfg, tx))(state, tokens)
-  _, m = jax.jit(step_lib.make_train_step(cfg, tx, with_routing=True))(state, tokens)
+  model = deepseek_model.model(cfg)
+  _, plain = jax.jit(step_lib.make_train_step(model, tx))(state, tokens)
+  _, m = jax.jit(step_lib.make_train_step(model, tx, with_routing=True))(state, tokens)
   assert "routing" not in plain
   want = dm.apply(params, tokens, cfg)[1]["routing"]
   assert sorted(m["routing"]) == [1, 2]  # the MoE layers
@@ -139,12 +141,12 @@ def test_step_returns_the_forward_routing_on_request():
 def test_build_step_reproduces_the_run(tmp_path):
   c = small_config(2, moments="bfloat16", loss_scale="dynamic", fp8_param_gather=True)
   loop.train(c, tmp_path)
-  model_cfg, policy = run_config.validate(c)
+  model, policy = run_config.check(c)
   mesh = mesh_lib.data_mesh()
   tx = loop.optimizer_for(c)
-  init, _, sharding = loop.state_layout(c, model_cfg, tx, mesh)
-  step = loop.build_step(c, model_cfg, tx, policy, mesh, sharding)
-  data = loop.make_data(c, mesh, model_cfg.vocab_size)
+  init, _, sharding = loop.state_layout(c, model, tx, mesh)
+  step = loop.build_step(c, model, tx, policy, mesh, sharding)
+  data = loop.make_data(c, mesh, model.vocab_size)
   state, got = jax.jit(init, out_shardings=sharding)(), []
   for _ in range(2):
     state, m = step(state, mesh_lib.global_batch(next(data), mesh))

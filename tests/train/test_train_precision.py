@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from fp8jax.models import config as mc
+from fp8jax.models import deepseek_model
 from fp8jax.models import deepseek_moe as dm
 from fp8jax.train import checkpoint, loop, loss_scale, optim, run_config
 from fp8jax.train import mesh as mesh_lib
@@ -44,12 +45,12 @@ def test_bad_precision_options_fail_naming_the_key(tmp_path, key, value, error):
 
 def test_state_dtypes_follow_the_precision_options():
   mesh = mesh_lib.data_mesh()
-  model_cfg = mc.tiny()
+  model = deepseek_model.model(mc.tiny())
   for moments, master in (("float32", "float32"), ("bfloat16", "float32"),
                           ("float32", "bfloat16"), ("bfloat16", "bfloat16")):
     c = small_config(moments=moments, master_weights=master)
     tx = loop.optimizer_for(c)
-    _, abstract, _ = loop.state_layout(c, model_cfg, tx, mesh)
+    _, abstract, _ = loop.state_layout(c, model, tx, mesh)
     adam = abstract.opt_state[1][0]
     assert isinstance(adam, optax.ScaleByAdamState)
     assert {x.dtype for x in jax.tree.leaves(abstract.params)} == {jnp.dtype(master)}
@@ -128,7 +129,7 @@ def test_bf16_master_weights_round_the_float32_update_to_nearest():
                        moments_dtype="float32")
   params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), dm.init(cfg, jax.random.key(0)))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-  step = jax.jit(step_lib.make_train_step(cfg, tx))
+  step = jax.jit(step_lib.make_train_step(deepseek_model.model(cfg), tx))
   new, m = step(step_lib.init_state(params, tx), tokens)
   # The same step on float32 copies of the same values: p + update without rounding.
   params32 = jax.tree.map(lambda x: x.astype(jnp.float32), params)
@@ -151,10 +152,11 @@ def test_scaled_step_equals_the_plain_step_and_skips_an_overflow():
   tx = optim.optimizer(optim.OptimConfig(peak_lr=3e-3, warmup_steps=1, total_steps=10))
   params = dm.init(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-  plain, _ = jax.jit(step_lib.make_train_step(cfg, tx))(step_lib.init_state(params, tx),
-                                                         tokens)
+  model = deepseek_model.model(cfg)
+  plain, _ = jax.jit(step_lib.make_train_step(model, tx))(step_lib.init_state(params, tx),
+                                                           tokens)
   ls = loss_scale.DynamicLossScale(init=2.0**10, growth_interval=5)
-  scaled_step = jax.jit(step_lib.make_train_step(cfg, tx, loss_scale=ls))
+  scaled_step = jax.jit(step_lib.make_train_step(model, tx, loss_scale=ls))
   scaled, m = scaled_step(step_lib.init_state(params, tx, loss_scale=ls.init_state()), tokens)
   for a, b in zip(jax.tree.leaves(scaled.params), jax.tree.leaves(plain.params)):
     np.testing.assert_array_equal(a, b)  # a power-of-two scale is exact
@@ -164,7 +166,8 @@ def test_scaled_step_equals_the_plain_step_and_skips_an_overflow():
   cfg16 = mc.tiny(dtype="float16")
   ls = loss_scale.DynamicLossScale(init=2.0**60)
   state = step_lib.init_state(params, tx, loss_scale=ls.init_state())
-  new, m = jax.jit(step_lib.make_train_step(cfg16, tx, loss_scale=ls))(state, tokens)
+  step16 = step_lib.make_train_step(deepseek_model.model(cfg16), tx, loss_scale=ls)
+  new, m = jax.jit(step16)(state, tokens)
   assert not bool(m["finite"]) and bool(m["skipped"]) and np.isfinite(float(m["loss"]))
   assert float(m["loss_scale"]) == 2.0**59 and int(m["skipped_steps"]) == 1
   assert int(new.step) == 0

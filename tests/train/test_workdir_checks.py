@@ -52,7 +52,8 @@ def _run(workdir, steps=(0,), cfg=None, policy="bf16"):
 
 def _check(workdir, cfg=None, resume=True, allow=False, stream=None):
   cfg = cfg or run_config.defaults()
-  return workdir_checks.check(workdir, cfg, resume, "the policy", allow, stream, _record)
+  return workdir_checks.check(workdir, cfg, resume, "the policy", allow, stream,
+                              record=_record)
 
 
 def test_a_workdir_without_checkpoint_folders_or_logged_rows_holds_no_run(tmp_path):

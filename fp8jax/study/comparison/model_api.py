@@ -2,8 +2,8 @@
 (:mod:`fp8jax.study.comparison.paired`), the sweep
 (:func:`fp8jax.study.comparison.sweep.evaluate`) and the report run on any model.
 
-    model = model_api.deepseek(cfg)                         # the DeepSeek-MoE it ships
-    model = model_api.nnx_model(my_nnx_model, classifier)   # any Flax NNX model
+    model = fp8jax.models.registry.get("deepseek_moe:tiny")  # a model fp8jax ships
+    model, params = model_api.nnx_model(my_nnx_model, classifier)  # any Flax NNX model
     ev = paired.PairedEvaluator(model, [Variant("fc_fp8", rules)], mesh)
 
 A :class:`StudyModel` (:class:`fp8jax.models.api.Model`) says how to run the model under
@@ -31,14 +31,6 @@ from fp8jax.models import api
 StudyModel = api.Model
 """The study's name for :class:`fp8jax.models.api.Model`."""
 Variant = api.Variant
-
-
-def deepseek(cfg, scan_layers=False) -> api.Model:
-  """DeepSeek-MoE (:mod:`fp8jax.models.deepseek_model`) of config ``cfg``; ``scan_layers``:
-  alike consecutive layers as one ``lax.scan`` (:mod:`fp8jax.models.layer_scan`), the
-  params stored stacked per run of the BF16 baseline's alike layers (``store``)."""
-  from fp8jax.models import deepseek_model
-  return deepseek_model.model(cfg, deepseek_model.Options(scan=scan_layers or None))
 
 
 next_token_loss = api.next_token_loss

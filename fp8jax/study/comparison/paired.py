@@ -1,17 +1,16 @@
 """Paired BF16/FP8 evaluation of one batch: the BF16 gradient once, then each policy.
 
-    ev = PairedEvaluator(cfg, policies, mesh)
+    ev = PairedEvaluator(model, policies, mesh)
     base = ev.baseline(params, tokens)             # loss, grads, routing (on device)
     result = ev.variant("moe_l0_e4m3", params, tokens, base)   # small arrays only
 
 Both passes use the training objective (LM loss + balance loss) on the same tokens with
-the same params. The model is DeepSeek-MoE given its config, or any
-:class:`~fp8jax.study.comparison.model_api.StudyModel` (its loss plus its ``aux_loss`` if
-any; routing metrics only when its aux has ``routing``). Each policy's function is jitted once and
-stays compiled; the BF16 gradients stay on the devices and are reused across the whole
-grid. Only the comparison (``fp8jax.metrics.compare_grads``), the routing divergence and
-the finiteness flags leave the jitted function, so a policy costs one forward + backward
-plus the metrics.
+the same params. The model is any :class:`fp8jax.models.api.Model` (its loss plus its
+``aux_loss`` if any; routing metrics only when its aux has ``routing``). Each policy's
+function is jitted once and stays compiled; the BF16 gradients stay on the devices and are
+reused across the whole grid. Only the comparison (``fp8jax.metrics.compare_grads``), the
+routing divergence and the finiteness flags leave the jitted function, so a policy costs
+one forward + backward plus the metrics.
 
 A policy with delayed-scaled sites (:mod:`fp8jax.models.delayed_sites`) is evaluated with
 amax histories from warm-up passes: :meth:`PairedEvaluator.warm_state` runs its forward and
@@ -39,10 +38,8 @@ import optax
 
 from fp8jax import metrics
 from fp8jax.gemm import operand_telemetry
-from fp8jax.models import layer_stack
-from fp8jax.models.config import ModelConfig
+from fp8jax.models import api, layer_stack
 from fp8jax.study.common import noise_floor
-from fp8jax.study.comparison import model_api
 from fp8jax.train import data_parallel as dp
 from fp8jax.train import mesh as mesh_lib
 
@@ -59,8 +56,8 @@ class Baseline(NamedTuple):
   nonfinite: jax.Array  # int32 index of the first non-finite gradient leaf (-1: none)
 
 
-def _objective(model: model_api.StudyModel, policy, moe_impl, moe_groups,
-               telemetry: bool = False, deterministic: bool = False):
+def _objective(model: api.Model, policy, moe_impl, moe_groups,
+               telemetry: bool = False, deterministic: bool | None = None):
   """The training objective; its aux: LM loss, balance loss (0 without one), routing
   (``{}`` without) and, with ``telemetry``, the GEMM recipe's operand telemetry sums
   (``{}`` without a recipe)."""
@@ -170,37 +167,38 @@ class PairedEvaluator:
   """Jitted BF16 and per-policy gradient passes over a data mesh.
 
   Args:
-    cfg: the DeepSeek-MoE config, or a :class:`~fp8jax.study.comparison.model_api.StudyModel`.
+    model: the model (e.g. :func:`fp8jax.models.registry.get`).
     policies: the FP8 policies to compare (distinct names).
     mesh: a ``data`` mesh (params replicated, batch sharded); each device computes the
       gradients of its own rows (:mod:`fp8jax.train.data_parallel`), and the MoE
       dispatches each device's tokens.
-    moe_impl: the MoE implementation of both passes.
+    moe_impl: the MoE implementation of both passes (None: the model's own).
     floor_scale: the relative size of the noise floor's weight perturbation.
     telemetry: record the block-scale telemetry of the GEMM recipes' forward operands
       (:mod:`fp8jax.gemm.operand_telemetry`) in the results of policies with a recipe. It
       adds a few reductions per operand and compile time (on a CPU, about half again of
       the policy's compilation).
     deterministic: every pass in the deterministic mode (:mod:`fp8jax.train.determinism`:
-      the same bits on every GPU run).
+      the same bits on every GPU run; None: as the model computes).
     replicas: the number of data-parallel replicas (default: one per device of ``mesh``;
       a multiple of them), each computing the gradients of its own rows.
   """
 
-  def __init__(self, cfg: ModelConfig | model_api.StudyModel, policies, mesh,
-               moe_impl: str = "dispatch",
+  def __init__(self, model: api.Model, policies, mesh, moe_impl: str | None = None,
                floor_scale: float = noise_floor.BF16_UNIT_ROUNDOFF, telemetry: bool = True,
-               deterministic: bool = False, replicas: int | None = None):
+               deterministic: bool | None = None, replicas: int | None = None):
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
       raise ValueError(f"policy names must be distinct, got {names}")
     if noise_floor.FLOOR in names:
       raise ValueError(f"the policy name {noise_floor.FLOOR!r} is reserved for the noise "
                        "floor; name the policy otherwise")
-    model = cfg if isinstance(cfg, model_api.StudyModel) else model_api.deepseek(cfg)
+    if not isinstance(model, api.Model):
+      raise TypeError(f"PairedEvaluator takes an fp8jax.models.api.Model (e.g. "
+                      f"fp8jax.models.registry.get), got {type(model).__name__}")
     for p in policies:
       model.check(p)
-    self.cfg, self.model, self.mesh, self.telemetry = cfg, model, mesh, telemetry
+    self.model, self.mesh, self.telemetry = model, mesh, telemetry
     self.objective = objective = functools.partial(_objective, deterministic=deterministic)
     self.policies = {p.name: p for p in policies}
     rep, data = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)

@@ -1,24 +1,28 @@
 """The comparison sweep: checkpoints x evaluation batches x precision policies.
 
     summary = run(train_workdir, out, policies=["sites"], windows=Windows(...))
+    summary = evaluate(model, checkpoint_source.InMemory({0: params}), batches, out, pols,
+                       info={"model": ..., "windows": ..., "data": ...})
 
-For every checkpoint of a training run, the same evaluation batches (``windows``: N
-batches at each of several data offsets) are fed to the reference (the model's baseline
-policy, in the model's own precision: BF16 for DeepSeek-MoE) once and to every policy;
-each (checkpoint, batch, policy) gives one row of ``rows.jsonl`` plus one line of
-per-parameter details in ``details.jsonl``; ``baseline.jsonl`` holds the reference's
-losses and ``weights.jsonl`` the checkpoint's weight norms. ``meta.json`` records the
-sweep, and in ``reference`` the precision the reference computes in, read from the model
+:func:`evaluate` sweeps a model over a checkpoint source
+(:mod:`fp8jax.study.comparison.checkpoint_source`: a training run's folder or params in
+memory); :func:`run` is that sweep over a training run's checkpoints, with the run's model
+and data. For every checkpoint, the same evaluation batches (N batches at each of several
+data offsets) are fed to the reference (the model's baseline policy, in the model's own
+precision: BF16 for DeepSeek-MoE) once and to every policy; each (checkpoint, batch,
+policy) gives one row of ``rows.jsonl`` plus one line of per-parameter details in
+``details.jsonl``; ``baseline.jsonl`` holds the reference's losses and ``weights.jsonl``
+the checkpoint's weight norms. ``meta.json`` records the sweep, and in ``reference`` the
+precision the reference computes in, read from the model
 (:meth:`fp8jax.models.api.Model.reference_precision`; the report names the reference by
 it). The sweep resumes: finished work is skipped, and a killed run leaves no partial row
 (rows are whole-line appends; the details line goes first and is dropped on resume if its
 row never landed; a row whose details line is missing is recomputed). A torn last line is
 repaired; a damaged line elsewhere stops the sweep with ValueError naming ``file:line``.
-Non-finite FP8 results are kept as rows with ``finite: false`` and the name
-of the first non-finite gradient, never averaged (the report lists them). A reference
-that is itself non-finite is a data problem (a bad checkpoint or batch), not an FP8 one:
-its ``baseline.jsonl`` line says ``finite: false`` and no FP8 row is written for that
-(checkpoint, batch).
+Non-finite FP8 results are kept as rows with ``finite: false`` and the name of the first
+non-finite gradient, never averaged (the report lists them). A non-finite reference is a
+data problem (a bad checkpoint or batch): its ``baseline.jsonl`` line says ``finite:
+false`` and no FP8 row is written for that (checkpoint, batch).
 
 A policy with delayed-scaled sites (``attn@0:e4m3/delayed(h=1024)``, the ``delayed`` grid)
 is evaluated, at each (checkpoint, offset), with the amax histories left by
@@ -39,7 +43,6 @@ progress, and tells the others which results are missing.
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 import sys
 
@@ -48,8 +51,9 @@ import numpy as np
 
 from fp8jax import metrics
 from fp8jax.data import pipeline, tokenizers
-from fp8jax.study.common import metric_registry, noise_floor, results_io
-from fp8jax.study.comparison import paired
+from fp8jax.models import api
+from fp8jax.study.common import noise_floor, results_io
+from fp8jax.study.comparison import checkpoint_source, paired, sweep_rows
 from fp8jax.study.comparison.eval_data import (  # noqa: F401  (also this module's API)
   Windows,
   check_data,
@@ -129,75 +133,137 @@ def run(train_workdir, out, policies=("sites",), steps=None, windows: Windows | 
         delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
         floor_seed: int = 0, telemetry: bool = True, deterministic: bool = False,
         scan_layers: bool = False, replicas: int = 0) -> dict:
-  """Runs (or resumes) the sweep; returns ``rows_written``, ``out`` and ``skipped``
-  (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
+  """Runs (or resumes) the sweep over the checkpoints of the training run in
+  ``train_workdir`` (:func:`evaluate` of its model on its data); returns ``rows_written``,
+  ``out`` and ``skipped`` (``{step: error}`` of the checkpoints skipped as corrupt or
+  incomplete).
 
-  ``floor``: also write the noise floor of every (checkpoint, batch) as rows of the
-  reserved policy ``floor`` (:mod:`fp8jax.study.common.noise_floor`; perturbation keys from
-  ``floor_seed`` and the batch's step, offset and index): one more BF16 gradient per
-  (checkpoint, batch). ``telemetry``: record the block-scale telemetry of the GEMM
-  recipes' forward operands (``tel/*`` fields of their rows, per operand in the details;
-  :mod:`fp8jax.gemm.operand_telemetry`). ``deterministic``: every pass in the deterministic
-  mode (:mod:`fp8jax.train.determinism`; recorded in ``meta.json``). ``scan_layers``:
-  alike consecutive layers as one ``lax.scan`` (less to trace and compile).
-  ``replicas``: the data-parallel replicas, each on its own rows of a batch (0: one per
-  device; :mod:`fp8jax.train.data_parallel`; recorded in ``meta.json``).
+  ``policies``: policy names, grids or expressions (:func:`expand_policies`). ``moe_impl``,
+  ``deterministic`` (every pass in the deterministic mode, :mod:`fp8jax.train.determinism`;
+  recorded in ``meta.json``) and ``scan_layers`` (alike consecutive layers as one
+  ``lax.scan``: less to trace and compile): how the run's model computes
+  (:func:`fp8jax.train.run_config.model`). The other arguments: as for :func:`evaluate`.
 
-  ``delayed_warmup``: the warm-up passes over each evaluation window that fill the amax
-  histories of the delayed-scaling policies (see above; 0: empty histories, where delayed
-  scaling takes each tensor's own amax).
-
-  The evaluation batches come from the training run's data, or from ``data`` (settings
-  over it, e.g. ``{"source": "prepared", "data_dir": ...}``). Their data id
+  The evaluation batches (``windows``) come from the training run's data, or from ``data``
+  (settings over it, e.g. ``{"source": "prepared", "data_dir": ...}``). Their data id
   (:func:`fp8jax.data.pipeline.data_id`) must be the one the checkpoints recorded, unless
   ``allow_other_data``; ``meta.json`` records it.
 
   Raises:
-    ValueError: the evaluation data differs from the training data (see above).
-    fp8jax.train.checkpoint_digest.CheckpointError: a checkpoint is corrupt or incomplete (unless
-      ``skip_corrupt``); the rows of the checkpoints before it are kept.
+    ValueError: the evaluation data differs from the training data (see above), or as
+      :func:`evaluate` says.
+    fp8jax.train.checkpoint_digest.CheckpointError: as :func:`evaluate` says.
   """
   mode = determinism.set_mode(deterministic)  # its XLA flag, before any computation
   stream = multihost.main_stream(stream or sys.stderr)
   windows = windows or Windows()
-  train_workdir, out = pathlib.Path(train_workdir), pathlib.Path(out)
-  train_cfg = run_config.load_saved(train_workdir, "--train_workdir")
+  train_cfg = run_config.load_saved(pathlib.Path(train_workdir), "--train_workdir")
   model = run_config.model(train_cfg, moe_impl=moe_impl, deterministic=deterministic,
                            scan=scan_layers)
   pols = expand_policies(policies, model)
+  _check(devices, windows.batch_size, replicas, delayed_warmup)  # before reading any data
+  source = checkpoint_source.RunFolder(train_workdir)
+  try:
+    steps = _steps(source, steps)
+    d = data_config(train_cfg, data)
+    data_id = pipeline.describe(d["source"], tokenizers.get_tokenizer(d["tokenizer"]),
+                                d["paths"], d["data_dir"], windows.split or d["split"],
+                                d["field"])
+    check_data(source.checkpointer, steps, data_id, allow_other_data)
+    batches = eval_batches(train_cfg, windows, data, stream)
+    info = {"model": dict(model.meta), "windows": dataclasses.asdict(windows),
+            "data": data_id, "code_version": ckpt_lib.code_version(), **mode}
+    return evaluate(model, source, batches, out, pols, info=info, steps=steps,
+                    devices=devices, skip_corrupt=skip_corrupt, stream=stream,
+                    delayed_warmup=delayed_warmup, floor=floor, floor_seed=floor_seed,
+                    telemetry=telemetry, replicas=replicas)
+  finally:
+    source.close()
+
+
+def _check(devices, batch_size: int, replicas: int, delayed_warmup: int):
+  """(the data mesh of ``devices``, its replicas), checked against the global
+  ``batch_size`` (rows), with ``delayed_warmup``."""
   if delayed_warmup < 0:
     raise ValueError(f"delayed_warmup must be >= 0, got {delayed_warmup}")
   mesh = mesh_lib.data_mesh(devices)
-  mesh_lib.check_global_batch(windows.batch_size, mesh)
-  replicas = data_parallel.check_replicas(replicas, mesh, windows.batch_size)
-  ckpt = ckpt_lib.Checkpointer(train_workdir / "checkpoints", save_every=1)
-  available = ckpt.all_steps()
+  mesh_lib.check_global_batch(batch_size, mesh)
+  return mesh, data_parallel.check_replicas(replicas, mesh, batch_size)
+
+
+def _steps(source: checkpoint_source.Checkpoints, steps) -> list[int]:
+  """``steps`` (default: all of ``source``'s), checked to be in ``source``."""
+  available = list(source.steps)
   steps = available if steps is None else sorted(set(int(s) for s in steps))
   missing = sorted(set(steps) - set(available))
   if missing or not steps:
-    raise ValueError(f"checkpoints {missing or steps} are not in {train_workdir}; available: "
-                     f"{available}")
-  d = data_config(train_cfg, data)
-  data_id = pipeline.describe(d["source"], tokenizers.get_tokenizer(d["tokenizer"]),
-                              d["paths"], d["data_dir"], windows.split or d["split"],
-                              d["field"])
-  check_data(ckpt, steps, data_id, allow_other_data)
-  batches = eval_batches(train_cfg, windows, data, stream)
-  meta = {"train_workdir": str(train_workdir.resolve()), "model": dict(model.meta),
+    raise ValueError(f"checkpoints {missing or steps} are not in "
+                     f"{source.workdir or 'the params given'}; available: {available}")
+  return steps
+
+
+def evaluate(model: api.Model, checkpoints: checkpoint_source.Checkpoints, batches, out,
+             policies, *, info: dict, steps=None, devices=None, skip_corrupt: bool = False,
+             stream=None, delayed_warmup: int = DELAYED_WARMUP, floor: bool = True,
+             floor_seed: int = 0, telemetry: bool = True, replicas: int = 0) -> dict:
+  """Runs (or resumes) the sweep of ``model`` (:class:`fp8jax.models.api.Model`) over the
+  params of ``checkpoints`` (a run folder or params in memory,
+  :mod:`fp8jax.study.comparison.checkpoint_source`); returns ``rows_written``, ``out`` and
+  ``skipped`` (``{step: error}`` of the checkpoints skipped as corrupt or incomplete).
+
+  Args:
+    model: the model; its ``apply`` takes ``policies``.
+    checkpoints: the params by step.
+    batches: ``{(offset, index): batch}``, this process's rows of each evaluation batch (a
+      pytree of arrays with the batch on axis 0, e.g. int32 tokens [B, S]), in the order
+      the sweep visits them.
+    out: the results folder.
+    policies: the parsed policies (distinct names).
+    info: ``meta.json``'s description of the model (``model``), the batches (``windows``)
+      and the data (``data``), and any other fields it should hold.
+    steps: the steps to evaluate (default: all of ``checkpoints``).
+    devices: the data mesh's devices (default: all).
+    skip_corrupt: skip a corrupt or incomplete checkpoint (reported in ``skipped``, no
+      rows) instead of stopping.
+    delayed_warmup: the warm-up passes over each evaluation window (the batches of one
+      offset) that fill the amax histories of the delayed-scaling policies (0: empty
+      histories, where delayed scaling takes each tensor's own amax).
+    floor: also write the noise floor of every (checkpoint, batch) as rows of the reserved
+      policy ``floor`` (:mod:`fp8jax.study.common.noise_floor`; perturbation keys from
+      ``floor_seed`` and the batch's step, offset and index): one more reference gradient
+      per (checkpoint, batch).
+    telemetry: record the block-scale telemetry of the GEMM recipes' forward operands
+      (``tel/*`` fields of their rows, per operand in the details;
+      :mod:`fp8jax.gemm.operand_telemetry`).
+    replicas: the data-parallel replicas, each on its own rows of a batch (0: one per
+      device; :mod:`fp8jax.train.data_parallel`; recorded in ``meta.json``).
+
+  Raises:
+    ValueError: bad steps, batch size, replicas or ``delayed_warmup``, a policy the model
+      refuses, or a results folder of another sweep.
+    fp8jax.train.checkpoint_digest.CheckpointError: a checkpoint is corrupt or incomplete (unless
+      ``skip_corrupt``); the rows of the checkpoints before it are kept.
+  """
+  stream = multihost.main_stream(stream or sys.stderr)
+  out, pols = pathlib.Path(out), list(policies)
+  if not batches:
+    raise ValueError("batches: give at least one evaluation batch")
+  rows = int(np.shape(jax.tree.leaves(next(iter(batches.values())))[0])[0])
+  mesh, replicas = _check(devices, rows * jax.process_count(), replicas, delayed_warmup)
+  steps = _steps(checkpoints, steps)
+  meta = {"train_workdir": checkpoints.workdir, **info,
           "policies": {p.name: {**model.policy_meta(p),
                                 **({"delayed_warmup": delayed_warmup}
                                    if model.delayed_init(p) else {})} for p in pols},
-          "steps": steps, "windows": dataclasses.asdict(windows), "data": data_id,
-          "replicas": replicas, "code_version": ckpt_lib.code_version(), **mode,
+          "steps": steps, "replicas": replicas,
           "reference": model.reference_precision(next(iter(batches.values()))),
           "classes": model.classifier.to_table(metrics.flatten(model.abstract_params()))}
   if floor:
     meta["policies"][noise_floor.FLOOR] = {
         "expr": noise_floor.FLOOR, "direct": [], "kind": "floor",
         "scale": noise_floor.BF16_UNIT_ROUNDOFF, "seed": floor_seed}
-  evaluator = paired.PairedEvaluator(model, pols, mesh, moe_impl, telemetry=telemetry,
-                                     deterministic=deterministic,  # checks the policies
-                                     replicas=replicas)
+  evaluator = paired.PairedEvaluator(model, pols, mesh, telemetry=telemetry,
+                                     replicas=replicas)  # checks the policies
   names = [p.name for p in pols] + ([noise_floor.FLOOR] if floor else [])
   with multihost.lock_folder(out):  # one writer per results folder
     try:
@@ -223,48 +289,47 @@ def run(train_workdir, out, policies=("sites",), steps=None, windows: Windows | 
     first = metrics_log.FirstCalls("compare", stream, total=1 + len(names) + sum(
         bool(evaluator.empty_state.get(n)) for n in names))  # baseline, policies, warm-ups
     written, skipped, warm = 0, {}, {}
-    window = lambda offset: [mesh_lib.global_batch(batches[(offset, b)], mesh)  # noqa: E731
-                             for b in range(windows.batches)]
+    place = lambda batch: jax.tree.map(  # noqa: E731
+        lambda x: mesh_lib.global_batch(x, mesh), batch)
+    window = lambda offset: [place(batches[k]) for k in sorted(  # noqa: E731
+        k for k in batches if k[0] == offset)]
     if todo:  # every function the sweep will call, compiled together (a warm cache: no-op)
       step0, key0 = todo[0]
       needed = [n for n in names if any(n in todo_pols[c] for c in todo)]
       parallel_compile.fill_cache(evaluator.lowerings(
-          evaluator.store(abstract), mesh_lib.global_batch(batches[key0], mesh), needed,
+          evaluator.store(abstract), place(batches[key0]), needed,
           noise_floor.floor_key(floor_seed, step0, *key0)), stream, "compare")
-    try:
-      for i, (step, key) in enumerate(todo):
-        if step in skipped:
+    for i, (step, key) in enumerate(todo):
+      if step in skipped:
+        continue
+      if i == 0 or todo[i - 1][0] != step:
+        try:
+          params = checkpoints.load(step, abstract)
+        except checkpoint_digest.CheckpointError as e:
+          if not skip_corrupt:
+            raise
+          skipped[step] = str(e)
+          print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
           continue
-        if i == 0 or todo[i - 1][0] != step:
-          try:
-            params, _ = ckpt.restore_params(step, abstract)
-          except checkpoint_digest.CheckpointError as e:
-            if not skip_corrupt:
-              raise
-            skipped[step] = str(e)
-            print(f"warning: skipping checkpoint {step}, no rows: {e}", file=stream)
-            continue
-          norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
-          params = evaluator.store(params)  # scan_layers: stacked per run, once
-          if step not in output.weights:
-            output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
-                                                             for k, v in norms.items()}})
-          warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
-        for n in todo_pols[(step, key)]:
-          if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
-            with first.timed(("warm", n), f"the warm-up of policy {n}"):
-              warm[(key[0], n)] = jax.block_until_ready(evaluator.warm_state(
-                  n, params, window(key[0]), delayed_warmup))
-        written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
-                             mesh_lib.global_batch(batches[key], mesh),
-                             {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
-                             floor_seed, first)
-        done_here = todo_pols[(step, key)]
-        n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
-        progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
-                         f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
-    finally:
-      ckpt.close()
+        norms = jax.device_get(weight_norms(params))  # on every process (FSDP: collective)
+        params = evaluator.store(params)  # scan_layers: stacked per run, once
+        if step not in output.weights:
+          output.append("weights.jsonl", {"step": step, **{f"weight_norm/{k}": float(v)
+                                                           for k, v in norms.items()}})
+        warm = {}  # (offset, policy) -> amax histories after the warm-up at this checkpoint
+      for n in todo_pols[(step, key)]:
+        if n != noise_floor.FLOOR and evaluator.empty_state[n] and (key[0], n) not in warm:
+          with first.timed(("warm", n), f"the warm-up of policy {n}"):
+            warm[(key[0], n)] = jax.block_until_ready(evaluator.warm_state(
+                n, params, window(key[0]), delayed_warmup))
+      written += _evaluate(evaluator, output, todo_pols[(step, key)], step, key, params,
+                           place(batches[key]),
+                           {n: warm.get((key[0], n)) for n in todo_pols[(step, key)]},
+                           floor_seed, first)
+      done_here = todo_pols[(step, key)]
+      n_pols = len(done_here) - (noise_floor.FLOOR in done_here)
+      progress.message(i + 1, f"checkpoint {step}, offset {key[0]} batch {key[1]}: "
+                       f"{n_pols} policies" + (" + floor" if n_pols < len(done_here) else ""))
     return {"rows_written": written, "out": str(out), "skipped": skipped}
 
 
@@ -278,10 +343,10 @@ def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
   with first.timed("baseline", "the BF16 baseline"):
     base = jax.block_until_ready(evaluator.baseline(params, tokens))
   if (step, *key) not in output.base:
-    output.append("baseline.jsonl", {**ids, **_baseline_row(base, params)})
+    output.append("baseline.jsonl", {**ids, **sweep_rows.baseline_row(base, params)})
   if not bool(jax.device_get(base.finite)):
     return 0  # a data problem, listed from baseline.jsonl: no FP8 row compares against it
-  routed = expert_tokens(base.routing)
+  routed = sweep_rows.expert_tokens(base.routing)
   written = 0
   for name in names:
     with first.timed(name, f"policy {name}"):
@@ -290,66 +355,8 @@ def _evaluate(evaluator, output: _Output, names, step: int, key, params, tokens,
             floor_seed, step, *key)))
       else:
         res = jax.device_get(evaluator.variant(name, params, tokens, base, delayed[name]))
-    row, details = _result_rows(res, params, {**ids, "policy": name}, routed)
+    row, details = sweep_rows.result_rows(res, params, {**ids, "policy": name}, routed)
     output.append("details.jsonl", details)
     output.append("rows.jsonl", row)
     written += 1
   return written
-
-
-def _baseline_row(base: paired.Baseline, params) -> dict:
-  b = jax.device_get(base._replace(grads=None, routing=None))
-  first = int(b.nonfinite)
-  return {"loss": float(b.loss), "lm_loss": float(b.lm_loss), "aux_loss": float(b.aux_loss),
-          "grad_norm": float(b.grad_norm),
-          "finite": bool(b.finite),
-          "nonfinite": None if first < 0 else "grads/" + paired.leaf_path(params, first)}
-
-
-EXPERT_METRICS = metric_registry.expert_names()
-"""Per-expert metrics of a details line (``by_expert``: ``{layer: {metric: [E]}}``;
-registered with ``expert`` in :mod:`fp8jax.study.common.metric_registry`)."""
-
-
-def expert_tokens(routing) -> dict[str, list[int]]:
-  """``{layer: tokens routed to each expert}`` of a pass's routing (``{}``: no router)."""
-  counts = jax.device_get({str(layer): r["expert_counts"] for layer, r in routing.items()
-                           if "expert_counts" in r})
-  return {layer: [int(c) for c in v] for layer, v in counts.items()}
-
-
-def _result_rows(res: dict, params, ids: dict, routed: dict | None = None
-                 ) -> tuple[dict, dict]:
-  """(rows.jsonl row, details.jsonl line) of one variant result (host arrays) against a
-  finite baseline; a model with routed experts adds to the details line its per-expert
-  metrics (``by_expert``) and the BF16 pass's tokens per expert (``routed``, from
-  :func:`expert_tokens`)."""
-  finite = bool(res["finite"])
-  where = None
-  if not finite:
-    first = int(res["nonfinite"])
-    where = "fp8 " + ("loss" if first < 0 else "grads/" + paired.leaf_path(params, first))
-  row = metrics.flat_row(res["compare"], {**ids, "finite": finite, "nonfinite": where})
-  row["lm_loss_fp8"] = float(res["lm_loss_fp8"])
-  row["aux_loss_fp8"] = float(res["aux_loss_fp8"])
-  if "perturbation_norm" in res:  # the noise floor: its curvature signal
-    delta = float(res["perturbation_norm"])
-    row["perturbation_norm"] = delta
-    row["curvature"] = float(row["diff_norm"]) / delta if delta > 0 else math.nan
-  for layer, div in res["routing"].items():
-    for k in ("topk_set_diff_frac", "n_only_a", "n_only_b"):
-      row[f"routing/{layer}/{k}"] = float(div[k])
-  details = {**ids, "per_param": metrics.per_param(res["compare"]),
-             "module_layer": {k: float(v) for k, v in
-                              res["compare"]["by_module_layer"].column("diff_norm").items()}}
-  by_expert = res["compare"]["by_expert"]
-  if len(by_expert):
-    details["by_expert"] = {layer: {m: [float(v) for v in by_expert.columns[m][i]]
-                                    for m in EXPERT_METRICS}
-                            for i, layer in enumerate(by_expert.names)}
-    details["expert_tokens"] = dict(routed or {})
-  if "telemetry" in res:  # a GEMM recipe: its operands' block-scale telemetry
-    tel = {k: {m: float(v) for m, v in st.items()} for k, st in res["telemetry"].items()}
-    row.update({f"tel/{m}": v for m, v in tel.pop("global").items()})
-    details["telemetry"] = tel
-  return row, details

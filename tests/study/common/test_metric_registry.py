@@ -9,7 +9,7 @@ from fp8jax.study import sweep_report
 from fp8jax.study.branches import trajectory, trajectory_figures
 from fp8jax.study.common import metric_registry as reg
 from fp8jax.study.common import results, results_io, stats
-from fp8jax.study.comparison import conditioning, experts, figures, floor, sweep
+from fp8jax.study.comparison import conditioning, experts, figures, floor, sweep_rows
 from tests.study.test_sweep_report import SEED, build
 
 IDS = frozenset(results.ROW_KEYS + results.STATUS_KEYS)
@@ -41,17 +41,13 @@ def test_a_real_sweep_writes_only_registered_columns(tmp_path):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   from fp8jax.models import config as mc  # pylint: disable=import-outside-toplevel
-  from fp8jax.models import deepseek_moe  # pylint: disable=import-outside-toplevel
-  from fp8jax.study.comparison import (  # pylint: disable=import-outside-toplevel
-    model_api,
-    model_sweep,
-    policies,
-  )
+  from fp8jax.models import deepseek_model, deepseek_moe  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import model_sweep, policies  # pylint: disable=import-outside-toplevel
   cfg = mc.tiny(num_hidden_layers=2, n_routed_experts=4)
   pols = policies.expand_policies(["gemm:mxfp4"], cfg.num_hidden_layers)
   tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, cfg.vocab_size, jnp.int32)
   out = tmp_path / "cmp"
-  model_sweep.evaluate(model_api.deepseek(cfg), out, pols,
+  model_sweep.evaluate(deepseek_model.model(cfg), out, pols,
                        deepseek_moe.init(cfg, jax.random.key(0)), [tokens], telemetry=True)
   rows = results_io.read(out / "rows.jsonl")
   base = results_io.read(out / "baseline.jsonl")
@@ -92,7 +88,7 @@ def test_the_report_reads_the_registry():
   # The report's section on experts reads its metrics and their scales here too.
   assert reg.expert_names() == ("rel_err", "diff_norm", "cosine")
   assert set(experts.EXPERT_METRICS) == set(reg.expert_names())
-  assert sweep.EXPERT_METRICS == reg.expert_names()
+  assert sweep_rows.EXPERT_METRICS == reg.expert_names()
   assert not reg.is_positive("expert_tokens") and reg.get("expert_tokens").columns == ()
   assert trajectory.EXTRA_PREDICTORS["tel/kurtosis"] == (
       "telemetry: kurtosis of the quantized activations")

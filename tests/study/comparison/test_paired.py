@@ -32,3 +32,12 @@ def test_variant_pass_attributes_the_first_nonfinite_leaf():
   huge = jax.tree.map(lambda v: np.full_like(v, 1e30), gf)  # finite, but its squares are not
   out = paired._result(base, jnp.float32(1), 1.0, 0.0, {}, huge, None, DS)
   assert bool(out["finite"]) and int(out["nonfinite"]) == -1
+
+
+def test_the_evaluator_takes_a_model_not_a_config():
+  from fp8jax.models import config as mc  # pylint: disable=import-outside-toplevel
+  from fp8jax.study.comparison import paired  # pylint: disable=import-outside-toplevel
+  from fp8jax.train import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(TypeError, match="fp8jax.models.api.Model .* got ModelConfig"):
+    paired.PairedEvaluator(mc.tiny(), [], mesh_lib.data_mesh(jax.devices()[:1]))
