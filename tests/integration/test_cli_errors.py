@@ -90,12 +90,12 @@ def binaries(train_run, sweep_out, tmp_path):
       "prepare_data": ("fp8jax.experiments.prepare_data", [f"--input={tmp_path / 'c4'}",
                                                            "--workers=1"]),
       "compare_runs": ("fp8jax.experiments.compare_runs", [f"--runs={train_run},{train_run}"]),
-      "numerics": ("fp8jax.experiments.numerics", ["--quick"]),
+      "formats": ("fp8jax.experiments.formats", ["--quick"]),
       "report": ("fp8jax.experiments.report", [f"--results={sweep_out}"]),
   }
 
 
-NAMES = ["compare", "branch", "prepare_data", "compare_runs", "numerics", "report"]
+NAMES = ["compare", "branch", "prepare_data", "compare_runs", "formats", "report"]
 
 
 @pytest.mark.slow

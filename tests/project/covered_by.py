@@ -15,7 +15,7 @@ COVERED_BY = {
     "fp8jax.experiments.compare": "tests/integration/test_cli_errors.py",
     "fp8jax.experiments.compare_runs": "tests/integration/test_cli_errors.py",
     "fp8jax.experiments.convert_hf": "tests/models/test_hf_convert.py",
-    "fp8jax.experiments.numerics": "tests/integration/test_cli_errors.py",
+    "fp8jax.experiments.formats": "tests/integration/test_cli_errors.py",
     "fp8jax.experiments.prepare_data": "tests/data/test_prepare.py",
     "fp8jax.experiments.report": "tests/integration/test_cli_errors.py",
     "fp8jax.experiments.study": "tests/integration/test_multihost.py",

@@ -14,7 +14,7 @@ Four studies, each a function of :class:`StudySizes` returning JSON-ready rows:
   (:func:`fp8jax.study.formats.model_site.delayed_at_model_site`).
 
 :func:`run_all` runs them all into the JSON table that :mod:`fp8jax.study.formats.writeup`
-turns into figures and markdown (``python -m fp8jax.experiments.numerics`` is its binary).
+turns into figures and markdown (``python -m fp8jax.experiments.formats`` is its binary).
 The MX / NVFP4 sections are in :mod:`fp8jax.study.formats.mx_sections` (same sizes).
 From a notebook, one study at chosen sizes::
 

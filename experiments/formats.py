@@ -6,8 +6,8 @@ Flags and ``main`` only, over :mod:`fp8jax.study.formats.fp8_sections` and
 (figures, markdown, verdict). Writes ``numerics.json``, ``report.md`` and seven PNG figures
 to ``--out``::
 
-  python -m fp8jax.experiments.numerics --out=out/numerics
-  python -m fp8jax.experiments.numerics --quick --out=/tmp/numerics   # smoke size
+  python -m fp8jax.experiments.formats --out=out/formats
+  python -m fp8jax.experiments.formats --quick --out=/tmp/numerics   # smoke size
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fp8jax.experiments import _cli
 from fp8jax.study.formats import fp8_sections, mx_writeup, writeup
 from fp8jax.train import multihost
 
-_OUT = flags.DEFINE_string("out", "out/numerics", "Output folder.")
+_OUT = flags.DEFINE_string("out", "out/formats", "Output folder.")
 _QUICK = flags.DEFINE_bool("quick", False, "Small sizes (seconds), for smoke tests.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 
