@@ -7,9 +7,8 @@ report need of a model, whatever its architecture.
     loss = model.loss(logits, tokens) + aux.get("aux_loss", 0.0)
 
 A :class:`Model` is a frozen record of functions over plain params pytrees (jit and grad
-them directly). A policy is whatever the model's ``apply`` takes: DeepSeek-MoE takes a
-:class:`fp8jax.models.policy.PrecisionPolicy`, a model quantized by rules takes a
-:class:`Variant` (a name and :class:`fp8jax.rules.Rules`). Each model parses its own
+them directly). A policy is a :class:`Variant`: a name, :class:`fp8jax.rules.Rules` and
+its record, for every model. Each model parses its own
 ``--policy`` text (``parse_policy``) and records a policy as JSON (``record``), which
 checkpoints keep; its ``meta.json`` entry (``describe``) carries the policy's record
 (:mod:`fp8jax.models.policy_record`), which checkpoints and the report read.
@@ -40,12 +39,16 @@ class Variant:
   :class:`fp8jax.rules.Rules` (static, hashable); ``expr`` its text for the report;
   ``record`` its policy record (:mod:`fp8jax.models.policy_record`) where its text gave
   one (None: built from the rules; not part of equality or hash); ``control_of`` the
-  name of the policy whose noise-matched control it is (None: not a control)."""
+  name of the policy whose noise-matched control it is (None: not a control);
+  ``source`` the parse tree of the text a model's own grammar read it from (e.g.
+  DeepSeek-MoE's :class:`fp8jax.models.policy.PrecisionPolicy`, which its checkpoints
+  record), None: none (not part of equality or hash)."""
   name: str
   rules: Any
   expr: str = ""
   record: dict | None = dataclasses.field(default=None, compare=False, repr=False)
   control_of: str | None = None
+  source: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _no_direct(policy) -> frozenset:
@@ -76,7 +79,7 @@ def _no_flops(seq_len: int) -> float:
   return 0.0
 
 
-def _rules_record(policy, expression: str | None = None) -> dict:
+def rules_record(policy, expression: str | None = None) -> dict:
   """The JSON record of a :class:`Variant` (its rules as text: the rules engine has no
   JSON form yet)."""
   expr = getattr(policy, "expr", "") or ""
@@ -165,7 +168,7 @@ class Model:
   max_len: int = 0
   flops_per_token: Callable[[int], float] = _no_flops
   parse_policy: Callable[[str], Any] | None = None
-  record: Callable[..., dict] = _rules_record
+  record: Callable[..., dict] = rules_record
   direct: Callable[[Any], frozenset] = _no_direct
   check: Callable[[Any], None] = _no_check
   delayed_init: Callable[[Any], Any] = _no_state

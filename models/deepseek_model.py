@@ -5,12 +5,15 @@
 Its own options (the MoE kernel, MoE dispatch groups, the deterministic mode, the layer
 scan) are bound here, in :class:`Options`, so that training and the study call
 ``model.apply(params, tokens, policy, delayed=..., param_transform=...)`` alike for every
-model. Its policies are :class:`fp8jax.models.policy.PrecisionPolicy` (``--policy`` text
-as :func:`fp8jax.models.policy.parse_policy` reads it).
+model. Its policies are :class:`fp8jax.models.api.Variant` s as every model's: the
+``--policy`` text is read by :func:`fp8jax.models.policy.parse_policy` into a
+:class:`~fp8jax.models.policy.PrecisionPolicy` (the parse tree, the Variant's ``source``)
+and compiled to rules (:func:`variant`); a PrecisionPolicy passed in is converted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 import dataclasses
 
 from fp8jax.gemm import recipes
@@ -23,6 +26,7 @@ from fp8jax.models import (
   param_paths,
   policy_expression,
   policy_grid,
+  policy_rules,
 )
 from fp8jax.models import config as config_lib
 from fp8jax.models import policy as policy_lib
@@ -131,44 +135,113 @@ def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
   return entry
 
 
+def variant(policy: policy_lib.PrecisionPolicy, num_layers: int) -> api.Variant:
+  """The :class:`~fp8jax.models.api.Variant` of ``policy`` on a model of ``num_layers``
+  layers: its rules (:func:`fp8jax.models.policy_rules.policy_rules`), canonical
+  expression, record (:func:`policy_record`), ``control_of`` and ``source`` (``policy``)."""
+  try:
+    expr = policy_expression.to_expression(policy)
+  except ValueError:
+    expr = ""
+  control_of = (policy_lib.control_base(policy).name if policy_lib.is_noise_control(policy)
+                else None)
+  return api.Variant(policy.name, policy_rules.policy_rules(policy, num_layers), expr,
+                     policy_record(policy, num_layers), control_of, source=policy)
+
+
+def expand(spec: str, num_layers: int, grids: Mapping[str, Callable[[int], dict[str, str]]]
+           ) -> list[api.Variant]:
+  """The Variants of one ``--policies`` entry on a model of ``num_layers`` layers: a grid
+  of ``grids`` (``{name: f(num_layers) -> {policy name: expression}}``) its cells,
+  ``noise(GRID)`` their noise-matched controls (:func:`fp8jax.models.policy.noise_policy`),
+  anything else one policy's text (:func:`fp8jax.models.policy.parse_policy`)."""
+  inner = spec[len("noise("):-1] if spec.startswith("noise(") and spec.endswith(")") else ""
+  grid = grids.get(inner or spec)
+  if grid is None:
+    return [variant(policy_lib.parse_policy(spec), num_layers)]
+  out = []
+  for name, expr in grid(num_layers).items():
+    pol = dataclasses.replace(policy_lib.parse_policy(expr), name=name)
+    out.append(variant(policy_lib.noise_policy(pol) if inner else pol, num_layers))
+  return out
+
+
+def is_deepseek(model: api.Model) -> bool:
+  """Whether ``model`` is DeepSeek-MoE (its config a
+  :class:`~fp8jax.models.config.ModelConfig`)."""
+  return isinstance(model.config, config_lib.ModelConfig)
+
+
+def source(policy) -> policy_lib.PrecisionPolicy | None:
+  """The PrecisionPolicy of a Variant (named as the Variant, which may have been renamed)
+  or ``policy`` itself; None for a Variant built from rules."""
+  if isinstance(policy, policy_lib.PrecisionPolicy):
+    return policy
+  src = getattr(policy, "source", None)
+  if not isinstance(src, policy_lib.PrecisionPolicy):
+    return None
+  return src if src.name == policy.name else dataclasses.replace(src, name=policy.name)
+
+
 def model(cfg: config_lib.ModelConfig, options: Options = Options(),
           name: str = NAME) -> api.Model:
   """DeepSeek-MoE of config ``cfg`` computing as ``options`` say: its LM + balance loss,
   routing and expert grouping (:data:`fp8jax.models.param_paths.DEEPSEEK`)."""
   scan = options.scan
+  n = cfg.num_hidden_layers
+
+  def as_variant(policy) -> api.Variant:
+    if isinstance(policy, policy_lib.PrecisionPolicy):
+      return variant(policy, n)
+    if not isinstance(policy, api.Variant):
+      raise TypeError(f"DeepSeek-MoE takes an api.Variant, got {type(policy).__name__}")
+    return policy
 
   def apply(params, tokens, policy, *, delayed=None, telemetry=False, param_transform=None,
             train=True, **overrides):
     """``overrides``: fields of the bound options' :class:`~fp8jax.models.deepseek_compute.
     Compute` (``moe_impl``, ``moe_groups``, ``deterministic``; None: the bound value)."""
+    policy = as_variant(policy)
+    gemm = any(r.role != "output" and r.action is not None for r in policy.rules)
     compute = deepseek_moe.Compute.of(
-        options.compute, gemm_telemetry=telemetry and policy.gemm is not None,
+        options.compute, gemm_telemetry=telemetry and gemm,
         **{k: v for k, v in overrides.items() if v is not None})
     return deepseek_moe.apply(params, tokens, cfg, policy, train=train, compute=compute,
                               delayed_state=delayed, scan_layers=scan,
                               param_transform=param_transform)
 
   def layer_runs(policy):
-    return deepseek_moe.layer_runs(cfg, policy)
+    return deepseek_moe.layer_runs(cfg, as_variant(policy))
 
   def store(params):
     return layer_stack.stack(params, layer_runs(policy_lib.BF16)) if scan else params
 
   def check(policy):
-    if not isinstance(policy, policy_lib.PrecisionPolicy):
-      raise TypeError(f"DeepSeek-MoE takes a PrecisionPolicy, got {type(policy).__name__}")
-    policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
+    src = source(as_variant(policy))
+    if src is not None:
+      src.check_layers(n, cfg.is_moe_layer)
+
+  def record(policy, text=None):
+    src = source(as_variant(policy))
+    return api.rules_record(policy, text) if src is None else policy_lib.record(src, text)
+
+  def direct(policy):
+    src = source(as_variant(policy))
+    return frozenset() if src is None else param_paths.direct_modules(src, n)
+
+  def describe(policy):
+    policy = as_variant(policy)
+    src = source(policy)
+    return api.variant_meta(policy) if src is None else policy_meta(src, n)
 
   return api.Model(
       name=name, abstract_params=lambda: deepseek_moe.abstract_params(cfg), apply=apply,
-      loss=deepseek_moe.lm_loss, baseline=policy_lib.BF16, classifier=param_paths.DEEPSEEK,
-      init=lambda rng: deepseek_moe.init(cfg, rng), vocab_size=cfg.vocab_size,
-      max_len=cfg.max_position_embeddings,
+      loss=deepseek_moe.lm_loss, baseline=variant(policy_lib.BF16, n),
+      classifier=param_paths.DEEPSEEK, init=lambda rng: deepseek_moe.init(cfg, rng),
+      vocab_size=cfg.vocab_size, max_len=cfg.max_position_embeddings,
       flops_per_token=lambda seq_len: flops_per_token(cfg, seq_len),
-      parse_policy=policy_lib.parse_policy, record=policy_lib.record,
-      direct=lambda p: param_paths.direct_modules(p, cfg.num_hidden_layers), check=check,
-      delayed_init=lambda p: delayed_sites.init(cfg, p),
-      describe=lambda p: policy_meta(p, cfg.num_hidden_layers),
-      meta=dataclasses.asdict(cfg), layer_runs=layer_runs, store=store,
+      parse_policy=lambda text: variant(policy_lib.parse_policy(text), n), record=record,
+      direct=direct, check=check,
+      delayed_init=lambda p: delayed_sites.init(cfg, as_variant(p)),
+      describe=describe, meta=dataclasses.asdict(cfg), layer_runs=layer_runs, store=store,
       param_transform=False, config=cfg)
-

@@ -207,7 +207,7 @@ class DeepseekMoE(nnx.Module):
     self.norm = RMSNorm(cfg)
     self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, rngs)
 
-  def __call__(self, tokens, policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *,
+  def __call__(self, tokens, policy=policy_lib.BF16, *,
                train: bool = True, compute: Compute = DEFAULT, delayed_state=None,
                scan_layers=False, layer_params=None, param_transform=None):
     """``layer_params``: the decoder layers' params in either layout of
@@ -215,7 +215,8 @@ class DeepseekMoE(nnx.Module):
     tree), used in place of the layer modules' own (then only their structure is read);
     ``param_transform``: see :func:`apply`."""
     cfg = self.cfg
-    policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
+    if isinstance(policy, policy_lib.PrecisionPolicy):
+      policy.check_layers(cfg.num_hidden_layers, cfg.is_moe_layer)
     delayed_sites.check(cfg, policy, delayed_state)
     decide = policy_rules.decisions(policy, cfg.num_hidden_layers)  # the engine's answers
     (table,) = self.embed_tokens.promote_dtype((self.embed_tokens.embedding[...],),
@@ -299,7 +300,7 @@ def _skeleton(cfg: ModelConfig):
   return nnx.split(abstract)
 
 
-def layer_runs(cfg: ModelConfig, policy: policy_lib.PrecisionPolicy) -> list[list[int]]:
+def layer_runs(cfg: ModelConfig, policy) -> list[list[int]]:
   """The runs of alike layers under ``policy`` that ``apply(..., scan_layers=True)`` scans:
   the stacked layout that fits it (:func:`fp8jax.models.layer_stack.stack`)."""
   model = nnx.merge(*_skeleton(cfg))
@@ -319,7 +320,7 @@ def abstract_params(cfg: ModelConfig) -> dict:
 
 
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
-          policy: policy_lib.PrecisionPolicy = policy_lib.BF16, *, train: bool = True,
+          policy=policy_lib.BF16, *, train: bool = True,
           compute: Compute | None = None, delayed_state=None, scan_layers=False,
           param_transform=None, **options):
   """Forward pass.
@@ -330,9 +331,9 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig,
       gradient comes back in the same layout).
     tokens: int [B, S].
     cfg: the model config.
-    policy: the precision policy; the model asks its rules (``policy.to_rules``:
-      :mod:`fp8jax.models.policy_rules`) which sites to fake-quantize and which GEMMs
-      to simulate.
+    policy: the precision policy, an :class:`fp8jax.models.api.Variant` (its rules) or a
+      ``PrecisionPolicy`` (compiled to rules, :mod:`fp8jax.models.policy_rules`); the
+      model asks its rules which sites to fake-quantize and which GEMMs to simulate.
     train: add the balance losses (they need the full router scores).
     compute: how the pass computes and what it reports (:class:`Compute`: the MoE path
       and groups, the deterministic mode, telemetry); ``options``: its fields by name

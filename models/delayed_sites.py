@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 import fp8jax
 from fp8jax.models import policy as policy_lib
+from fp8jax.models import policy_rules
 from fp8jax.models.config import ModelConfig
 
 
@@ -46,13 +47,14 @@ def runs(cfg: ModelConfig, site: str, layer: int) -> bool:
   return cfg.is_moe_layer(layer) and (site != "moe_shared_out" or cfg.n_shared_experts > 0)
 
 
-def sites(cfg: ModelConfig, policy: policy_lib.PrecisionPolicy
-          ) -> dict[tuple[str, int], fp8jax.QuantSpec]:
-  """``{(site, layer): spec}`` of every delayed-scaled site the model runs under ``policy``."""
+def sites(cfg: ModelConfig, policy) -> dict[tuple[str, int], fp8jax.QuantSpec]:
+  """``{(site, layer): spec}`` of every delayed-scaled site the model runs under ``policy``
+  (a Variant or a ``PrecisionPolicy``), as its rules decide."""
+  decide = policy_rules.decisions(policy, cfg.num_hidden_layers)
   out = {}
   for site in policy_lib.SITES:
     for layer in range(cfg.num_hidden_layers):
-      spec = policy.spec_for(site, layer)
+      spec = decide.site(site, layer)
       if spec is not None and fp8jax.quant.delayed.needs_state(spec) and runs(cfg, site, layer):
         out[(site, layer)] = spec
   return out
@@ -64,7 +66,7 @@ def _histories(spec: fp8jax.QuantSpec) -> dict[str, int]:
   return {k: h.shape[0] for k, h in (("fwd", st.fwd), ("bwd", st.bwd)) if h is not None}
 
 
-def init(cfg: ModelConfig, policy: policy_lib.PrecisionPolicy) -> dict:
+def init(cfg: ModelConfig, policy) -> dict:
   """The empty state of ``policy`` (all-zero histories); ``{}`` without delayed sites."""
   out: dict = {}
   for (site, layer), spec in sites(cfg, policy).items():
@@ -79,7 +81,7 @@ def layout(state) -> dict[str, list[int]]:
           for path, x in jax.tree_util.tree_flatten_with_path(state or {})[0]}
 
 
-def check(cfg: ModelConfig, policy: policy_lib.PrecisionPolicy, state) -> None:
+def check(cfg: ModelConfig, policy, state) -> None:
   """Raises ValueError naming the problem when ``state`` is not the state ``policy`` needs
   (a missing or extra site, layer or direction, an unknown site, a wrong history length)."""
   state = {} if state is None else state

@@ -88,9 +88,16 @@ class Decisions:
     return points.gemm_config(self.rules, path, op)
 
 
+def rules_of(policy, num_layers: int) -> Rules:
+  """The rules of ``policy``: an :class:`fp8jax.models.api.Variant`'s own, a
+  ``PrecisionPolicy``'s compiled (:func:`policy_rules`)."""
+  return policy.rules if isinstance(policy.rules, Rules) else policy_rules(policy, num_layers)
+
+
 def decisions(policy, num_layers: int) -> Decisions:
-  """What the model asks while it traces under ``policy`` (a ``PrecisionPolicy``)."""
-  return Decisions(policy_rules(policy, num_layers))
+  """What the model asks while it traces under ``policy`` (a Variant or a
+  ``PrecisionPolicy``: :func:`rules_of`)."""
+  return Decisions(rules_of(policy, num_layers))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,16 @@
 """DeepSeek-MoE as an api.Model (fp8jax.models.deepseek_model): its options, its FLOP count
 on the tiny config worked by hand, and the records and meta entries of its policies."""
 
+import dataclasses
+
+import jax
 import optax
 import pytest
 
 import fp8jax
-from fp8jax.models import config, deepseek_model
+from fp8jax.models import api, config, deepseek_model, policy_rules
 from fp8jax.models import policy as policy_lib
+from fp8jax.rules import Rules
 from fp8jax.train import step as step_lib
 
 # The tiny config: vocab 320, d 64, 3 layers (layer 0 dense, 1-2 MoE), 4 heads of 16,
@@ -47,10 +51,15 @@ def test_flops_per_token_are_six_matmul_params_plus_the_attention_core():
 def test_the_model_carries_the_config_and_checks_its_policies():
   model = deepseek_model.model(config.tiny())
   assert (model.name, model.vocab_size, model.max_len) == ("deepseek_moe", 320, 128)
-  assert model.baseline is policy_lib.BF16
+  assert model.baseline == deepseek_model.variant(policy_lib.BF16, 3)
+  assert model.baseline.source is policy_lib.BF16 and model.baseline.rules == Rules()
   assert model.flops_per_token(16) == 792576.0
-  assert model.policy("moe@1-2:e4m3") == policy_lib.parse_policy("moe@1-2:e4m3")
-  with pytest.raises(TypeError, match="DeepSeek-MoE takes a PrecisionPolicy, got str"):
+  parsed = policy_lib.parse_policy("moe@1-2:e4m3")
+  got = model.policy("moe@1-2:e4m3")
+  assert isinstance(got, api.Variant) and got.source == parsed
+  assert got.rules == policy_rules.policy_rules(parsed, 3)
+  assert got.record["cell"] == {"module": "moe", "depth": "l1-2", "format": "e4m3"}
+  with pytest.raises(TypeError, match="DeepSeek-MoE takes an api.Variant, got str"):
     model.check("attn@0:e4m3")
   with pytest.raises(ValueError, match="site moe_out does not exist at layer 0, which is a "
                                        "dense layer"):
@@ -135,3 +144,23 @@ def test_training_takes_the_model_not_its_config():
       make(cfg, tx)
   with pytest.raises(TypeError, match="moe_impl"):  # its options are the model's own
     step_lib.make_train_step(deepseek_model.model(cfg), tx, moe_impl="pallas")
+
+
+def test_a_variant_describes_and_records_as_its_precision_policy():
+  """model.policy(text) is an api.Variant; its meta entry, checkpoint record, direct
+  modules and delayed state are those of the PrecisionPolicy the text parses to (a stray
+  PrecisionPolicy is converted); a renamed Variant is described under its new name."""
+  model = deepseek_model.model(config.tiny())
+  text = "attn@0:e4m3/delayed(h=4)+gemm:fp32_blockwise"
+  parsed, got = policy_lib.parse_policy(text), model.policy(text)
+  assert model.policy_meta(got) == deepseek_model.policy_meta(parsed, 3)
+  assert model.policy_meta(parsed) == model.policy_meta(got)
+  assert got.record == deepseek_model.policy_record(parsed, 3)
+  assert model.record(got, text) == policy_lib.record(parsed, text)
+  assert model.direct(got) == model.direct(parsed) != frozenset()
+  assert jax.tree.map(lambda x: x.shape, model.delayed_init(got)) == {
+      "attn_out": {0: {"fwd": (4,)}}}
+  renamed = dataclasses.replace(got, name="other")
+  assert model.policy_meta(renamed)["record"]["name"] == "other"
+  control = model.policy("noise(attn@0:e4m3)")
+  assert control.control_of == "attn@0:e4m3" and control.record["noise"]

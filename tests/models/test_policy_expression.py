@@ -6,6 +6,7 @@ from hypothesis import given, settings
 import pytest
 
 import fp8jax
+from fp8jax.models import deepseek_model
 from fp8jax.models import policy as policy_lib
 from fp8jax.models.policy_expression import layers_expression, same_numerics, to_expression
 from fp8jax.study.comparison import policies as sweep_policies
@@ -37,7 +38,8 @@ def test_grids_round_trip_through_the_sweep_expression(grid, noise):
   pols = sweep_policies.expand_policies([f"noise({grid})" if noise else grid], num_layers=9)
   for pol in pols:
     back = policy_lib.parse_policy(sweep_policies.expression(pol))
-    assert same_numerics(back, pol), pol.name
+    assert same_numerics(back, pol.source), pol.name
+    assert deepseek_model.variant(back, 9).rules == pol.rules, pol.name
 
 
 @pytest.mark.parametrize("expr, text", [

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fp8jax.gemm import recipes
-from fp8jax.models import deepseek_model, llama, registry, rules_policy
+from fp8jax.models import llama, registry, rules_policy
 from fp8jax.models import policy as policy_lib
 from fp8jax.study.comparison import policies
 
@@ -89,8 +89,7 @@ def test_the_delayed_grid_of_a_rules_model_is_deepseeks_on_its_site_modules(name
   its modules (Mixtral's MoE block returns its output, router weights and balance loss)."""
   model = registry.get(name)
   n, grid = model.config.num_layers, policies.expand_policies(["delayed"], model)
-  deepseek = {p.name: deepseek_model.policy_record(p, n)
-              for p in policies.expand_policies(["delayed"], n)}
+  deepseek = {p.name: p.record for p in policies.expand_policies(["delayed"], n)}
   names = [n.replace("moe", "mlp") if "mlp" in leaves else n for n in deepseek]
   assert [p.name for p in grid] == names and len(grid) == 8
   delayed = policy_lib.parse_spec("e4m3/delayed(h=1024,reduce=max,margin=0)")

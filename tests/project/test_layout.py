@@ -229,9 +229,7 @@ DEEPSEEK_SHORTCUT_IMPORTERS = {  # above models/, each with why it still must
     "fp8jax.study.common.legacy_records":
         "rebuilds the records of sweep folders written before records, by parsing policies",
     "fp8jax.study.comparison.policies":
-        "DeepSeek-MoE's named grids and policy expressions on the command line",
-    "fp8jax.study.runs.matrix":
-        "checks a matrix's recipes in DeepSeek-MoE's grammar before a run config is known",
+        "expands DeepSeek-MoE's named grids at its depth (deepseek_model.expand)",
 }
 """The modules above ``models/`` (the binaries included) that may import
 :data:`DEEPSEEK_SHORTCUTS`; everything else takes an ``fp8jax.models.api.Model``, built by

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 from fp8jax.models import api, deepseek_model, policy_expression, policy_grid, rules_policy
-from fp8jax.models import config as config_lib
-from fp8jax.models import policy as policy_lib
 
 site_grid = policy_grid.site_grid
 """The site grid (:func:`fp8jax.models.policy_grid.site_grid`): ``{name: expression}``."""
@@ -61,13 +59,12 @@ RENAMED = {"seed": "sites"}
 
 def site_controls(policies) -> list[str]:
   """The noise-matched controls (``noise(NAME)``) of the policies among ``policies``
-  (expanded) whose numerics are an all-layer E4M3 cell of the site grid (their record's
-  :func:`~fp8jax.models.deepseek_model.site_cell`, whatever their names): is FP8's error
+  (expanded :class:`~fp8jax.models.api.Variant` s) whose numerics are an all-layer E4M3
+  cell of the site grid (their record's ``cell``, whatever their names): is FP8's error
   worse or better for the gradient than noise of its size?"""
   out = []
   for p in policies:
-    cell = (deepseek_model.site_cell(p) if isinstance(p, policy_lib.PrecisionPolicy)
-            else (getattr(p, "record", None) or {}).get("cell"))
+    cell = (p.record or {}).get("cell")
     if cell and cell["format"] == "e4m3" and cell["depth"].startswith("l0-"):
       out.append(f"noise({p.name})")
   return out
@@ -77,7 +74,9 @@ def expand_policies(specs, num_layers) -> list:
   """Policies from names/expressions; a grid name of :data:`GRIDS`
   (e.g. ``"sites"``, the site grid) expands to that grid at the model's depth, and
   ``noise(GRID)`` to the noise-matched control of each of its policies
-  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`).
+  (``noise(fp8_blockwise)``, ...: :func:`fp8jax.models.policy.noise_policy`); each an
+  :class:`fp8jax.models.api.Variant` (DeepSeek-MoE's:
+  :func:`fp8jax.models.deepseek_model.expand`).
 
   ``num_layers``: DeepSeek-MoE's depth, or a :class:`fp8jax.models.api.Model`: a
   DeepSeek-MoE model's grids expand at its depth; another model parses each spec itself
@@ -85,7 +84,7 @@ def expand_policies(specs, num_layers) -> list:
   site modules (``model.sites``)."""
   if isinstance(num_layers, api.Model):
     model = num_layers
-    if not isinstance(model.config, config_lib.ModelConfig):
+    if not deepseek_model.is_deepseek(model):
       out = [p for spec in specs for p in _rules_policies(model, spec.strip())]
       if not out:
         raise ValueError("no policies to compare")
@@ -97,14 +96,7 @@ def expand_policies(specs, num_layers) -> list:
     if spec.removeprefix("noise(").removesuffix(")") in RENAMED:
       old = spec.removeprefix("noise(").removesuffix(")")
       raise ValueError(f"the policy grid {old!r} is now called {RENAMED[old]!r}")
-    inner = spec[len("noise("):-1] if spec.startswith("noise(") and spec.endswith(")") else ""
-    grid = GRIDS.get(inner or spec)
-    if grid is None:
-      out.append(policy_lib.parse_policy(spec))
-      continue
-    for name, expr in grid(num_layers).items():
-      pol = dataclasses.replace(policy_lib.parse_policy(expr), name=name)
-      out.append(policy_lib.noise_policy(pol) if inner else pol)
+    out.extend(deepseek_model.expand(spec, num_layers, GRIDS))
   if not out:
     raise ValueError("no policies to compare")
   return out
@@ -151,12 +143,10 @@ def _named_variant(model: api.Model, name: str, text: str):
   return dataclasses.replace(variant, name=name, record=record)
 
 
-def policy_meta(policy: policy_lib.PrecisionPolicy, num_layers: int) -> dict:
-  """A policy's ``meta.json`` entry (:func:`fp8jax.models.deepseek_model.policy_meta`)."""
-  return deepseek_model.policy_meta(policy, num_layers)
-
-
-def expression(policy: policy_lib.PrecisionPolicy) -> str:
+def expression(policy) -> str:
   """The policy's canonical expression, which ``parse_policy`` reads back as the same
-  rules and GEMM recipe (:func:`fp8jax.models.policy_expression.to_expression`)."""
+  rules and GEMM recipe: a Variant's ``expr``, a ``PrecisionPolicy``'s
+  (:func:`fp8jax.models.policy_expression.to_expression`)."""
+  if isinstance(policy, api.Variant):
+    return policy.expr
   return policy_expression.to_expression(policy)

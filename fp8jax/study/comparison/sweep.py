@@ -60,7 +60,7 @@ from fp8jax.study.comparison.eval_data import (  # noqa: F401  (also this module
   data_config,
   eval_batches,
 )
-from fp8jax.study.comparison.policies import expand_policies, expression, policy_meta  # noqa: F401
+from fp8jax.study.comparison.policies import expand_policies, expression  # noqa: F401
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import (
   checkpoint_digest,

@@ -32,8 +32,7 @@ import threading
 import time
 
 from fp8jax.data import folder_lock
-from fp8jax.models import policy as policy_lib
-from fp8jax.models import rules_policy
+from fp8jax.models import registry, rules_policy
 from fp8jax.study.common import results_io
 from fp8jax.train import preemption, run_config
 
@@ -58,9 +57,10 @@ class Matrix:
       raise ValueError(f"repeated recipes or seeds: {list(self.recipes)}, {list(self.seeds)}")
     if not self.seeds or min(self.seeds) < 0:
       raise ValueError(f"seeds must be >= 0 and at least one, got {list(self.seeds)}")
+    deepseek = registry.get("deepseek_moe:tiny")  # its grammar, whatever the depth
     for r in self.recipes:  # an unknown recipe fails here, before any run
       try:
-        policy_lib.parse_policy(r)
+        deepseek.parse_policy(r)
       except ValueError as e:  # DeepSeek-MoE's grammar, else rules over module paths
         try:
           rules_policy.parse(r, 1, "{i}")
