@@ -27,13 +27,14 @@ updates nothing.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 import fp8jax
 from fp8jax.models import policy as policy_lib
 from fp8jax.models import policy_rules
 from fp8jax.models.config import ModelConfig
+from fp8jax.rules import delayed_outputs
+from fp8jax.rules.delayed_outputs import layout  # noqa: F401  (a checkpoint's record of the state)
 
 
 def runs(cfg: ModelConfig, site: str, layer: int) -> bool:
@@ -60,25 +61,13 @@ def sites(cfg: ModelConfig, policy) -> dict[tuple[str, int], fp8jax.QuantSpec]:
   return out
 
 
-def _histories(spec: fp8jax.QuantSpec) -> dict[str, int]:
-  """``{"fwd"/"bwd": history length}`` of the delayed directions of ``spec``."""
-  st = fp8jax.quant.delayed.init_state(spec)
-  return {k: h.shape[0] for k, h in (("fwd", st.fwd), ("bwd", st.bwd)) if h is not None}
-
-
 def init(cfg: ModelConfig, policy) -> dict:
   """The empty state of ``policy`` (all-zero histories); ``{}`` without delayed sites."""
   out: dict = {}
   for (site, layer), spec in sites(cfg, policy).items():
     out.setdefault(site, {})[layer] = {
-        k: jnp.zeros((n,), jnp.float32) for k, n in _histories(spec).items()}
+        k: jnp.zeros((n,), jnp.float32) for k, n in delayed_outputs.directions(spec).items()}
   return out
-
-
-def layout(state) -> dict[str, list[int]]:
-  """``{"site/layer/fwd": shape}`` of a state (what a checkpoint records)."""
-  return {"/".join(str(getattr(k, "key", k)) for k in path): list(jnp.shape(x))
-          for path, x in jax.tree_util.tree_flatten_with_path(state or {})[0]}
 
 
 def check(cfg: ModelConfig, policy, state) -> None:
@@ -92,7 +81,7 @@ def check(cfg: ModelConfig, policy, state) -> None:
       raise ValueError(f"unknown quantization site {site!r} in delayed_state; sites: "
                        f"{policy_lib.SITES}")
   want = {f"{s}/{i}/{k}": [n] for (s, i), spec in sites(cfg, policy).items()
-          for k, n in _histories(spec).items()}
+          for k, n in delayed_outputs.directions(spec).items()}
   got = layout(state)
   if got == want:
     return

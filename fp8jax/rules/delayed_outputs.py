@@ -60,14 +60,14 @@ def active() -> bool:
   return _SCOPE.get() is not None
 
 
-def _directions(spec: QuantSpec) -> dict[str, int]:
+def directions(spec: QuantSpec) -> dict[str, int]:
   """``{"fwd"/"bwd": history length}`` of the delayed directions of ``spec``."""
   st = delayed.init_state(spec)
   return {k: h.shape[0] for k, h in (("fwd", st.fwd), ("bwd", st.bwd)) if h is not None}
 
 
 def layout(state) -> dict[str, list[int]]:
-  """``{"path/leaf/fwd": shape}`` of a state."""
+  """``{"path/.../fwd": shape}`` of a state of histories (what a checkpoint records)."""
   return {"/".join(str(getattr(k, "key", k)) for k in p): list(jnp.shape(x))
           for p, x in jax.tree_util.tree_flatten_with_path(state or {})[0]}
 
@@ -166,7 +166,7 @@ def take(path: str, spec: QuantSpec, leaves, rule: str) -> list[delayed.DelayedS
                      f"{rule or 'its output rule'} puts delayed scaling on its output: its "
                      "amax history takes one update per pass (use current scaling there, "
                      "or one module per call)")
-  want = {i: _directions(spec) for i in range(len(leaves))}
+  want = {i: directions(spec) for i in range(len(leaves))}
   scope.used[path] = want
   if scope.state is None:
     return [delayed.init_state(spec) for _ in leaves]

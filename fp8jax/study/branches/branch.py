@@ -233,8 +233,8 @@ def run(train_workdir, out, policies=("sites",), from_steps=None,
     try:
       groups = {s: _groups([b for b in bs if b.kind != "reference"], together)
                 for s, bs in todo.items()}
-      total = sum(len(g) for g in groups.values()) * branches.k
       n_groups = sum(len(g) for g in groups.values())
+      total = n_groups * branches.k
       if together and n_groups > len(groups):  # memory splits a checkpoint's branches
         print(f"[branch] {n_groups} groups of at most {together} branch(es), each beside its "
               "own pass of the reference (what fits in device memory)", file=stream)

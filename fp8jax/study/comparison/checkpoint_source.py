@@ -34,9 +34,6 @@ class Checkpoints(Protocol):
     """The params of ``step`` laid out as ``abstract``; raises
     :class:`fp8jax.train.checkpoint_digest.CheckpointError` for a corrupt checkpoint."""
 
-  def close(self) -> None:
-    """Releases what the source holds open."""
-
 
 class RunFolder:
   """The checkpoints of the training run in ``train_workdir`` (``checkpoints/``), each
@@ -71,6 +68,3 @@ class InMemory:
     return jax.tree.map(
         lambda x, a: jax.device_put(x, a.sharding) if getattr(a, "sharding", None) else x,
         self.params[step], abstract)
-
-  def close(self) -> None:
-    pass
